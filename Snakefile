@@ -1,0 +1,20 @@
+# headcount: which attention heads of a Transformer matter, what they do, how many can go.
+# Voita et al. (ACL 2019) as a workflow; the method is in SPEC.md and README.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/translate.smk"
+
+
+rule all:
+    input:
+        expand("results/{exp}/baseline/scores.tsv", exp=config["run"]),
+    default_target: True

@@ -1,0 +1,57 @@
+"""Batches: token-count budgets with length bucketing, and padded tensors."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import Tensor
+
+from .model import BOS_ID, EOS_ID, PAD_ID
+
+
+def make_batches(
+    src_lens: list[int], tgt_lens: list[int], max_tokens: int, seed: int, pool_batches: int = 100
+) -> list[list[int]]:
+    """Sentence indices grouped into batches of at most `max_tokens` padded tokens per side.
+
+    Sentences are shuffled, then sorted by length inside pools of about `pool_batches` batches
+    (little padding, yet random), and the batches are shuffled. Deterministic given `seed`.
+    """
+    rng = random.Random(seed)
+    order = list(range(len(src_lens)))
+    rng.shuffle(order)
+    mean_len = max(1, sum(max(s, t) for s, t in zip(src_lens, tgt_lens)) // max(1, len(order)))
+    pool_size = max(1, pool_batches * max_tokens // mean_len)
+    batches = []
+    for start in range(0, len(order), pool_size):
+        pool = sorted(order[start : start + pool_size], key=lambda i: (src_lens[i], tgt_lens[i]))
+        batch, longest = [], 0
+        for i in pool:
+            length = max(src_lens[i], tgt_lens[i])
+            if batch and max(longest, length) * (len(batch) + 1) > max_tokens:
+                batches.append(batch)
+                batch, longest = [], 0
+            batch.append(i)
+            longest = max(longest, length)
+        if batch:
+            batches.append(batch)
+    rng.shuffle(batches)
+    return batches
+
+
+def pad(sequences: list[list[int]]) -> Tensor:
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD_ID, dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+    return out
+
+
+def source_tensor(src_ids: list[list[int]]) -> Tensor:
+    """(B, S): subwords then EOS."""
+    return pad([s + [EOS_ID] for s in src_ids])
+
+
+def target_tensors(tgt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """Decoder input (BOS + y) and output (y + EOS), both (B, T)."""
+    return pad([[BOS_ID] + t for t in tgt_ids]), pad([t + [EOS_ID] for t in tgt_ids])

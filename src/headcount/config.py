@@ -1,0 +1,134 @@
+"""Configuration: defaults merged into each experiment, schema validation, cross-checks.
+
+Every problem is reported at once, each naming its dotted key and how to fix it, before any job
+runs. The workflow calls `load_experiments`; nothing here knows of Snakemake.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from .io import HeadcountError
+
+MIRROR_ENV = "HEADCOUNT_MIRROR"
+
+
+class ConfigError(HeadcountError):
+    pass
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """`override` on top of `base`, recursively for mappings; lists and scalars are replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "(top level)"
+
+
+def _describe(error: jsonschema.ValidationError, prefix: tuple = ()) -> str:
+    path = prefix + tuple(error.absolute_path)
+    if error.validator == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+        return f"config key '{_key(path)}': {error.message}{hint}"
+    if error.validator == "required":
+        return f"config key '{_key(path)}': {error.message}; add it (or set it under 'defaults')"
+    if error.validator in ("oneOf", "anyOf"):
+        return f"config key '{_key(path)}': {error.instance!r} is not valid here; see config/README.md"
+    return f"config key '{_key(path)}': {error.message}"
+
+
+def _errors(validator, instance, prefix=()) -> list[str]:
+    errors = sorted(validator.iter_errors(instance), key=lambda e: (list(e.absolute_path), e.message))
+    return [_describe(e, prefix) for e in errors]
+
+
+def load_schema(schema_path: str | os.PathLike) -> dict:
+    with open(schema_path, encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def side_source(side) -> str:
+    return side if isinstance(side, str) else side["source"]
+
+
+def experiment_sides(exp: dict):
+    """(dotted key, side) for every corpus side an experiment reads."""
+    for i, pair in enumerate(exp["train"]):
+        for lang in ("src", "tgt"):
+            yield f"train.{i}.{lang}", pair[lang]
+    for lang in ("src", "tgt"):
+        yield f"dev.{lang}", exp["dev"][lang]
+    for name, pair in exp["test"].items():
+        for lang in ("src", "tgt"):
+            yield f"test.{name}.{lang}", pair[lang]
+
+
+def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, dict]:
+    """Validate `config` and return every experiment with `defaults` merged in."""
+    schema = load_schema(schema_path)
+    validator_cls = jsonschema.validators.validator_for(schema)
+    problems = _errors(validator_cls(schema), config)
+    if problems:
+        raise ConfigError(_report(problems))
+
+    experiment_schema = dict(schema["$defs"]["experiment"], **{"$defs": schema["$defs"]})
+    exp_validator = validator_cls(experiment_schema)
+    experiments = {}
+    for name, partial in config["experiments"].items():
+        merged = deep_merge(config.get("defaults") or {}, partial)
+        problems += _errors(exp_validator, merged, ("experiments", name))
+        experiments[name] = merged
+    if problems:
+        raise ConfigError(_report(problems))
+
+    for i, name in enumerate(config["run"]):
+        if name not in experiments:
+            problems.append(f"config key 'run.{i}': no experiment named '{name}'; "
+                            f"defined: {', '.join(sorted(experiments))}")
+    for name, exp in experiments.items():
+        for key, side in experiment_sides(exp):
+            if side_source(side) not in config["sources"]:
+                problems.append(f"config key 'experiments.{name}.{key}': source '{side_source(side)}' "
+                                f"is not listed under 'sources'; add it with its url")
+        if exp["src_lang"] == exp["tgt_lang"]:
+            problems.append(f"config key 'experiments.{name}.tgt_lang': same as src_lang ('{exp['src_lang']}')")
+        if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in exp["test"]:
+            problems.append(f"config key 'experiments.{name}.analysis.set': '{exp['analysis']['set']}' is "
+                            f"neither 'dev' nor one of the test sets ({', '.join(exp['test'])})")
+        model = exp["model"]
+        if model["d_model"] % model["n_heads"]:
+            problems.append(f"config key 'experiments.{name}.model.d_model': {model['d_model']} is not "
+                            f"divisible by model.n_heads={model['n_heads']}")
+    if problems:
+        raise ConfigError(_report(problems))
+    return experiments
+
+
+def resolve_mirror(config: dict) -> str | None:
+    """The data mirror: HEADCOUNT_MIRROR if set, else the config's `mirror`; must exist."""
+    mirror = os.environ.get(MIRROR_ENV) or config.get("mirror")
+    if mirror:
+        if not Path(mirror).is_dir():
+            origin = MIRROR_ENV if os.environ.get(MIRROR_ENV) else "config key 'mirror'"
+            raise ConfigError(f"{origin}: the data mirror '{mirror}' is not a directory; fix the path or unset it "
+                              f"to download from the sources' URLs")
+        return str(Path(mirror).resolve())
+    return None
+
+
+def _report(problems: list[str]) -> str:
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"the configuration is invalid ({len(problems)} problem{'s' * (len(problems) > 1)}):\n{lines}"

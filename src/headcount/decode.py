@@ -1,0 +1,174 @@
+"""Decoding: batched greedy search and batched beam search with the GNMT length penalty.
+
+Both decode incrementally: the decoder's self-attention keys/values are cached per layer and
+the encoder memory is projected once, so each step costs one query position. Sentences leave
+the batch as soon as they are finished.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .batching import make_batches, source_tensor
+from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+
+
+def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
+    """GNMT length penalty ((5 + |Y|) / 6) ^ alpha (Wu et al. 2016)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _max_lengths(src: Tensor, a: float, b: int, cap: int) -> Tensor:
+    src_len = src.ne(PAD_ID).sum(dim=1)
+    return (src_len.float() * a + b).long().clamp(max=cap - 1)  # (B,) target tokens incl. EOS
+
+
+def _select_cache(cache: list[dict], rows: Tensor) -> None:
+    """Keep the given rows (batch entries) of every cached key/value tensor, in place."""
+    for layer in cache:
+        for part in layer.values():
+            for key in ("k", "v"):
+                if key in part:
+                    part[key] = part[key].index_select(0, rows)
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
+    """src (B, S) -> best-first token ids per sentence, without BOS/EOS."""
+    model.eval()
+    B = src.shape[0]
+    memory, src_pad, _ = model.encode(src)
+    max_len = _max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    cache = [{} for _ in model.decoder_layers]
+    alive = torch.arange(B, device=src.device)  # original indices of the sentences still decoding
+    last = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    for t in range(int(max_len.max())):
+        hidden, _, _ = model.decode(last, memory, src_pad, cache=cache, start=t)
+        logits = model.generator(hidden[:, -1]).float()  # (B_alive, V)
+        logits[:, PAD_ID] = logits[:, BOS_ID] = float("-inf")
+        force_eos = (t + 1 >= max_len[alive])
+        logits[force_eos, :] = float("-inf")
+        logits[force_eos, EOS_ID] = 0.0
+        next_tok = logits.argmax(dim=-1)  # (B_alive,)
+        done = next_tok.eq(EOS_ID)
+        for row, (i, tok) in enumerate(zip(alive.tolist(), next_tok.tolist())):
+            if not done[row]:
+                outputs[i].append(tok)
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)
+            alive, memory, src_pad = alive[keep], memory[keep], src_pad[keep]
+            next_tok = next_tok[keep]
+            _select_cache(cache, keep)
+        last = next_tok[:, None]
+    return outputs
+
+
+@torch.no_grad()
+def beam_search(
+    model: Transformer,
+    src: Tensor,  # (B, S)
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+) -> list[list[int]]:
+    """Best hypothesis per sentence by log P(y|x) / lp(|y|), |y| counting EOS, without BOS/EOS.
+
+    A sentence is finished once it holds `beam` finished hypotheses (or reaches its maximum
+    length); finished sentences leave the batch.
+    """
+    model.eval()
+    B, K = src.shape[0], beam
+    device = src.device
+    memory, src_pad, _ = model.encode(src)
+    memory, src_pad = memory.repeat_interleave(K, 0), src_pad.repeat_interleave(K, 0)  # (B*K, ...)
+    max_len = _max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
+    cache = [{} for _ in model.decoder_layers]
+    alive = torch.arange(B, device=device)  # original sentence index of each row group
+    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t+1)
+    scores = torch.full((B, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # all beams start identical: only one may expand at the first step
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
+
+    for t in range(int(max_len.max())):
+        n = alive.numel()
+        hidden, _, _ = model.decode(tokens[:, -1:], memory, src_pad, cache=cache, start=t)
+        logp = model.generator(hidden[:, -1]).float().log_softmax(dim=-1)  # (n*K, V)
+        V = logp.shape[-1]
+        logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
+        force_eos = (t + 1 >= max_len[alive]).repeat_interleave(K)
+        logp[force_eos, :] = float("-inf")
+        logp[force_eos, EOS_ID] = 0.0
+        candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
+        top_scores, top_idx = candidates.topk(2 * K, dim=1)  # (n, 2K)
+        top_beam, top_tok = top_idx // V, top_idx % V
+        is_eos = top_tok.eq(EOS_ID) & torch.isfinite(top_scores)
+
+        # Hypotheses ending here: EOS among the first K candidates (the others would not be kept).
+        eos_rows, eos_cols = (is_eos[:, :K]).nonzero(as_tuple=True)
+        if eos_rows.numel():
+            normalised = (top_scores[eos_rows, eos_cols] / length_penalty(t + 1, alpha)).tolist()
+            prefix_rows = (eos_rows * K + top_beam[eos_rows, eos_cols]).tolist()
+            prefixes = tokens[:, 1:].tolist()
+            for r, row, s in zip(eos_rows.tolist(), prefix_rows, normalised):
+                finished[int(alive[r])].append((s, prefixes[row]))
+
+        # The K best continuations that do not end: sort EOS candidates to the back, keep order.
+        order_key = is_eos.float() * (2 * K) + torch.arange(2 * K, device=device)
+        keep_cols = order_key.argsort(dim=1)[:, :K]  # (n, K)
+        new_scores = top_scores.gather(1, keep_cols).masked_fill(is_eos.gather(1, keep_cols), float("-inf"))
+        new_beam, new_tok = top_beam.gather(1, keep_cols), top_tok.gather(1, keep_cols)
+        rows = (torch.arange(n, device=device)[:, None] * K + new_beam).view(-1)  # (n*K,)
+        tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], dim=1)
+        scores = new_scores
+        _select_cache(cache, rows)
+
+        done = torch.tensor([len(finished[int(i)]) >= K for i in alive], device=device)
+        done |= torch.isinf(scores).all(dim=1)
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)
+            keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
+            alive, scores, tokens = alive[keep], scores[keep], tokens[keep_rows]
+            memory, src_pad = memory[keep_rows], src_pad[keep_rows]
+            _select_cache(cache, keep_rows)
+
+    return [max(hyps, key=lambda h: h[0])[1] if hyps else [] for hyps in finished]
+
+
+def translate(
+    model: Transformer,
+    src_ids: list[list[int]],
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_tokens: int = 4000,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
+    device: torch.device | str = "cpu",
+    progress=None,
+) -> list[list[int]]:
+    """Translate many sentences in length-sorted batches; output in input order."""
+    model.to(device).eval()
+    lengths = [len(s) + 1 for s in src_ids]
+    # Beam search holds beam * sentences rows: budget the batch accordingly.
+    budget = max(max_tokens // max(beam, 1), max(lengths))
+    order = sorted(range(len(src_ids)), key=lambda i: lengths[i])
+    batches = make_batches([lengths[i] for i in order], [lengths[i] for i in order], budget, seed=0, pool_batches=10**9)
+    batches = sorted(([order[j] for j in b] for b in batches), key=lambda b: lengths[b[0]])
+    out: list[list[int]] = [[] for _ in src_ids]
+    for number, batch in enumerate(batches, start=1):
+        src = source_tensor([src_ids[i] for i in batch]).to(device)
+        if beam > 1:
+            hyps = beam_search(model, src, beam, alpha, max_len_a, max_len_b)
+        else:
+            hyps = greedy_search(model, src, max_len_a, max_len_b)
+        for i, hyp in zip(batch, hyps):
+            out[i] = hyp
+        if progress is not None:
+            progress(number, len(batches))
+    return out

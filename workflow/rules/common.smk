@@ -1,0 +1,52 @@
+# Configuration: validated before any job runs; every rule reads its settings from EXPERIMENTS.
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from headcount.config import ConfigError, load_experiments, resolve_mirror, side_source
+
+try:
+    EXPERIMENTS = load_experiments(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+    MIRROR = resolve_mirror(config)
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+
+wildcard_constraints:
+    exp="|".join(re.escape(name) for name in EXPERIMENTS),
+    side="src|tgt",
+    split="|".join(["dev"] + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in e["test"]})),
+
+
+def exp_config(wildcards):
+    return EXPERIMENTS[wildcards.exp]
+
+
+def fetched(source):
+    return f"resources/data/{source}"
+
+
+def side_spec(side):
+    """What a script needs to read one corpus side: the fetched file, member and column."""
+    if isinstance(side, str):
+        return {"file": fetched(side)}
+    return {"file": fetched(side["source"]), **{k: side[k] for k in ("member", "column") if k in side}}
+
+
+def split_pair(exp, split):
+    """The (src, tgt) sides of an evaluation split: 'dev' or a test set's name."""
+    pair = exp["dev"] if split == "dev" else exp["test"][split]
+    return pair["src"], pair["tgt"]
+
+
+def test_splits(exp):
+    return list(EXPERIMENTS[exp]["test"])
+
+
+def log_path(name):
+    return f"results/{{exp}}/logs/{name}.log"
+
+
+def benchmark_path(name):
+    return f"results/{{exp}}/benchmarks/{name}.tsv"

@@ -1,0 +1,31 @@
+# The baseline Transformer. Checkpoints live in results/{exp}/baseline/train/ (not declared as
+# outputs, so a failed or killed job keeps them); rerunning the job resumes from the last one.
+
+
+rule train_baseline:
+    input:
+        train_src="results/{exp}/data/train.src.txt",
+        train_tgt="results/{exp}/data/train.tgt.txt",
+        dev_src="results/{exp}/data/dev.src.txt",
+        dev_tgt="results/{exp}/data/dev.tgt.txt",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+    output:
+        model="results/{exp}/baseline/model.pt",
+        summary="results/{exp}/baseline/training.json",
+    params:
+        model=lambda w: exp_config(w)["model"],
+        training=lambda w: exp_config(w)["training"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        work_dir=lambda w: f"results/{w.exp}/baseline/train",
+    threads: workflow.cores
+    log:
+        log_path("train_baseline"),
+    benchmark:
+        benchmark_path("train_baseline")
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
+        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
+    script:
+        "../scripts/train_baseline.py"

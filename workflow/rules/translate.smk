@@ -1,0 +1,57 @@
+# Translation with beam search and scoring with sacrebleu (BLEU and chrF, with signatures).
+
+
+rule translate:
+    input:
+        model="results/{exp}/baseline/model.pt",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+        src="results/{exp}/data/{split}.src.txt",
+    output:
+        "results/{exp}/baseline/translations/{split}.txt",
+    params:
+        decoding=lambda w: exp_config(w)["decoding"],
+        device=lambda w: exp_config(w)["training"]["device"],
+    threads: workflow.cores
+    log:
+        log_path("translate_{split}"),
+    benchmark:
+        benchmark_path("translate_{split}")
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../scripts/translate.py"
+
+
+rule score:
+    input:
+        hyp="results/{exp}/baseline/translations/{split}.txt",
+        ref="results/{exp}/data/{split}.tgt.txt",
+    output:
+        "results/{exp}/baseline/scores/{split}.json",
+    params:
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        decoding=lambda w: exp_config(w)["decoding"],
+    log:
+        log_path("score_{split}"),
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    script:
+        "../scripts/score.py"
+
+
+rule score_table:
+    input:
+        lambda w: expand("results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)),
+    output:
+        "results/{exp}/baseline/scores.tsv",
+    log:
+        log_path("score_table"),
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    script:
+        "../scripts/score_table.py"

@@ -1,0 +1,19 @@
+import json
+
+import pandas as pd
+from _common import job
+
+from headcount.io import atomic_path
+
+with job(snakemake) as log:
+    rows = []
+    for path in snakemake.input:
+        with open(path, encoding="utf-8") as f:
+            s = json.load(f)
+        rows.append({"experiment": snakemake.wildcards.exp, "split": s["split"], "sentences": s["sentences"],
+                     "bleu": s["bleu"], "chrf": s["chrf"], "bleu_signature": s["bleu_signature"],
+                     "chrf_signature": s["chrf_signature"]})
+    table = pd.DataFrame(rows)
+    with atomic_path(snakemake.output[0]) as tmp:
+        table.to_csv(tmp, sep="\t", index=False)
+    log("\n" + table[["split", "bleu", "chrf"]].to_string(index=False))
