@@ -15,6 +15,6 @@ include: "workflow/rules/translate.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("results/{exp}/baseline/scores.tsv", exp=config["run"]),
-    default_target: True

@@ -100,7 +100,7 @@ def _is_gzip(path: Path) -> bool:
 
 def _gzip_in_place(path: Path) -> None:
     packed = path.with_name(path.name + ".gz")
-    with open(path, "rb") as src, gzip.open(packed, "wb", mtime=0) as dst:
+    with open(path, "rb") as src, open(packed, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
         shutil.copyfileobj(src, dst)
     os.replace(packed, path)
 

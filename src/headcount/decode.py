@@ -33,6 +33,13 @@ def _select_cache(cache: list[dict], rows: Tensor) -> None:
                     part[key] = part[key].index_select(0, rows)
 
 
+def _only_eos(scores: Tensor, rows: Tensor) -> None:
+    """At the length limit only EOS may follow; it keeps its own score (no free ending)."""
+    not_eos = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
+    not_eos[EOS_ID] = False
+    scores[rows] = scores[rows].masked_fill(not_eos, float("-inf"))
+
+
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
     """src (B, S) -> best-first token ids per sentence, without BOS/EOS."""
@@ -48,9 +55,7 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
         hidden, _, _ = model.decode(last, memory, src_pad, cache=cache, start=t)
         logits = model.generator(hidden[:, -1]).float()  # (B_alive, V)
         logits[:, PAD_ID] = logits[:, BOS_ID] = float("-inf")
-        force_eos = (t + 1 >= max_len[alive])
-        logits[force_eos, :] = float("-inf")
-        logits[force_eos, EOS_ID] = 0.0
+        _only_eos(logits, t + 1 >= max_len[alive])
         next_tok = logits.argmax(dim=-1)  # (B_alive,)
         done = next_tok.eq(EOS_ID)
         for row, (i, tok) in enumerate(zip(alive.tolist(), next_tok.tolist())):
@@ -101,8 +106,7 @@ def beam_search(
         V = logp.shape[-1]
         logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
         force_eos = (t + 1 >= max_len[alive]).repeat_interleave(K)
-        logp[force_eos, :] = float("-inf")
-        logp[force_eos, EOS_ID] = 0.0
+        _only_eos(logp, force_eos)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = candidates.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V

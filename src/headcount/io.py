@@ -14,6 +14,9 @@ import os
 import tempfile
 from pathlib import Path
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 class HeadcountError(Exception):
     """An error the user can fix: the message names the file, line or key, and the fix."""
@@ -34,6 +37,7 @@ def atomic_path(path: str | os.PathLike):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; results should be as readable as any
     try:
         yield Path(tmp)
         with open(tmp, "rb") as f:

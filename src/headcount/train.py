@@ -244,7 +244,7 @@ def train(
                     loss = loss + extra_loss(model)
             if not torch.isfinite(loss):
                 raise HeadcountError(
-                    f"training loss became {float(loss)} at step {step + 1}; the last good checkpoint "
+                    f"training loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
                     f"({ckpt_path}, step {state_step(ckpt_path)}) is kept. Lower training.lr_scale or "
                     f"raise training.warmup_steps, then rerun to resume."
                 )

@@ -7,7 +7,9 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from headcount.config import ConfigError, load_experiments, resolve_mirror, side_source
 
 try:
-    EXPERIMENTS = load_experiments(config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml")
+    EXPERIMENTS = load_experiments(
+        config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml"
+    )
     MIRROR = resolve_mirror(config)
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
@@ -16,7 +18,10 @@ except ConfigError as error:
 wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
-    split="|".join(["dev"] + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in e["test"]})),
+    split="|".join(
+        ["dev"]
+        + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in e["test"]})
+    ),
 
 
 def exp_config(wildcards):
@@ -31,7 +36,10 @@ def side_spec(side):
     """What a script needs to read one corpus side: the fetched file, member and column."""
     if isinstance(side, str):
         return {"file": fetched(side)}
-    return {"file": fetched(side["source"]), **{k: side[k] for k in ("member", "column") if k in side}}
+    return {
+        "file": fetched(side["source"]),
+        **{k: side[k] for k in ("member", "column") if k in side},
+    }
 
 
 def split_pair(exp, split):
@@ -44,9 +52,24 @@ def test_splits(exp):
     return list(EXPERIMENTS[exp]["test"])
 
 
+ENV = "../../envs/headcount.yaml"
+
+
 def log_path(name):
     return f"results/{{exp}}/logs/{name}.log"
 
 
 def benchmark_path(name):
     return f"results/{{exp}}/benchmarks/{name}.tsv"
+
+
+def fetch_input(wildcards):
+    # With a mirror the file is an input, so a missing one is reported before any job runs.
+    return [f"{MIRROR}/{wildcards.source}"] if MIRROR else []
+
+
+def training_inputs(wildcards):
+    exp = exp_config(wildcards)
+    return sorted(
+        {fetched(side_source(pair[s])) for pair in exp["train"] for s in ("src", "tgt")}
+    )

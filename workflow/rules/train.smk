@@ -13,19 +13,21 @@ rule train_baseline:
     output:
         model="results/{exp}/baseline/model.pt",
         summary="results/{exp}/baseline/training.json",
+    log:
+        log_path("train_baseline"),
+    benchmark:
+        benchmark_path("train_baseline")
+    conda:
+        ENV
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
+        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
         model=lambda w: exp_config(w)["model"],
         training=lambda w: exp_config(w)["training"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         work_dir=lambda w: f"results/{w.exp}/baseline/train",
-    threads: workflow.cores
-    log:
-        log_path("train_baseline"),
-    benchmark:
-        benchmark_path("train_baseline")
-    resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
-        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
-        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     script:
         "../scripts/train_baseline.py"

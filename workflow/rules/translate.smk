@@ -9,18 +9,20 @@ rule translate:
         src="results/{exp}/data/{split}.src.txt",
     output:
         "results/{exp}/baseline/translations/{split}.txt",
-    params:
-        decoding=lambda w: exp_config(w)["decoding"],
-        device=lambda w: exp_config(w)["training"]["device"],
-    threads: workflow.cores
     log:
         log_path("translate_{split}"),
     benchmark:
         benchmark_path("translate_{split}")
+    conda:
+        ENV
+    threads: workflow.cores
     resources:
         gpu=lambda w: exp_config(w)["resources"]["gpu"],
         mem_mb=4000,
         runtime=120,
+    params:
+        decoding=lambda w: exp_config(w)["decoding"],
+        device=lambda w: exp_config(w)["training"]["device"],
     script:
         "../scripts/translate.py"
 
@@ -31,25 +33,31 @@ rule score:
         ref="results/{exp}/data/{split}.tgt.txt",
     output:
         "results/{exp}/baseline/scores/{split}.json",
-    params:
-        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
-        decoding=lambda w: exp_config(w)["decoding"],
     log:
         log_path("score_{split}"),
+    conda:
+        ENV
     resources:
         mem_mb=1000,
         runtime=10,
+    params:
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        decoding=lambda w: exp_config(w)["decoding"],
     script:
         "../scripts/score.py"
 
 
 rule score_table:
     input:
-        lambda w: expand("results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)),
+        lambda w: expand(
+            "results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)
+        ),
     output:
         "results/{exp}/baseline/scores.tsv",
     log:
         log_path("score_table"),
+    conda:
+        ENV
     resources:
         mem_mb=1000,
         runtime=5,

@@ -1,0 +1,299 @@
+"""Head importance scores: confidence, Michel et al. importance, single-head ablation, Spearman.
+
+SPEC.md section 1.3 (confidence, Voita et al. 2019 section 4.1), section 2 (EOS and padding) and
+section 3 (Michel et al. 2019 importance; single-head ablation as the causal reference against
+which the other scores are ranked). LRP relevance lives in `lrp.py`; `head_scores` joins them.
+
+Every score is a pandas DataFrame with one row per (type, layer, head), so they merge on those
+keys. Batches are (src, tgt_in, tgt_out) tensors as `batching.source_tensor/target_tensors` make
+them: source = subwords + EOS, decoder input = BOS + subwords, decoder output = subwords + EOS.
+
+Shapes: B batch, S source length, T target length, H heads, L layers, Dh head size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .batching import make_batches, source_tensor, target_tensors
+from .model import ATTENTION_TYPES, BOS_ID, EOS_ID, PAD_ID, Transformer
+
+KEYS = ["type", "layer", "head"]
+Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
+
+
+def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000) -> list[Batch]:
+    """Deterministic padded batches of a set (the order does not change any score here)."""
+    out = []
+    for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens, seed=0):
+        tgt_in, tgt_out = target_tensors([tgt_ids[i] for i in batch])
+        out.append((source_tensor([src_ids[i] for i in batch]), tgt_in, tgt_out))
+    return out
+
+
+def _rows(scores: dict[str, Tensor], column: str) -> pd.DataFrame:
+    """type -> (L, H) tensor  ->  one row per (type, layer, head)."""
+    return pd.DataFrame(
+        [{"type": kind, "layer": layer, "head": head, column: float(s[layer, head])}
+         for kind, s in scores.items() for layer in range(s.shape[0]) for head in range(s.shape[1])],
+        columns=[*KEYS, column],
+    )
+
+
+def _on_device(batch, model: Transformer):
+    device = next(model.parameters()).device
+    return [x.to(device) for x in batch]
+
+
+# --------------------------------------------------------------------------------------------
+# Confidence (Voita et al. 2019, section 4.1)
+
+
+def confidence_sums(probs: Tensor, query_keep: Tensor, key_keep: Tensor) -> tuple[Tensor, int]:
+    """Sum over kept query tokens of each head's max weight over kept keys, and the query count.
+
+    probs (B, H, Tq, Tk); query_keep (B, Tq) and key_keep (B, Tk) bool. Left-out keys (EOS,
+    padding) are dropped from the max without renormalising the remaining weights (SPEC section 2).
+    -> (H,) sums, number of query tokens.
+    """
+    kept = probs.masked_fill(~key_keep[:, None, None, :], 0.0)  # weights are >= 0, so 0 never wins
+    row_max = kept.amax(dim=-1)  # (B, H, Tq)
+    mask = query_keep[:, None, :].to(row_max.dtype)
+    return (row_max * mask).sum(dim=(0, 2)), int(query_keep.sum())
+
+
+def confidence_masks(src: Tensor, tgt_in: Tensor, exclude_bos_in_dec_self: bool = False):
+    """(query_keep, key_keep) per attention type.
+
+    Encoder self-attention: the EOS query row and the EOS key column are left out (the paper).
+    Decoder-encoder attention: every decoder input position is a query (the decoder input holds
+    BOS + subwords, no EOS); the source EOS column is left out, as for the encoder.
+    Decoder self-attention: the decoder input holds no EOS, so by default nothing but padding is
+    left out; the first query (BOS) can only see itself and so always has weight 1. With
+    `exclude_bos_in_dec_self` the BOS key column (the decoder's counterpart of the EOS "no-op"
+    sink) is left out instead, and with it the first query row, which would see no key.
+    """
+    src_real = src.ne(PAD_ID)
+    src_keep = src_real & src.ne(EOS_ID)
+    tgt_real = tgt_in.ne(PAD_ID)
+    dec_query, dec_key = tgt_real, tgt_real
+    if exclude_bos_in_dec_self:
+        dec_key = tgt_real & tgt_in.ne(BOS_ID)
+        dec_query = tgt_real.clone()
+        dec_query[:, 0] = False
+    return {"enc_self": (src_keep, src_keep), "dec_self": (dec_query, dec_key), "dec_enc": (tgt_real, src_keep)}
+
+
+@torch.no_grad()
+def head_confidence(model: Transformer, batches: Iterable[Sequence[Tensor]],
+                    exclude_bos_in_dec_self: bool = False) -> pd.DataFrame:
+    """Mean over query tokens of a head's maximum attention weight, pooled over the whole set."""
+    model.eval()
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    for batch in batches:
+        src, tgt_in = _on_device(batch[:2], model)
+        _, attentions = model(src, tgt_in, need_weights=True)
+        for kind, (query_keep, key_keep) in confidence_masks(src, tgt_in, exclude_bos_in_dec_self).items():
+            per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
+            sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
+            counts[kind] = counts.get(kind, 0) + per_layer[0][1]
+    return _rows({kind: s / max(counts[kind], 1) for kind, s in sums.items()}, "confidence")
+
+
+# --------------------------------------------------------------------------------------------
+# Michel et al. (2019) importance
+
+
+def summed_nll(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, int]:
+    """Teacher-forced NLL summed over the real target tokens (a sentence's loss, not a mean)."""
+    logits, _ = model(src, tgt_in)
+    real = tgt_out.ne(PAD_ID)
+    logits = logits[real].to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
+    return F.cross_entropy(logits, tgt_out[real], reduction="sum"), int(real.sum())
+
+
+class HeadContexts:
+    """Forward hooks that keep every head's context vector (B, H, Tq, Dh), by type and layer."""
+
+    def __init__(self, model: Transformer):
+        self.modules = model.attention_modules()
+        self.tensors: dict[str, list[Tensor | None]] = {k: [None] * len(m) for k, m in self.modules.items()}
+        self.handles = []
+
+    def __enter__(self):
+        for kind, mods in self.modules.items():
+            for layer, m in enumerate(mods):
+                self.handles.append(m.head_context.register_forward_hook(self._keeper(kind, layer)))
+        return self
+
+    def _keeper(self, kind: str, layer: int):
+        def hook(module, inputs, output):
+            self.tensors[kind][layer] = output
+
+        return hook
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.enable_grad()
+def michel_importance(model: Transformer, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
+    """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
+
+    L is the teacher-forced NLL summed over each sentence's tokens, so a token's gradient is that
+    of its sentence's loss (as Michel et al.'s per-example loss), whatever the batch. Tokens are the
+    real (non-padding) query positions of each attention: source tokens for encoder
+    self-attention, decoder input tokens for the decoder's. Columns: michel (normalised) and
+    michel_raw (the token average before normalisation).
+    """
+    model.eval()
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    for batch in batches:
+        src, tgt_in, tgt_out = _on_device(batch[:3], model)
+        with HeadContexts(model) as hooked:
+            loss, _ = summed_nll(model, src, tgt_in, tgt_out)
+        kinds = list(hooked.tensors)
+        contexts = [c for kind in kinds for c in hooked.tensors[kind]]
+        grads = torch.autograd.grad(loss, contexts)
+        queries = {"enc_self": src.ne(PAD_ID), "dec_self": tgt_in.ne(PAD_ID), "dec_enc": tgt_in.ne(PAD_ID)}
+        i = 0
+        for kind in kinds:
+            per_layer = []
+            for ctx in hooked.tensors[kind]:
+                per_token = (ctx.detach() * grads[i]).sum(dim=-1).abs()  # (B, H, Tq)
+                per_layer.append((per_token * queries[kind][:, None, :]).sum(dim=(0, 2)).double().cpu())  # (H,)
+                i += 1
+            sums[kind] = sums.get(kind, 0) + torch.stack(per_layer)  # (L, H)
+            counts[kind] = counts.get(kind, 0) + int(queries[kind].sum())
+    raw = {kind: s / max(counts[kind], 1) for kind, s in sums.items()}
+    normed = {kind: r / r.norm(dim=1, keepdim=True).clamp_min(1e-30) for kind, r in raw.items()}
+    return _rows(normed, "michel").merge(_rows(raw, "michel_raw"), on=KEYS)
+
+
+# --------------------------------------------------------------------------------------------
+# Single-head ablation
+
+
+@torch.no_grad()
+def mean_nll(model: Transformer, batches: Iterable[Sequence[Tensor]]) -> float:
+    """Dev loss: mean per-token NLL (nats) over the real target tokens of the set."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        nll, n = summed_nll(model, *_on_device(batch[:3], model))
+        total, tokens = total + float(nll), tokens + n
+    return total / max(tokens, 1)
+
+
+def head_ablation(
+    model: Transformer,
+    batches: Sequence[Sequence[Tensor]],
+    bleu_fn: Callable[[Transformer], float] | None = None,
+    bleu_types: Sequence[str] = ("enc_self",),
+    types: Sequence[str] = ATTENTION_TYPES,
+) -> pd.DataFrame:
+    """Mask each head alone (its 0/1 gate) and record the change of dev loss, and of BLEU if asked.
+
+    delta_loss = loss with the head masked - loss of the model as given (positive: the head
+    helps). delta_bleu (only for `bleu_types`, NaN elsewhere) = BLEU masked - BLEU as given. Heads
+    already masked are skipped (NaN). The model's masks are restored afterwards.
+    """
+    batches = list(batches)
+    original = {kind: m.clone() for kind, m in model.head_mask().items()}
+    base_loss = mean_nll(model, batches)
+    base_bleu = bleu_fn(model) if bleu_fn is not None and any(t in bleu_types for t in types) else None
+    rows = []
+    try:
+        for kind in types:
+            n_layers, n_heads = original[kind].shape
+            for layer in range(n_layers):
+                for head in range(n_heads):
+                    row = {"type": kind, "layer": layer, "head": head, "delta_loss": np.nan, "delta_bleu": np.nan}
+                    if original[kind][layer, head] != 0:
+                        mask = original[kind].clone()
+                        mask[layer, head] = 0.0
+                        model.set_head_mask({kind: mask})
+                        row["delta_loss"] = mean_nll(model, batches) - base_loss
+                        if base_bleu is not None and kind in bleu_types:
+                            row["delta_bleu"] = bleu_fn(model) - base_bleu
+                        model.set_head_mask({kind: original[kind]})
+                    rows.append(row)
+    finally:
+        model.set_head_mask(original)
+    table = pd.DataFrame(rows, columns=[*KEYS, "delta_loss", "delta_bleu"])
+    table.attrs.update(base_loss=base_loss, base_bleu=base_bleu)
+    return table
+
+
+# --------------------------------------------------------------------------------------------
+# Rank correlation
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson correlation of average ranks (ties share their mean rank).
+
+    NaN pairs are dropped; NaN if fewer than two pairs remain or either side is constant.
+    """
+    frame = pd.DataFrame({"x": np.asarray(x, dtype=float), "y": np.asarray(y, dtype=float)}).dropna()
+    if len(frame) < 2:
+        return float("nan")
+    rx, ry = frame["x"].rank(method="average"), frame["y"].rank(method="average")
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = float(np.sqrt((rx**2).sum() * (ry**2).sum()))
+    return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
+
+
+def rank_correlations(table: pd.DataFrame, reference: str = "delta_loss",
+                      scores: Sequence[str] = ("confidence", "lrp", "michel")) -> pd.DataFrame:
+    """Spearman between each score and the reference, per (type, layer) and per type overall.
+
+    Rows: type, layer ("all" for the pooled heads of a type), score, spearman, n (heads used).
+    """
+    rows = []
+    for score in (s for s in scores if s in table.columns):
+        for kind, by_type in table.groupby("type", sort=False):
+            groups = [(layer, g) for layer, g in by_type.groupby("layer")] + [("all", by_type)]
+            for layer, g in groups:
+                pair = g[[score, reference]].dropna()
+                rows.append({"type": kind, "layer": layer, "score": score,
+                             "spearman": spearman(pair[score], pair[reference]), "n": len(pair)})
+    return pd.DataFrame(rows, columns=["type", "layer", "score", "spearman", "n"])
+
+
+# --------------------------------------------------------------------------------------------
+# All scores
+
+
+def head_scores(
+    model: Transformer,
+    batches: Sequence[Sequence[Tensor]],
+    translation_batches: Sequence[Sequence[Tensor]] | None = None,
+    bleu_fn: Callable[[Transformer], float] | None = None,
+    lrp_rule: str = "ding",
+    ablation: bool = True,
+    log=None,
+) -> pd.DataFrame:
+    """Every score of every head in one table: confidence, michel, lrp, delta_loss, delta_bleu.
+
+    `batches` hold the reference translations (confidence, Michel, ablation);
+    `translation_batches` (src, BOS + the model's own translation) feed LRP, skipped if None.
+    """
+    from .lrp import head_relevance
+
+    table = head_confidence(model, batches).merge(michel_importance(model, batches), on=KEYS)
+    if translation_batches is not None:
+        relevance = head_relevance(model, translation_batches, rule=lrp_rule, log=log)
+        table = table.merge(relevance.table.drop(columns="n_steps"), on=KEYS)
+        table.attrs["lrp_conservation"] = relevance.conservation
+    if ablation:
+        table = table.merge(head_ablation(model, batches, bleu_fn), on=KEYS)
+    return table

@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny models and a tiny synthetic parallel corpus the tests make themselves."""
+
+import gzip
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from headcount.model import ModelConfig, Transformer  # noqa: E402
+
+torch.set_num_threads(1)  # tests are small; keep the second core for the workflow tests' jobs
+
+# A toy language pair: each source word has one target word; the target reverses adjective-noun
+# order, so a model must look beyond the aligned position to translate.
+SRC_WORDS = "cat dog bird fish horse cow sheep goat mouse frog big small red blue old young".split()
+TGT_WORDS = "katze hund vogel fisch pferd kuh schaf ziege maus frosch gross klein rot blau alt jung".split()
+LEXICON = dict(zip(SRC_WORDS, TGT_WORDS))
+NOUNS, ADJECTIVES = SRC_WORDS[:10], SRC_WORDS[10:]
+
+
+def toy_pair(rng: random.Random) -> tuple[str, str]:
+    src, tgt = [], []
+    for _ in range(rng.randint(1, 4)):
+        noun = rng.choice(NOUNS)
+        if rng.random() < 0.5:
+            adj = rng.choice(ADJECTIVES)
+            src += [adj, noun]
+            tgt += [LEXICON[noun], LEXICON[adj]]
+        else:
+            src.append(noun)
+            tgt.append(LEXICON[noun])
+    return " ".join(src).capitalize() + ".", " ".join(tgt).capitalize() + "."
+
+
+def toy_corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    pairs = [toy_pair(rng) for _ in range(n)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def write_gz(path: Path, lines) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture
+def toy_mirror(tmp_path) -> Path:
+    """A data mirror holding a toy en-de corpus in Multi30k's layout."""
+    mirror = tmp_path / "mirror"
+    for split, n, seed in (("train", 600, 1), ("val", 40, 2), ("test_2016_flickr", 40, 3)):
+        src, tgt = toy_corpus(n, seed)
+        write_gz(mirror / f"toy/{split}.en.gz", src)
+        write_gz(mirror / f"toy/{split}.de.gz", tgt)
+    return mirror
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    settings = dict(src_vocab=23, tgt_vocab=19, d_model=16, n_heads=4, d_ff=32, enc_layers=2, dec_layers=2,
+                    dropout=0.0, attn_dropout=0.0, relu_dropout=0.0, max_len=64)
+    settings.update(overrides)
+    return ModelConfig(**settings)
+
+
+@pytest.fixture
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(tiny_config()).eval()
+
+
+def random_batch(model: Transformer, batch: int = 3, src_len: int = 7, tgt_len: int = 5, seed: int = 0):
+    """Source (B, S) and decoder input (B, T) with some padding at the ends."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, model.cfg.src_vocab, (batch, src_len), generator=g)
+    tgt = torch.randint(4, model.cfg.tgt_vocab, (batch, tgt_len), generator=g)
+    src[1:, -2:] = 0  # padding on all but the first sentence
+    tgt[0, 0] = 2  # BOS
+    tgt[:, 0] = 2
+    tgt[2:, -1] = 0
+    return src, tgt

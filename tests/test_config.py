@@ -1,0 +1,83 @@
+"""Configuration validation: every problem named by its key, before any job runs."""
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headcount.config import ConfigError, deep_merge, load_experiments, resolve_mirror
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
+
+
+@pytest.fixture
+def config():
+    with open(REPO / "config/config.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def test_the_shipped_config_is_valid_and_complete(config):
+    experiments = load_experiments(config, SCHEMA)
+    assert config["run"] == ["multi30k_en_de"]
+    assert {"multi30k_en_de", "multi30k_en_fr", "wmt_en_ru", "wmt_en_de", "wmt_en_fr",
+            "opensubtitles_en_ru"} <= set(experiments)
+    default = experiments["multi30k_en_de"]
+    assert default["model"]["n_heads"] == 8 and default["model"]["enc_layers"] == 6
+    assert "test_2016_flickr" in default["test"]
+    assert experiments["wmt_en_ru"]["model"]["d_model"] == 512  # the paper's Transformer base
+
+
+def problems(config):
+    with pytest.raises(ConfigError) as error:
+        load_experiments(config, SCHEMA)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    "edit,expected",
+    [
+        (lambda c: c["defaults"]["training"].update(max_steps="many"),
+         "'defaults.training.max_steps': 'many' is not of type 'integer'"),
+        (lambda c: c["defaults"]["training"].update(max_stpes=10),
+         "'defaults.training': Additional properties are not allowed ('max_stpes' was unexpected)"),
+        (lambda c: c["experiments"]["multi30k_en_de"].update(model={"d_model": 100}),
+         "'experiments.multi30k_en_de.model.d_model': 100 is not divisible by model.n_heads=8"),
+        (lambda c: c.update(run=["multi30k_en_xx"]), "'run.0': no experiment named 'multi30k_en_xx'"),
+        (lambda c: c["experiments"]["multi30k_en_de"]["dev"].update(src="nowhere/val.en.gz"),
+         "'experiments.multi30k_en_de.dev.src': source 'nowhere/val.en.gz' is not listed under 'sources'"),
+        (lambda c: c["defaults"]["training"].pop("seed"),
+         "'experiments.multi30k_en_de.training': 'seed' is a required property"),
+        (lambda c: c["defaults"]["training"].update(label_smoothing=-0.1),
+         "'defaults.training.label_smoothing': -0.1 is less than the minimum of 0"),
+        (lambda c: c["sources"]["multi30k/val.en.gz"].update(url="ftp:/broken"),
+         "'sources.multi30k/val.en.gz.url': 'ftp:/broken' does not match"),
+        (lambda c: c.update(colour="blue"), "Additional properties are not allowed ('colour' was unexpected)"),
+    ],
+)
+def test_bad_configs_name_the_key(config, edit, expected):
+    edit(config)
+    assert expected in problems(config)
+
+
+def test_all_problems_are_reported_at_once(config):
+    config["defaults"]["training"]["max_steps"] = 0
+    config["defaults"]["decoding"]["beam"] = 0
+    message = problems(config)
+    assert "2 problems" in message and "max_steps" in message and "beam" in message
+
+
+def test_defaults_merge_deeply():
+    merged = deep_merge({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "e": 2})
+    assert merged == {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
+
+
+def test_mirror_from_environment_or_config(config, tmp_path, monkeypatch):
+    monkeypatch.delenv("HEADCOUNT_MIRROR", raising=False)
+    assert resolve_mirror(config) is None
+    config["mirror"] = str(tmp_path)
+    assert resolve_mirror(config) == str(tmp_path.resolve())
+    monkeypatch.setenv("HEADCOUNT_MIRROR", str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="HEADCOUNT_MIRROR: the data mirror .*absent' is not a directory"):
+        resolve_mirror(copy.deepcopy(config))

@@ -1,0 +1,164 @@
+"""Fetching, reading, validation and cleaning of corpora; batching."""
+
+import gzip
+import hashlib
+import io
+import tarfile
+import zipfile
+
+import pytest
+from conftest import write_gz
+
+from headcount.batching import make_batches, source_tensor, target_tensors
+from headcount.data import (
+    CleaningConfig,
+    clean_pairs,
+    fetch_source,
+    prepare_evaluation_set,
+    prepare_training_corpus,
+    read_parallel,
+    read_text_lines,
+)
+from headcount.io import DataError, read_lines
+
+
+def test_reads_plain_and_gzip_text_alike(tmp_path):
+    lines = ["Ein Hund läuft.", "Zwei Katzen\tschlafen.", ""]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_gz(tmp_path / "a.gz", lines)
+    assert read_text_lines(tmp_path / "a.txt") == lines
+    assert read_text_lines(tmp_path / "a.gz") == lines
+
+
+def test_tsv_column_and_archive_members(tmp_path):
+    tsv = tmp_path / "c.tsv.gz"
+    write_gz(tsv, ["hello\thallo", "cat\tKatze"])
+    assert read_text_lines(tsv, column=1) == ["hallo", "Katze"]
+    with pytest.raises(DataError, match="line 1: has 2 tab-separated fields, column 2"):
+        read_text_lines(tsv, column=2)
+
+    payload = b"one\ntwo\n"
+    with tarfile.open(tmp_path / "a.tgz", "w:gz") as archive:
+        info = tarfile.TarInfo("dir/x.en")
+        info.size = len(payload)
+        archive.addfile(info, io.BytesIO(payload))
+    with zipfile.ZipFile(tmp_path / "a.zip", "w") as archive:
+        archive.writestr("x.en", payload)
+    assert read_text_lines(tmp_path / "a.tgz", member="dir/x.en") == ["one", "two"]
+    assert read_text_lines(tmp_path / "a.zip", member="x.en") == ["one", "two"]
+    with pytest.raises(DataError, match="no member 'y.en'"):
+        read_text_lines(tmp_path / "a.zip", member="y.en")
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.de"
+    path.write_bytes(b"gut\nauch gut\n" + b"schlecht \xe4\n")
+    with pytest.raises(DataError, match=r"bad.de, line 3: not valid UTF-8 \(byte 0xe4 at column 10\)"):
+        read_text_lines(path)
+
+
+def test_sides_of_different_length_are_refused(tmp_path):
+    (tmp_path / "x.en").write_text("a\nb\nc\n")
+    (tmp_path / "x.de").write_text("a\nb\n")
+    with pytest.raises(DataError, match=r"x.en has 3 lines but .*x.de has 2.*line 3 is the first"):
+        read_parallel({"file": tmp_path / "x.en"}, {"file": tmp_path / "x.de"})
+
+
+def test_empty_corpus_is_refused(tmp_path):
+    (tmp_path / "x.en").write_text("")
+    (tmp_path / "x.de").write_text("")
+    with pytest.raises(DataError, match="empty"):
+        read_parallel({"file": tmp_path / "x.en"}, {"file": tmp_path / "x.de"})
+
+
+def test_cleaning_counts_each_reason():
+    src = ["a b c", "", "x " * 300, "one two three", "a b c d e f g h i j", "fine here", "   "]
+    tgt = ["d e f", "leer", "y", "eins", "a b c", "gut hier", "nix"]
+    keep, dropped = clean_pairs(src, tgt, CleaningConfig(max_words=250, max_chars=1000, max_ratio=3.0))
+    # 1 and 6: empty; 2: too long; 4: ratio 10/3 > 3; 3: ratio 3/1 but the short side is under 3 words
+    assert keep == [0, 3, 5]
+    assert dropped == {"empty": 2, "too_long": 1, "length_ratio": 1}
+
+
+def test_a_sentence_of_100000_characters_is_dropped_from_training_and_refused_in_evaluation(tmp_path):
+    long = "x" * 100_000
+    src, tgt = tmp_path / "t.en", tmp_path / "t.de"
+    src.write_text(f"short one\n{long}\n")
+    tgt.write_text("kurz eins\nlang\n")
+    stats = prepare_training_corpus([({"file": src}, {"file": tgt})], CleaningConfig(), False, None, 1,
+                                    str(tmp_path / "o.en"), str(tmp_path / "o.de"), log=lambda m: None)
+    assert stats["corpora"][0]["dropped"]["too_long"] == 1
+    assert read_lines(tmp_path / "o.en") == ["short one"]
+    with pytest.raises(DataError, match=r"line 2: a sentence of 100000 characters"):
+        prepare_evaluation_set({"file": src}, {"file": tgt}, 1500, False,
+                               str(tmp_path / "e.en"), str(tmp_path / "e.de"))
+    assert not (tmp_path / "e.en").exists()  # nothing half-written
+
+
+def test_training_corpus_subsampling_and_lowercasing(tmp_path):
+    src, tgt = tmp_path / "t.en", tmp_path / "t.de"
+    src.write_text("".join(f"Sentence  {i}\n" for i in range(50)))
+    tgt.write_text("".join(f"Satz {i}\n" for i in range(50)))
+    args = ([({"file": src}, {"file": tgt})], CleaningConfig(min_words_for_ratio=1), True, 10, 7)
+    prepare_training_corpus(*args, str(tmp_path / "a.en"), str(tmp_path / "a.de"), log=lambda m: None)
+    prepare_training_corpus(*args, str(tmp_path / "b.en"), str(tmp_path / "b.de"), log=lambda m: None)
+    a_en, a_de = read_lines(tmp_path / "a.en"), read_lines(tmp_path / "a.de")
+    assert len(a_en) == 10 and a_en == read_lines(tmp_path / "b.en")  # same seed, same sample
+    assert all(e.split()[1] == d.split()[1] for e, d in zip(a_en, a_de))  # still aligned
+    assert a_en[0].startswith("sentence ")  # lowercased, whitespace normalised
+
+
+def test_fetch_from_mirror_checks_the_checksum(tmp_path):
+    mirror = tmp_path / "mirror"
+    write_gz(mirror / "c/train.en.gz", ["hello"])
+    digest = hashlib.sha256((mirror / "c/train.en.gz").read_bytes()).hexdigest()
+    dest = tmp_path / "out/c/train.en.gz"
+    fetch_source("https://example.org/x", "c/train.en.gz", dest, mirror=mirror, sha256=digest, log=lambda m: None)
+    assert read_text_lines(dest) == ["hello"]
+    dest.unlink()
+    with pytest.raises(DataError, match="sha256 .* does not match"):
+        fetch_source(None, "c/train.en.gz", dest, mirror=mirror, sha256="0" * 64, log=lambda m: None)
+    assert not dest.exists()
+    with pytest.raises(DataError, match=r"not found in the data mirror .*Put the file 'c/missing.gz' there"):
+        fetch_source("https://example.org/y", "c/missing.gz", dest, mirror=mirror, log=lambda m: None)
+
+
+def test_download_gzips_plain_text_for_a_gz_path(tmp_path):
+    plain = tmp_path / "served.txt"
+    plain.write_text("eins\nzwei\n")
+    dest = tmp_path / "got/x.de.gz"
+    fetch_source(plain.as_uri(), "x.de.gz", dest, log=lambda m: None)
+    assert gzip.decompress(dest.read_bytes()) == b"eins\nzwei\n"
+
+
+def test_unreachable_url_without_mirror_fails_clearly(tmp_path):
+    dest = tmp_path / "x.gz"
+    with pytest.raises(DataError, match=r"could not download http://127.0.0.1:9/x.gz.*set a data mirror"):
+        fetch_source("http://127.0.0.1:9/x.gz", "x.gz", dest, retries=1, timeout=2, log=lambda m: None)
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("max_tokens", [8, 30, 100])
+def test_batches_cover_every_sentence_once_within_the_budget(max_tokens):
+    import random
+
+    rng = random.Random(0)
+    src_lens = [rng.randint(1, 8) for _ in range(300)]
+    tgt_lens = [rng.randint(1, 8) for _ in range(300)]
+    batches = make_batches(src_lens, tgt_lens, max_tokens, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(300))
+    for b in batches:
+        longest = max(max(src_lens[i], tgt_lens[i]) for i in b)
+        assert longest * len(b) <= max_tokens or len(b) == 1
+    assert batches == make_batches(src_lens, tgt_lens, max_tokens, seed=3)
+    assert batches != make_batches(src_lens, tgt_lens, max_tokens, seed=4)
+    # Bucketing keeps padding low: far below what random batches of the same sizes would have.
+    padded = sum(max(src_lens[i] for i in b) * len(b) for b in batches)
+    assert padded < 1.3 * sum(src_lens)
+
+
+def test_tensors_add_eos_and_bos():
+    src = source_tensor([[5, 6], [7]])
+    tgt_in, tgt_out = target_tensors([[8, 9, 10]])
+    assert src.tolist() == [[5, 6, 3], [7, 3, 0]]
+    assert tgt_in.tolist() == [[2, 8, 9, 10]] and tgt_out.tolist() == [[8, 9, 10, 3]]

@@ -1,0 +1,134 @@
+"""Training loop: schedule, learning, checkpoints, resumption after a kill, numerical faults."""
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import tiny_config, toy_corpus
+
+from headcount.io import CheckpointError, HeadcountError
+from headcount.model import Transformer
+from headcount.train import Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, train
+
+
+def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
+    d, warmup, scale = 512, 4000, 2.0
+    peak = noam_lr(warmup, d, warmup, scale)
+    assert peak == pytest.approx(scale * d**-0.5 * warmup**-0.5)
+    assert noam_lr(warmup // 2, d, warmup, scale) == pytest.approx(peak / 2)
+    assert noam_lr(4 * warmup, d, warmup, scale) == pytest.approx(peak / 2)
+    assert max(noam_lr(s, d, warmup, scale) for s in range(1, 20000, 7)) <= peak + 1e-12
+
+
+def word_ids(lines, vocab):
+    return [[vocab.setdefault(w, len(vocab)) for w in line.split()] for line in lines]
+
+
+@pytest.fixture
+def toy_data():
+    src_vocab, tgt_vocab = {f"<{i}>": i for i in range(4)}, {f"<{i}>": i for i in range(4)}
+    src, tgt = toy_corpus(300, seed=1)
+    dev_src, dev_tgt = toy_corpus(30, seed=2)
+    data = Corpus(word_ids(src, src_vocab), word_ids(tgt, tgt_vocab))
+    dev = DevSet(word_ids(dev_src, src_vocab), word_ids(dev_tgt, tgt_vocab), dev_tgt)
+    return data, dev, len(src_vocab) + 8, len(tgt_vocab) + 8
+
+
+def fresh_model(sizes, seed=0):
+    torch.manual_seed(seed)
+    return Transformer(tiny_config(src_vocab=sizes[0], tgt_vocab=sizes[1], dropout=0.1, attn_dropout=0.1))
+
+
+def settings(**overrides):
+    base = dict(max_tokens=120, max_steps=30, warmup_steps=10, lr_scale=2.0, log_interval=1, eval_interval=10,
+                checkpoint_interval=5, select="last", seed=3, precision="fp32", device="cpu")
+    base.update(overrides)
+    return TrainConfig(**base)
+
+
+def quiet(message):
+    pass
+
+
+def test_training_lowers_the_dev_loss(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    model = fresh_model(sizes)
+    before = evaluate_loss(model, Corpus(dev.src, dev.tgt), 200, torch.device("cpu"), None)
+    summary = train(model, settings(max_steps=80), data, dev, tmp_path, log=quiet)
+    after = evaluate_loss(model, Corpus(dev.src, dev.tgt), 200, torch.device("cpu"), None)
+    assert summary["steps"] == 80
+    assert after < before - 1.0, (before, after)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "dev_loss" in r] == [10, 20, 30, 40, 50, 60, 70, 80]
+    assert all(r["tokens_per_s"] > 0 for r in records if "train_loss" in r)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    clean = fresh_model(sizes)
+    train(clean, settings(), data, dev, tmp_path / "clean", log=quiet)
+
+    def kill_at_step_17(message):
+        if message.startswith("step 17/"):
+            raise Killed
+
+    interrupted = fresh_model(sizes)
+    with pytest.raises(Killed):
+        train(interrupted, settings(), data, dev, tmp_path / "killed", log=kill_at_step_17)
+    assert load_checkpoint(tmp_path / "killed/checkpoint.pt")["step"] == 15
+    resumed_from = []
+    resumed = fresh_model(sizes, seed=99)  # different init: the checkpoint must override it
+    train(resumed, settings(), data, dev, tmp_path / "killed", log=resumed_from.append)
+    assert any("resuming from" in m and "step 15" in m for m in resumed_from)
+    for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name  # bitwise, on CPU with the same seed
+    lines = (tmp_path / "killed/metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if "train_loss" in line]
+    assert steps == list(range(1, 31))  # records after the checkpoint were dropped, then redone
+
+
+def test_changed_settings_start_afresh(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    train(fresh_model(sizes), settings(max_steps=10), data, dev, tmp_path, log=quiet)
+    messages = []
+    train(fresh_model(sizes), settings(max_steps=10, lr_scale=1.0), data, dev, tmp_path, log=messages.append)
+    assert any("another configuration" in m for m in messages)
+
+
+def test_corrupted_checkpoint_is_named(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    (tmp_path / "checkpoint.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt: cannot be read as a checkpoint.*Delete it"):
+        train(fresh_model(sizes), settings(), data, dev, tmp_path, log=quiet)
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    calls = {"n": 0}
+
+    def poisoned(model):
+        calls["n"] += 1
+        return torch.tensor(math.nan if calls["n"] == 8 else 0.0)
+
+    with pytest.raises(HeadcountError, match=r"loss became nan at step 8.*step 5\) is kept"):
+        train(fresh_model(sizes), settings(), data, dev, tmp_path, extra_loss=poisoned, log=quiet)
+    state = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert state["step"] == 5
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_best_dev_bleu_selection_loads_the_best_weights(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    scores = iter([5.0, 9.0, 7.0])  # dev "BLEU" at steps 10, 20, 30
+    model = fresh_model(sizes)
+    summary = train(model, settings(select="best_dev_bleu"), data, dev, tmp_path,
+                    dev_bleu=lambda m, d: next(scores), log=quiet)
+    assert summary["selected_step"] == 20
+    best = load_checkpoint(tmp_path / "best.pt")
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, best["model"][name])
