@@ -12,9 +12,18 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/translate.smk"
+include: "workflow/rules/heads.smk"
 
 
 rule all:
     default_target: True
     input:
         expand("results/{exp}/baseline/scores.tsv", exp=config["run"]),
+        expand("results/{exp}/heads/correlations.tsv", exp=config["run"]),
+        expand(
+            "results/{exp}/heads/figures/{score}.{kind}.png",
+            exp=config["run"],
+            score=HEAD_SCORES,
+            kind=["enc_self", "dec_self", "dec_enc"],
+        ),
+        expand("results/{exp}/heads/figures/delta_bleu.enc_self.png", exp=config["run"]),

@@ -132,3 +132,16 @@ def test_best_dev_bleu_selection_loads_the_best_weights(toy_data, tmp_path):
     best = load_checkpoint(tmp_path / "best.pt")
     for name, value in model.state_dict().items():
         assert torch.equal(value, best["model"][name])
+
+
+def test_a_finished_run_can_be_extended_without_starting_over(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    straight = fresh_model(sizes)
+    train(straight, settings(max_steps=20), data, dev, tmp_path / "straight", log=quiet)
+    extended = fresh_model(sizes)
+    train(extended, settings(max_steps=10), data, dev, tmp_path / "extended", log=quiet)
+    messages = []
+    train(extended, settings(max_steps=20, eval_interval=7), data, dev, tmp_path / "extended", log=messages.append)
+    assert any("resuming from" in m and "at step 10" in m for m in messages)
+    for (name, a), b in zip(straight.state_dict().items(), extended.state_dict().values()):
+        assert torch.equal(a, b), name

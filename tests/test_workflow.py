@@ -40,6 +40,7 @@ def smoke_config(mirror: Path) -> dict:
                                           log_interval=20, eval_interval=100, checkpoint_interval=40,
                                           dev_bleu_sentences=40)
     config["defaults"]["decoding"].update(max_tokens=2000)
+    config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["experiments"] = {"toy": {
         "src_lang": "en", "tgt_lang": "de",
         "train": [{"src": "toy/train.en.gz", "tgt": "toy/train.de.gz"}],
@@ -97,7 +98,8 @@ def test_a_missing_mirror_file_is_reported_before_any_job(tmp_path, toy_mirror):
     config_path = write_config(tmp_path / "smoke.yaml", smoke_config(toy_mirror))
     result = snakemake("-n", "--cores", "1", "--configfile", config_path, cwd=tmp_path)
     assert result.returncode != 0
-    assert "toy/val.de.gz" in result.stdout + result.stderr and "MissingInputException" in result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert "lacks 1 file(s)" in output and "toy/val.de.gz (published at https://example.org/toy/val.de.gz)" in output
 
 
 @pytest.mark.workflow
@@ -105,7 +107,8 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     """Fetch from a mirror, clean, BPE, train, translate, score: the real rules on a toy corpus."""
     config = smoke_config(toy_mirror)
     config_path = write_config(tmp_path / "smoke.yaml", config)
-    result = snakemake("--cores", "2", "--configfile", config_path, cwd=tmp_path, timeout=400)
+    cores = os.environ.get("HEADCOUNT_TEST_CORES", "2")
+    result = snakemake("--cores", cores, "--configfile", config_path, cwd=tmp_path, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
 
     results = tmp_path / "results/toy"
@@ -125,6 +128,18 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
         assert (results / f"logs/{log}.log").read_text().rstrip().endswith("done")
     hyps = (results / "baseline/translations/test_2016_flickr.txt").read_text().splitlines()
     assert len(hyps) == 40
+
+    # Head scores: one row per head of each attention type, LRP shares summing to 1 per layer.
+    heads = pd.read_parquet(results / "heads/scores.parquet")
+    assert len(heads) == 3 * 2 * 4
+    assert set(heads.columns) >= {"confidence", "lrp", "michel", "delta_loss", "delta_bleu"}
+    for _, layer in heads.groupby(["type", "layer"]):
+        assert layer["lrp"].sum() == pytest.approx(1.0, abs=1e-6)
+    assert heads.loc[heads["type"] == "enc_self", "delta_bleu"].notna().all()
+    correlations = pd.read_csv(results / "heads/correlations.tsv", sep="\t")
+    assert set(correlations["score"]) == {"confidence", "lrp", "michel"}
+    for name in ("lrp.enc_self", "confidence.enc_self", "delta_loss.dec_enc", "delta_bleu.enc_self"):
+        assert (results / f"heads/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
 
     # Nothing left to do on a rerun; a changed decoding setting reruns translation and scoring only.
     rerun = snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=tmp_path)

@@ -129,6 +129,16 @@ def resolve_mirror(config: dict) -> str | None:
     return None
 
 
+def check_mirror(mirror: str, config: dict, experiments: list[dict]) -> None:
+    """Every source the experiments read must be in the mirror: report all missing files at once."""
+    missing = sorted({side_source(side) for exp in experiments for _, side in experiment_sides(exp)
+                      if not (Path(mirror) / side_source(side)).is_file()})
+    if missing:
+        lines = [f"{Path(mirror) / m} (published at {config['sources'][m]['url']})" for m in missing]
+        raise ConfigError(f"the data mirror {mirror} lacks {len(missing)} file(s) the experiments in 'run' read; "
+                          f"put them there, or unset the mirror to download them:\n" + "\n".join(f"  - {x}" for x in lines))
+
+
 def _report(problems: list[str]) -> str:
     lines = "\n".join(f"  - {p}" for p in problems)
     return f"the configuration is invalid ({len(problems)} problem{'s' * (len(problems) > 1)}):\n{lines}"

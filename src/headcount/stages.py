@@ -16,7 +16,7 @@ import torch
 from . import __version__
 from .decode import translate
 from .evaluate import corpus_bleu, score_translations
-from .io import read_lines, write_json, write_lines
+from .io import atomic_path, read_lines, write_json, write_lines
 from .model import ModelConfig, Transformer
 from .subwords import Segmenter
 from .train import Corpus, DevSet, TrainConfig, load_model, pick_device, save_checkpoint, train
@@ -102,3 +102,52 @@ def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, ext
     scores = {**scores, **(extra or {}), "provenance": provenance()}
     write_json(out_path, scores)
     return scores
+
+
+def score_heads(
+    model_path: str, src_spm: str, tgt_spm: str, analysis_src: str, analysis_tgt: str, translations: str,
+    max_sentences: int, lrp_rule: str, ablation: bool, ablation_bleu_sentences: int, max_tokens: int,
+    lowercase: bool, out_table: str, out_csv: str, out_correlations: str, out_conservation: str, log=print,
+):
+    """Every head's confidence, LRP relevance, Michel importance and ablation impact (issue 3).
+
+    Confidence, Michel importance and ablation read the reference translations of the analysis
+    set; LRP teacher-forces the model's own beam translations of it ("generation steps").
+    """
+    import pandas as pd
+
+    from .importance import dev_batches, head_scores, rank_correlations
+
+    model = load_model(model_path).eval()
+    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src = src_seg.encode(read_lines(analysis_src)[:max_sentences])
+    references = read_lines(analysis_tgt)[:max_sentences]
+    hyps = read_lines(translations)[:max_sentences]
+    batches = dev_batches(src, tgt_seg.encode(references), max_tokens)
+    translation_batches = dev_batches(src, tgt_seg.encode(hyps), max_tokens)
+    bleu_src, bleu_refs = src[:ablation_bleu_sentences], references[:ablation_bleu_sentences]
+
+    def bleu_fn(m) -> float:  # greedy, for speed: the change from removing one head is what counts
+        return corpus_bleu(tgt_seg.decode(translate(m, bleu_src, beam=1, max_tokens=max_tokens)), bleu_refs,
+                           lowercase=lowercase)
+
+    start = time.perf_counter()
+    log(f"scoring heads on {len(src)} sentences (LRP rule {lrp_rule}, ablation {ablation})")
+    table = head_scores(model, batches, translation_batches, bleu_fn if ablation_bleu_sentences else None,
+                        lrp_rule=lrp_rule, ablation=ablation, log=log)
+    log(f"head scores in {time.perf_counter() - start:.0f} s")
+    correlations = rank_correlations(table) if ablation else pd.DataFrame()
+    conservation = table.attrs.get("lrp_conservation", pd.DataFrame())
+    table.attrs = {}
+    with atomic_path(out_table) as tmp:
+        table.to_parquet(tmp, index=False)
+    with atomic_path(out_csv) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
+    with atomic_path(out_correlations) as tmp:
+        correlations.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+    with atomic_path(out_conservation) as tmp:
+        conservation.to_csv(tmp, sep="\t", index=False, float_format="%.3g")
+    if len(correlations):
+        overall = correlations[correlations["layer"] == "all"]
+        log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
+    return table

@@ -182,7 +182,7 @@ def train(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path, best_path, metrics_path = out_dir / "checkpoint.pt", out_dir / "best.pt", out_dir / "metrics.jsonl"
-    fingerprint = config_hash({"train": cfg.to_dict(), "model": model.cfg.to_dict(), "run": run_fingerprint})
+    fingerprint = run_fingerprint_hash(cfg.to_dict(), model.cfg.to_dict(), run_fingerprint)
 
     device = pick_device(cfg.device)
     autocast_dtype = pick_autocast_dtype(cfg.precision, device)
@@ -197,8 +197,9 @@ def train(
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
         state = load_checkpoint(ckpt_path, map_location=device)
-        if state.get("fingerprint") != fingerprint:
-            log(f"{ckpt_path} was written with another configuration; starting this run afresh")
+        reason = resume_conflict(state, cfg, model.cfg.to_dict(), run_fingerprint)
+        if reason:
+            log(f"{ckpt_path} was written with another configuration ({reason}); starting this run afresh")
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -304,6 +305,30 @@ def train(
     log(f"done: {step} steps; selected the weights of step {selected}")
     return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
             "train_seconds": time.perf_counter() - run_start}
+
+
+# Settings that do not change the weights up to a given step: a run may be extended (more
+# max_steps), evaluated differently or moved to other hardware and still resume its checkpoint.
+RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "dev_bleu_sentences",
+                     "select", "device", "threads")
+
+
+def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | None) -> str:
+    return config_hash({"train": train_config, "model": model_config, "run": run})
+
+
+def resume_conflict(state: dict, cfg: TrainConfig, model_config: dict, run: dict | None) -> str | None:
+    """Why a checkpoint cannot be resumed under the current settings, or None if it can."""
+    saved = state.get("train_config", {})
+    if state.get("fingerprint") != run_fingerprint_hash(saved, model_config, run):
+        return "model or data differ"
+    current = cfg.to_dict()
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and _plain(saved.get(k)) != _plain(current[k]))
+    return f"training settings {', '.join(changed)} differ" if changed else None
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def state_step(path: Path) -> int | None:

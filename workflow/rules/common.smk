@@ -1,23 +1,41 @@
 # Configuration: validated before any job runs; every rule reads its settings from EXPERIMENTS.
+import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-from headcount.config import ConfigError, load_experiments, resolve_mirror, side_source
+from headcount.config import (
+    MIRROR_ENV,
+    ConfigError,
+    check_mirror,
+    load_experiments,
+    resolve_mirror,
+    side_source,
+)
 
 try:
     EXPERIMENTS = load_experiments(
         config, Path(workflow.basedir) / "workflow/schemas/config.schema.yaml"
     )
     MIRROR = resolve_mirror(config)
+    if MIRROR:
+        check_mirror(MIRROR, config, [EXPERIMENTS[name] for name in config["run"]])
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
+
+# Where a file was fetched from does not change it (checksums guard the content), so the mirror
+# is no job parameter: switching between a mirror and the network reruns nothing. Jobs (local,
+# or on a cluster node, where this file is evaluated again) see it in the environment.
+if MIRROR:
+    os.environ[MIRROR_ENV] = MIRROR
 
 
 wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
+    kind="enc_self|dec_self|dec_enc",
+    score="[a-z_]+",
     split="|".join(
         ["dev"]
         + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in e["test"]})
@@ -61,11 +79,6 @@ def log_path(name):
 
 def benchmark_path(name):
     return f"results/{{exp}}/benchmarks/{name}.tsv"
-
-
-def fetch_input(wildcards):
-    # With a mirror the file is an input, so a missing one is reported before any job runs.
-    return [f"{MIRROR}/{wildcards.source}"] if MIRROR else []
 
 
 def training_inputs(wildcards):

@@ -2,8 +2,6 @@
 
 
 rule fetch_source:
-    input:
-        fetch_input,
     output:
         "resources/data/{source}",
     log:
@@ -17,7 +15,6 @@ rule fetch_source:
     params:
         url=lambda w: config["sources"][w.source]["url"],
         sha256=lambda w: config["sources"][w.source].get("sha256"),
-        mirror=MIRROR,
     script:
         "../scripts/fetch_source.py"
 

@@ -1,5 +1,8 @@
 from _common import job
 
+import os
+
+from headcount.config import MIRROR_ENV
 from headcount.data import fetch_source
 
 with job(snakemake) as log:
@@ -7,7 +10,7 @@ with job(snakemake) as log:
         url=snakemake.params.url,
         relpath=snakemake.wildcards.source,
         dest=snakemake.output[0],
-        mirror=snakemake.params.mirror,
+        mirror=os.environ.get(MIRROR_ENV) or None,
         sha256=snakemake.params.sha256,
         log=log,
     )

@@ -1,0 +1,57 @@
+# Which heads matter: confidence, LRP relevance, Michel importance and single-head ablation.
+
+HEAD_SCORES = ["lrp", "confidence", "michel", "delta_loss"]
+
+
+rule score_heads:
+    input:
+        model="results/{exp}/baseline/model.pt",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+        analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
+        analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
+        translations=lambda w: f"results/{w.exp}/baseline/translations/{exp_config(w)['analysis']['set']}.txt",
+    output:
+        table="results/{exp}/heads/scores.parquet",
+        csv="results/{exp}/heads/scores.csv",
+        correlations="results/{exp}/heads/correlations.tsv",
+        conservation="results/{exp}/heads/lrp_conservation.tsv",
+    log:
+        log_path("score_heads"),
+    benchmark:
+        benchmark_path("score_heads")
+    conda:
+        ENV
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=8000,
+        runtime=240,
+    params:
+        max_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
+        heads=lambda w: exp_config(w)["heads"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+    script:
+        "../scripts/score_heads.py"
+
+
+rule plot_head_scores:
+    input:
+        "results/{exp}/heads/scores.parquet",
+    output:
+        report(
+            "results/{exp}/heads/figures/{score}.{kind}.png",
+            caption="../report/head_heatmap.rst",
+            category="Head importance",
+            subcategory="{exp}",
+            labels={"score": "{score}", "attention": "{kind}"},
+        ),
+    log:
+        "results/{exp}/logs/plot_head_scores.{score}.{kind}.log",
+    conda:
+        ENV
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    script:
+        "../scripts/plot_head_scores.py"
