@@ -135,8 +135,9 @@ def check_mirror(mirror: str, config: dict, experiments: list[dict]) -> None:
                       if not (Path(mirror) / side_source(side)).is_file()})
     if missing:
         lines = [f"{Path(mirror) / m} (published at {config['sources'][m]['url']})" for m in missing]
+        listing = "\n".join(f"  - {x}" for x in lines)
         raise ConfigError(f"the data mirror {mirror} lacks {len(missing)} file(s) the experiments in 'run' read; "
-                          f"put them there, or unset the mirror to download them:\n" + "\n".join(f"  - {x}" for x in lines))
+                          f"put them there, or unset the mirror to download them:\n{listing}")
 
 
 def _report(problems: list[str]) -> str:
