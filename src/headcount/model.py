@@ -76,11 +76,15 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.attn_dropout = attn_dropout
         self.register_buffer("head_mask", torch.ones(n_heads))
+        self.hard_concrete = None  # HardConcreteGates when pruning (see gates.attach_gates)
         self.head_context = nn.Identity()  # hook point: (B, H, Tq, Dh), before the gates
 
     def gates(self) -> Tensor:
-        """One multiplier per head, (H,). A fixed 0/1 mask here; Hard Concrete when pruning."""
-        return self.head_mask
+        """One multiplier per head, (H,): the fixed 0/1 mask, times Hard Concrete gates if any
+        (sampled once per forward pass, i.e. per batch, in training mode)."""
+        if self.hard_concrete is None:
+            return self.head_mask
+        return self.head_mask * self.hard_concrete()
 
     def _split_heads(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
