@@ -13,6 +13,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/translate.smk"
 include: "workflow/rules/heads.smk"
+include: "workflow/rules/syntax.smk"
 
 
 rule all:
@@ -27,3 +28,13 @@ rule all:
             kind=["enc_self", "dec_self", "dec_enc"],
         ),
         expand("results/{exp}/heads/figures/delta_bleu.enc_self.png", exp=config["run"]),
+        expand(
+            "results/{exp}/syntax/{name}",
+            exp=config["run"],
+            name=[
+                "roles.csv",
+                "table1.md",
+                "function_map.png",
+                "relative_positions.png",
+            ],
+        ),

@@ -49,6 +49,30 @@ def write_gz(path: Path, lines) -> None:
         f.write("".join(line + "\n" for line in lines))
 
 
+def toy_conllu(sentences: list[str]) -> str:
+    """Toy source sentences as a CoNLL-U treebank: the first noun is the root, an adjective
+    depends on the noun after it (amod), other nouns on the root (conj), the full stop (punct)."""
+    blocks = []
+    for number, sentence in enumerate(sentences, start=1):
+        words = sentence.rstrip(".").split() + ["."]
+        nouns = [i for i, w in enumerate(words) if w.lower() in NOUNS]
+        root = nouns[0]
+        lines = [f"# sent_id = toy-{number}", f"# text = {sentence}"]
+        for i, word in enumerate(words):
+            if i == root:
+                head, rel = 0, "root"
+            elif word == ".":
+                head, rel = root + 1, "punct"
+            elif word.lower() in ADJECTIVES:
+                head, rel = i + 2, "amod"
+            else:
+                head, rel = root + 1, "conj"
+            space = "SpaceAfter=No" if i + 1 < len(words) and words[i + 1] == "." else "_"
+            lines.append(f"{i + 1}\t{word}\t{word.lower()}\tX\t_\t_\t{head}\t{rel}\t_\t{space}")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks) + "\n"
+
+
 @pytest.fixture
 def toy_mirror(tmp_path) -> Path:
     """A data mirror holding a toy en-de corpus in Multi30k's layout."""
@@ -57,6 +81,7 @@ def toy_mirror(tmp_path) -> Path:
         src, tgt = toy_corpus(n, seed)
         write_gz(mirror / f"toy/{split}.en.gz", src)
         write_gz(mirror / f"toy/{split}.de.gz", tgt)
+    (mirror / "toy/treebank.conllu").write_text(toy_conllu(toy_corpus(60, seed=4)[0]), encoding="utf-8")
     return mirror
 
 

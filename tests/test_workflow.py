@@ -33,6 +33,8 @@ def smoke_config(mirror: Path) -> dict:
     config["mirror"] = str(mirror)
     config["sources"] = {f"toy/{split}.{lang}.gz": {"url": f"https://example.org/toy/{split}.{lang}.gz"}
                          for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")}
+    config["sources"]["toy/treebank.conllu"] = {"url": "https://example.org/toy/treebank.conllu"}
+    config["defaults"]["roles"].update(treebanks=["toy/treebank.conllu"], min_instances=5)
     config["defaults"]["subwords"].update(src_vocab=100, tgt_vocab=100)
     config["defaults"]["model"].update(d_model=32, n_heads=4, d_ff=64, enc_layers=2, dec_layers=2, dropout=0.0,
                                        attn_dropout=0.0, max_len=64)
@@ -140,6 +142,18 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     assert set(correlations["score"]) == {"confidence", "lrp", "michel"}
     for name in ("lrp.enc_self", "confidence.enc_self", "delta_loss.dec_enc", "delta_bleu.enc_self"):
         assert (results / f"heads/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+    # Head roles on the toy treebank: every encoder head gets a role; Table 1 has amod both ways.
+    roles = pd.read_csv(results / "syntax/roles.csv")
+    assert len(roles) == 2 * 4 and set(roles["role"]) <= {"positional", "syntactic", "rare", "none"}
+    table1 = pd.read_csv(results / "syntax/table1.csv")
+    amod = table1[table1["relation"] == "amod"]
+    assert set(amod["name"]) == {"noun->adj", "adj->noun"} and (amod["n"] > 0).all()
+    # An adjective always precedes its noun here, so the positional baseline is perfect for amod.
+    assert (amod["baseline_accuracy"] == 100).all()
+    assert "| amod |" in (results / "syntax/table1.md").read_text()
+    for name in ("function_map.png", "relative_positions.png"):
+        assert (results / f"syntax/{name}").read_bytes()[:4] == b"\x89PNG"
 
     # Nothing left to do on a rerun; a changed decoding setting reruns translation and scoring only.
     rerun = snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=tmp_path)

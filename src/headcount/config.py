@@ -74,6 +74,9 @@ def experiment_sides(exp: dict):
     for name, pair in exp["test"].items():
         for lang in ("src", "tgt"):
             yield f"test.{name}.{lang}", pair[lang]
+    if exp.get("roles", {}).get("parser") == "gold":
+        for i, treebank in enumerate(exp["roles"]["treebanks"]):
+            yield f"roles.treebanks.{i}", treebank
 
 
 def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, dict]:

@@ -200,6 +200,7 @@ def head_ablation(
     bleu_fn: Callable[[Transformer], float] | None = None,
     bleu_types: Sequence[str] = ("enc_self",),
     types: Sequence[str] = ATTENTION_TYPES,
+    log: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Mask each head alone (its 0/1 gate) and record the change of dev loss, and of BLEU if asked.
 
@@ -227,6 +228,8 @@ def head_ablation(
                             row["delta_bleu"] = bleu_fn(model) - base_bleu
                         model.set_head_mask({kind: original[kind]})
                     rows.append(row)
+                if log is not None:
+                    log(f"ablation: {kind} layer {layer + 1}/{n_layers} done")
     finally:
         model.set_head_mask(original)
     table = pd.DataFrame(rows, columns=[*KEYS, "delta_loss", "delta_bleu"])

@@ -62,3 +62,56 @@ def save(fig, path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+ROLE_COLOURS = {"positional": "#7b3fa0", "syntactic": "#2e8b57", "rare": "#f28e1c", "none": "#bdbdbd"}
+
+
+def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, title: str) -> None:
+    """The paper's Figures 1c/2: encoder heads coloured by function, positional purple,
+    syntactic green, rare-token orange, other grey; within each layer ordered by LRP relevance
+    (when head scores exist), each cell labelled with the head and its LRP share."""
+    table = roles.copy()
+    if scores is not None:
+        lrp = scores[scores["type"] == "enc_self"][["layer", "head", "lrp"]]
+        table = table.merge(lrp, on=["layer", "head"], how="left")
+    else:
+        table["lrp"] = np.nan
+    layers = sorted(table["layer"].unique())
+    n_heads = int(table["head"].max()) + 1
+    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * n_heads, 0.9 + 0.6 * len(layers)))
+    for i, layer in enumerate(layers):
+        rows = table[table["layer"] == layer].sort_values("lrp", ascending=False, kind="stable", na_position="last")
+        for j, row in enumerate(rows.itertuples()):
+            ax.add_patch(plt.Rectangle((j - 0.45, i - 0.4), 0.9, 0.8, color=ROLE_COLOURS.get(row.role, "#bdbdbd")))
+            label = f"h{row.head + 1}" + ("" if np.isnan(row.lrp) else f"\n{row.lrp:.2f}")
+            ax.text(j, i, label, ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.6, n_heads - 0.4)
+    ax.set_ylim(len(layers) - 0.5, -0.5)
+    ax.set_yticks(range(len(layers)), [f"layer {layer + 1}" for layer in layers])
+    ax.set_xticks([])
+    ax.set_xlabel("heads, most LRP-relevant first" if scores is not None else "heads")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ROLE_COLOURS.values()]
+    ax.legend(handles, ["positional", "syntactic", "rare tokens", "other"], loc="upper center",
+              bbox_to_anchor=(0.5, -0.08), ncol=4, fontsize=8, frameon=False)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def relative_positions(parses: pd.DataFrame, relations, path, title: str, radius: int = 8) -> None:
+    """The paper's Figure 3: for each relation, how far the dependent stands from its head
+    (dependent word index - head word index), as a share of the relation's arcs."""
+    fig, axes = plt.subplots(1, len(relations), figsize=(3.2 * len(relations), 2.6), sharey=True)
+    offsets = np.arange(-radius, radius + 1)
+    for ax, relation in zip(np.atleast_1d(axes), relations):
+        arcs = parses[(parses["relation"] == relation) & (parses["head"] > 0)]
+        delta = (arcs["word"] - arcs["head"]).clip(-radius, radius).to_numpy()
+        shares = np.array([(delta == d).mean() if len(delta) else 0.0 for d in offsets])
+        ax.bar(offsets, shares, color="#2e8b57")
+        ax.set_title(f"{relation} ({len(delta)} arcs)", fontsize=9)
+        ax.set_xlabel("dependent - head (words)")
+    np.atleast_1d(axes)[0].set_ylabel("share of arcs")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)

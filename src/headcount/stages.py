@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import __version__
@@ -116,7 +117,9 @@ def score_heads(
     """
     import pandas as pd
 
-    from .importance import dev_batches, head_scores, rank_correlations
+    from .importance import KEYS, dev_batches, head_ablation, head_confidence, michel_importance, rank_correlations
+    from .lrp import head_relevance
+    from .train import sequence_loss
 
     model = load_model(model_path).eval()
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
@@ -131,14 +134,27 @@ def score_heads(
         return corpus_bleu(tgt_seg.decode(translate(m, bleu_src, beam=1, max_tokens=max_tokens)), bleu_refs,
                            lowercase=lowercase)
 
-    start = time.perf_counter()
     log(f"scoring heads on {len(src)} sentences (LRP rule {lrp_rule}, ablation {ablation})")
-    table = head_scores(model, batches, translation_batches, bleu_fn if ablation_bleu_sentences else None,
-                        lrp_rule=lrp_rule, ablation=ablation, log=log)
-    log(f"head scores in {time.perf_counter() - start:.0f} s")
+    table = head_confidence(model, batches).merge(michel_importance(model, batches), on=KEYS)
+    start = time.perf_counter()
+    relevance = head_relevance(model, translation_batches, rule=lrp_rule, log=log)
+    lrp_seconds = time.perf_counter() - start
+    table = table.merge(relevance.table.drop(columns="n_steps"), on=KEYS)
+    # LRP's cost against one teacher-forced forward+backward pass over the same sentences.
+    start = time.perf_counter()
+    for src_b, tgt_in, tgt_out in translation_batches:
+        loss, _, _ = sequence_loss(model, src_b, tgt_in, tgt_out, 0.0)
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    pass_seconds = time.perf_counter() - start
+    log(f"LRP took {lrp_seconds:.1f} s, {lrp_seconds / pass_seconds:.1f}x one forward+backward ({pass_seconds:.1f} s)")
+    if ablation:
+        start = time.perf_counter()
+        table = table.merge(head_ablation(model, batches, bleu_fn if ablation_bleu_sentences else None, log=log),
+                            on=KEYS)
+        log(f"single-head ablation took {time.perf_counter() - start:.0f} s")
     correlations = rank_correlations(table) if ablation else pd.DataFrame()
-    conservation = table.attrs.get("lrp_conservation", pd.DataFrame())
-    table.attrs = {}
+    conservation = relevance.conservation.assign(lrp_seconds=lrp_seconds, forward_backward_seconds=pass_seconds)
     with atomic_path(out_table) as tmp:
         table.to_parquet(tmp, index=False)
     with atomic_path(out_csv) as tmp:
@@ -151,3 +167,81 @@ def score_heads(
         overall = correlations[correlations["layer"] == "all"]
         log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
     return table
+
+
+# Table 1 of Voita et al. (2019): best head / positional baseline accuracy (%) on EN-RU.
+PAPER_TABLE1 = {  # name: (WMT best, WMT baseline, OpenSubtitles best, OpenSubtitles baseline)
+    ("nsubj", "v->s"): (45, 35, 77, 45), ("nsubj", "s->v"): (52, 35, 70, 45),
+    ("obj", "v->o"): (78, 41, 61, 46), ("obj", "o->v"): (73, 41, 84, 46),
+    ("amod", "noun->adj"): (74, 72, 81, 80), ("amod", "adj->noun"): (82, 72, 81, 80),
+    ("advmod", "v->adv"): (48, 46, 38, 33), ("advmod", "adv->v"): (52, 46, 42, 33),
+}
+
+
+def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: str, stanza_dir: str | None,
+                             lang: str, max_sentences: int, out_path: str, log=print):
+    """The parse table the role analysis reads: gold CoNLL-U treebanks, or stanza's parses of
+    the experiment's analysis set (first `max_sentences` sentences either way)."""
+    from .parses import parse_with_stanza, read_conllu_files
+
+    if parser == "gold":
+        table = read_conllu_files(treebanks)
+    else:
+        table = parse_with_stanza(read_lines(analysis_src)[:max_sentences], stanza_dir, lang)
+    table = table[table["sentence"] < max_sentences]
+    log(f"{table['sentence'].nunique()} sentences, {len(table)} words parsed ({parser})")
+    with atomic_path(out_path) as tmp:
+        table.to_parquet(tmp, index=False)
+    return table
+
+
+def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: str, lowercase: bool,
+                    settings: dict, out: dict, head_scores_path: str | None = None, log=print):
+    """Positional, syntactic and rare-token encoder heads (Voita et al. 2019, section 5)."""
+    import pandas as pd
+
+    from .plots import head_function_map, relative_positions
+    from .roles import RELATIONS, assign_roles, count_words, encoder_head_statistics
+
+    model = load_model(model_path).eval()
+    parses = pd.read_parquet(parses_path)
+    frequencies = count_words(read_lines(train_src), lowercase=lowercase)
+    stats = encoder_head_statistics(model, Segmenter(src_spm), parses, frequencies, lowercase,
+                                    top_k=settings["top_k"], log=log)
+    roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"],
+                         positional_threshold=settings["positional_threshold"],
+                         syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
+                         min_instances=settings["min_instances"], rare_margin=settings["rare_margin"])
+    table1 = stats["table1"].copy()
+    for column, index in (("paper_wmt_best", 0), ("paper_wmt_baseline", 1), ("paper_opensubs_best", 2),
+                          ("paper_opensubs_baseline", 3)):
+        table1[column] = [PAPER_TABLE1.get((r, n), (np.nan,) * 4)[index] for r, n in zip(table1["relation"],
+                                                                                           table1["name"])]
+    table1["best_accuracy"] *= 100
+    table1["baseline_accuracy"] *= 100
+    for name, frame in (("roles", roles), ("positional", stats["positional"]), ("syntactic", stats["syntactic"]),
+                        ("rare", stats["rare"])):
+        with atomic_path(out[name]) as tmp:
+            frame.to_csv(tmp, index=False, float_format="%.4g")
+    with atomic_path(out["table1"]) as tmp:
+        table1.to_csv(tmp, index=False, float_format="%.1f")
+    with atomic_path(out["table1_md"]) as tmp:
+        tmp.write_text(table1_markdown(table1), encoding="utf-8")
+    scores = pd.read_parquet(head_scores_path) if head_scores_path else None
+    counts = roles["role"].value_counts().to_dict()
+    head_function_map(roles, scores, out["function_map"],
+                      f"encoder heads by function ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
+    relative_positions(parses, list(RELATIONS), out["relative_positions"],
+                       "relative position of dependents (words), analysis treebank")
+    log("roles: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    return roles, table1
+
+
+def table1_markdown(table1) -> str:
+    lines = ["| relation | direction | best head (layer, head) | accuracy | positional baseline | paper WMT | "
+             "paper OpenSubtitles |", "|---|---|---|---|---|---|---|"]
+    for r in table1.itertuples():
+        lines.append(f"| {r.relation} | {r.name} | {r.best_layer + 1}, {r.best_head + 1} | {r.best_accuracy:.0f} | "
+                     f"{r.baseline_accuracy:.0f} | {r.paper_wmt_best:.0f} / {r.paper_wmt_baseline:.0f} | "
+                     f"{r.paper_opensubs_best:.0f} / {r.paper_opensubs_baseline:.0f} |")
+    return "\n".join(lines) + "\n\nAccuracy in %; layers and heads counted from 1; paper: best / baseline (EN-RU).\n"

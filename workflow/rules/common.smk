@@ -86,3 +86,17 @@ def training_inputs(wildcards):
     return sorted(
         {fetched(side_source(pair[s])) for pair in exp["train"] for s in ("src", "tgt")}
     )
+
+
+def parse_inputs(wildcards):
+    roles = exp_config(wildcards)["roles"]
+    if roles["parser"] == "gold":
+        return {"treebanks": [fetched(t) for t in roles["treebanks"]]}
+    analysis = exp_config(wildcards)["analysis"]["set"]
+    models = (
+        roles["stanza_dir"] or f"resources/stanza/{exp_config(wildcards)['src_lang']}"
+    )
+    return {
+        "analysis_src": f"results/{wildcards.exp}/data/{analysis}.src.txt",
+        "stanza": models,
+    }

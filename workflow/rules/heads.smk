@@ -14,7 +14,12 @@ rule score_heads:
     output:
         table="results/{exp}/heads/scores.parquet",
         csv="results/{exp}/heads/scores.csv",
-        correlations="results/{exp}/heads/correlations.tsv",
+        correlations=report(
+            "results/{exp}/heads/correlations.tsv",
+            caption="../report/correlations.rst",
+            category="Head importance",
+            subcategory="{exp}",
+        ),
         conservation="results/{exp}/heads/lrp_conservation.tsv",
     log:
         log_path("score_heads"),

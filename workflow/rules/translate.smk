@@ -53,7 +53,12 @@ rule score_table:
             "results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)
         ),
     output:
-        "results/{exp}/baseline/scores.tsv",
+        report(
+            "results/{exp}/baseline/scores.tsv",
+            caption="../report/scores.rst",
+            category="Baseline",
+            subcategory="{exp}",
+        ),
     log:
         log_path("score_table"),
     conda:

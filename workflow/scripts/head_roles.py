@@ -1,0 +1,16 @@
+from _common import job
+
+from headcount.stages import find_head_roles
+
+with job(snakemake) as log:
+    find_head_roles(
+        model_path=snakemake.input.model,
+        src_spm=snakemake.input.src_spm,
+        parses_path=snakemake.input.parses,
+        train_src=snakemake.input.train_src,
+        lowercase=snakemake.params.lowercase,
+        settings=snakemake.params.roles,
+        out=dict(snakemake.output.items()),
+        head_scores_path=snakemake.input.head_scores,
+        log=log,
+    )
