@@ -17,7 +17,7 @@ import torch
 from . import __version__
 from .decode import translate
 from .evaluate import corpus_bleu, score_translations
-from .io import atomic_path, read_lines, write_json, write_lines
+from .io import atomic_path, read_lines, sha256_file, write_json, write_lines
 from .model import ModelConfig, Transformer
 from .subwords import Segmenter
 from .train import Corpus, DevSet, TrainConfig, load_model, pick_device, save_checkpoint, train
@@ -61,7 +61,8 @@ def train_translation_model(
 
     summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
                     run_fingerprint={"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
-                                     "train": _file_id(train_src)}, log=log)
+                                     "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)},
+                    log=log)
     model.to("cpu")
     save_checkpoint(model_out, {"model": model.state_dict(), "model_config": model_cfg.to_dict(),
                                 "train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
@@ -71,9 +72,9 @@ def train_translation_model(
     return summary
 
 
-def _file_id(path: str) -> dict:
-    stat = Path(path).stat()
-    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+def _file_id(path: str) -> str:
+    """A file's identity for resuming: its content, so results moved or copied still resume."""
+    return sha256_file(path)
 
 
 def translate_file(
