@@ -109,7 +109,8 @@ def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, ext
 def score_heads(
     model_path: str, src_spm: str, tgt_spm: str, analysis_src: str, analysis_tgt: str, translations: str,
     max_sentences: int, lrp_rule: str, ablation: bool, ablation_bleu_sentences: int, max_tokens: int,
-    lowercase: bool, out_table: str, out_csv: str, out_correlations: str, out_conservation: str, log=print,
+    lowercase: bool, out_table: str, out_csv: str, out_correlations: str, out_conservation: str,
+    device: str = "auto", log=print,
 ):
     """Every head's confidence, LRP relevance, Michel importance and ablation impact (issue 3).
 
@@ -122,20 +123,21 @@ def score_heads(
     from .lrp import head_relevance
     from .train import sequence_loss
 
-    model = load_model(model_path).eval()
+    dev = pick_device(device)
+    model = load_model(model_path).to(dev).eval()
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     src = src_seg.encode(read_lines(analysis_src)[:max_sentences])
     references = read_lines(analysis_tgt)[:max_sentences]
     hyps = read_lines(translations)[:max_sentences]
-    batches = dev_batches(src, tgt_seg.encode(references), max_tokens)
-    translation_batches = dev_batches(src, tgt_seg.encode(hyps), max_tokens)
+    batches = [[x.to(dev) for x in b] for b in dev_batches(src, tgt_seg.encode(references), max_tokens)]
+    translation_batches = [[x.to(dev) for x in b] for b in dev_batches(src, tgt_seg.encode(hyps), max_tokens)]
     bleu_src, bleu_refs = src[:ablation_bleu_sentences], references[:ablation_bleu_sentences]
 
     def bleu_fn(m) -> float:  # greedy, for speed: the change from removing one head is what counts
-        return corpus_bleu(tgt_seg.decode(translate(m, bleu_src, beam=1, max_tokens=max_tokens)), bleu_refs,
-                           lowercase=lowercase)
+        hyps = translate(m, bleu_src, beam=1, max_tokens=max_tokens, device=dev)
+        return corpus_bleu(tgt_seg.decode(hyps), bleu_refs, lowercase=lowercase)
 
-    log(f"scoring heads on {len(src)} sentences (LRP rule {lrp_rule}, ablation {ablation})")
+    log(f"scoring heads on {len(src)} sentences on {dev} (LRP rule {lrp_rule}, ablation {ablation})")
     table = head_confidence(model, batches).merge(michel_importance(model, batches), on=KEYS)
     start = time.perf_counter()
     relevance = head_relevance(model, translation_batches, rule=lrp_rule, log=log)
@@ -197,7 +199,8 @@ def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: st
 
 
 def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: str, lowercase: bool,
-                    settings: dict, out: dict, head_scores_path: str | None = None, log=print):
+                    settings: dict, out: dict, head_scores_path: str | None = None, device: str = "auto",
+                    log=print):
     """Positional, syntactic and rare-token encoder heads (Voita et al. 2019, section 5)."""
     import pandas as pd
 
@@ -208,7 +211,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     parses = pd.read_parquet(parses_path)
     frequencies = count_words(read_lines(train_src), lowercase=lowercase)
     stats = encoder_head_statistics(model, Segmenter(src_spm), parses, frequencies, lowercase,
-                                    top_k=settings["top_k"], log=log)
+                                    top_k=settings["top_k"], device=pick_device(device), log=log)
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"],
                          positional_threshold=settings["positional_threshold"],
                          syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],

@@ -36,6 +36,7 @@ rule score_heads:
         max_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
         heads=lambda w: exp_config(w)["heads"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        device=lambda w: exp_config(w)["training"]["device"],
     script:
         "../scripts/score_heads.py"
 

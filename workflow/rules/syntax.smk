@@ -81,5 +81,6 @@ rule head_roles:
     params:
         roles=lambda w: exp_config(w)["roles"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        device=lambda w: exp_config(w)["training"]["device"],
     script:
         "../scripts/head_roles.py"

@@ -12,5 +12,6 @@ with job(snakemake) as log:
         settings=snakemake.params.roles,
         out=dict(snakemake.output.items()),
         head_scores_path=snakemake.input.head_scores,
+        device=snakemake.params.device,
         log=log,
     )

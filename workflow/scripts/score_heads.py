@@ -21,5 +21,6 @@ with job(snakemake) as log:
         out_csv=snakemake.output.csv,
         out_correlations=snakemake.output.correlations,
         out_conservation=snakemake.output.conservation,
+        device=snakemake.params.device,
         log=log,
     )
