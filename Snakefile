@@ -19,22 +19,4 @@ include: "workflow/rules/syntax.smk"
 rule all:
     default_target: True
     input:
-        expand("results/{exp}/baseline/scores.tsv", exp=config["run"]),
-        expand("results/{exp}/heads/correlations.tsv", exp=config["run"]),
-        expand(
-            "results/{exp}/heads/figures/{score}.{kind}.png",
-            exp=config["run"],
-            score=HEAD_SCORES,
-            kind=["enc_self", "dec_self", "dec_enc"],
-        ),
-        expand("results/{exp}/heads/figures/delta_bleu.enc_self.png", exp=config["run"]),
-        expand(
-            "results/{exp}/syntax/{name}",
-            exp=config["run"],
-            name=[
-                "roles.csv",
-                "table1.md",
-                "function_map.png",
-                "relative_positions.png",
-            ],
-        ),
+        [final_outputs(exp) for exp in config["run"]],

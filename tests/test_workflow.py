@@ -164,3 +164,54 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
                      write_config(tmp_path / "beam2.yaml", changed), cwd=tmp_path)
     assert "translate" in plan.stdout and "score" in plan.stdout
     assert "train_baseline" not in plan.stdout + plan.stderr and "train_subwords" not in plan.stdout
+
+
+@pytest.mark.workflow
+def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, toy_mirror):
+    """SIGKILL the whole workflow while the baseline trains, rerun, and compare every final output
+    with an uninterrupted run's."""
+    import signal
+    import time
+
+    config = smoke_config(toy_mirror)
+    config["defaults"]["heads"].update(ablation=False)  # keep the test short; ablation is covered above
+    outputs = {}
+    for name in ("clean", "killed"):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        config_path = write_config(workdir / "smoke.yaml", config)
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
+               "--configfile", str(config_path)]
+        if name == "killed":
+            process = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+            checkpoint = workdir / "results/toy/baseline/train/checkpoint.pt"
+            deadline = time.time() + 300
+            while time.time() < deadline and process.poll() is None:
+                metrics = workdir / "results/toy/baseline/train/metrics.jsonl"
+                if checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text():
+                    break
+                time.sleep(0.2)
+            assert process.poll() is None, "the workflow ended before it could be killed"
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            assert not (workdir / "results/toy/baseline/model.pt").exists()
+            unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
+            assert unlock.returncode == 0, unlock.stderr
+            cmd = cmd + ["--rerun-incomplete"]
+        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=400)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        results = workdir / "results/toy"
+        if name == "killed":
+            log = (results / "logs/train_baseline.log").read_text()
+            assert "resuming from" in log, log
+        outputs[name] = {
+            "translations": (results / "baseline/translations/test_2016_flickr.txt").read_text(),
+            "scores": (results / "baseline/scores.tsv").read_text(),
+            "heads": pd.read_parquet(results / "heads/scores.parquet"),
+            "roles": (results / "syntax/roles.csv").read_text(),
+        }
+    assert outputs["killed"]["translations"] == outputs["clean"]["translations"]
+    assert outputs["killed"]["scores"] == outputs["clean"]["scores"]
+    assert outputs["killed"]["roles"] == outputs["clean"]["roles"]
+    pd.testing.assert_frame_equal(outputs["killed"]["heads"], outputs["clean"]["heads"])

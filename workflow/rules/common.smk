@@ -100,3 +100,30 @@ def parse_inputs(wildcards):
         "analysis_src": f"results/{wildcards.exp}/data/{analysis}.src.txt",
         "stanza": models,
     }
+
+
+def head_figures(exp):
+    """The head-score heatmaps an experiment's settings produce (ablation ones only if run)."""
+    settings = EXPERIMENTS[exp]["heads"]
+    scores = ["lrp", "confidence", "michel"] + (
+        ["delta_loss"] if settings["ablation"] else []
+    )
+    figures = [
+        f"results/{exp}/heads/figures/{score}.{kind}.png"
+        for score in scores
+        for kind in ("enc_self", "dec_self", "dec_enc")
+    ]
+    if settings["ablation"] and settings["ablation_bleu_sentences"]:
+        figures.append(f"results/{exp}/heads/figures/delta_bleu.enc_self.png")
+    return figures
+
+
+def final_outputs(exp):
+    """What `rule all` builds for one experiment."""
+    syntax = ["roles.csv", "table1.md", "function_map.png", "relative_positions.png"]
+    return [
+        f"results/{exp}/baseline/scores.tsv",
+        f"results/{exp}/heads/correlations.tsv",
+        *head_figures(exp),
+        *(f"results/{exp}/syntax/{name}" for name in syntax),
+    ]

@@ -1,7 +1,5 @@
 # Which heads matter: confidence, LRP relevance, Michel importance and single-head ablation.
 
-HEAD_SCORES = ["lrp", "confidence", "michel", "delta_loss"]
-
 
 rule score_heads:
     input:
