@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
 
-.PHONY: setup run test lint format
+.PHONY: setup run test lint format bench
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +32,6 @@ lint: setup
 format: setup
 	$(BIN)/ruff check --fix src tests workflow/scripts
 	$(BIN)/snakefmt Snakefile workflow
+
+bench: setup
+	$(BIN)/python benchmarks/run.py

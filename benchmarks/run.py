@@ -1,0 +1,251 @@
+"""headcount benchmarks: run `python benchmarks/run.py` (or `make bench`) and read the table.
+
+Each part runs in its own process, so its peak memory (max RSS) is its own. Parts:
+- matmul: the machine's measured matrix-product peak (fp32 and bf16), the MFU denominator
+- train_headcount / train_torch: training throughput of headcount's Transformer and of a plain
+  torch.nn.Transformer of the same size on the same batches (the framework's ceiling)
+- lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
+- decode: beam-search sentences per second (the trained default model if results/ has it)
+Results are printed as a Markdown table and written to benchmarks/latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SIZES = {  # name: (d_model, d_ff, layers, vocab)
+    "default": (256, 1024, 6, 6000),
+    "transformer-base": (512, 2048, 6, 8000),
+}
+
+
+def synthetic_batches(vocab: int, n_batches: int, max_tokens: int = 1600, seed: int = 0):
+    """Multi30k-like lengths (8-24 subwords), batched as training batches them."""
+    from headcount.batching import make_batches, source_tensor, target_tensors
+
+    rng = random.Random(seed)
+    src = [[rng.randrange(4, vocab) for _ in range(rng.randint(8, 24))] for _ in range(n_batches * 120)]
+    tgt = [[rng.randrange(4, vocab) for _ in range(max(1, len(s) + rng.randint(-3, 3)))] for s in src]
+    batches = make_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], max_tokens, seed=seed)[:n_batches]
+    return [(source_tensor([src[i] for i in b]), *target_tensors([tgt[i] for i in b])) for b in batches]
+
+
+def autocast_dtype():
+    import torch
+
+    from headcount.train import pick_autocast_dtype
+
+    return pick_autocast_dtype("auto", torch.device("cpu"))
+
+
+def training_flops(d: int, ff: int, layers: int, vocab: int, batches) -> float:
+    """Matrix-product FLOPs of training on the batches: 3x the forward (forward + backward)."""
+    total = 0.0
+    enc_params = layers * (4 * d * d + 2 * d * ff)
+    dec_params = layers * (8 * d * d + 2 * d * ff)
+    for src, tgt_in, tgt_out in batches:
+        S, T = src.shape[1], tgt_in.shape[1]
+        n_src, n_tgt = src.numel(), tgt_in.numel()
+        real_tgt = int(tgt_out.ne(0).sum())
+        forward = 2 * (enc_params * n_src + dec_params * n_tgt + d * vocab * real_tgt)
+        forward += 2 * 2 * d * layers * (n_src * S + n_tgt * T / 2 + n_tgt * S)  # scores and weighted sums
+        total += 3 * forward
+    return total
+
+
+def part_matmul() -> dict:
+    import torch
+
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        start, reps = time.perf_counter(), 10
+        for _ in range(reps):
+            a @ b
+        out[f"{name}_gflops"] = 2 * 2048**3 * reps / (time.perf_counter() - start) / 1e9
+    return out
+
+
+def _train_loop(model, step_fn, batches, warmup: int = 3) -> float:
+    for batch in batches[:warmup]:
+        step_fn(batch)
+    start = time.perf_counter()
+    for batch in batches[warmup:]:
+        step_fn(batch)
+    return time.perf_counter() - start
+
+
+def part_train(which: str, size: str, steps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from headcount.model import ModelConfig, Transformer
+    from headcount.train import sequence_loss
+
+    d, ff, layers, vocab = SIZES[size]
+    batches = synthetic_batches(vocab, steps + 3)
+    dtype = autocast_dtype()
+    torch.manual_seed(0)
+    if which == "headcount":
+        # Dropout 0.1 everywhere, as torch.nn.Transformer applies it (the default experiment's
+        # relu_dropout 0 would make headcount look faster than the framework for a cheap reason).
+        model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
+                                        dec_layers=layers, relu_dropout=0.1))
+
+        def loss_fn(src, tgt_in, tgt_out):
+            loss, _, n = sequence_loss(model, src, tgt_in, tgt_out, 0.1)
+            return loss / n
+    else:
+        core = torch.nn.Transformer(d, 8, layers, layers, ff, dropout=0.1, batch_first=True, norm_first=True)
+        src_embed, tgt_embed = torch.nn.Embedding(vocab, d), torch.nn.Embedding(vocab, d)
+        generator = torch.nn.Linear(d, vocab, bias=False)
+        generator.weight = tgt_embed.weight
+        model = torch.nn.ModuleList([core, src_embed, tgt_embed, generator])
+
+        def loss_fn(src, tgt_in, tgt_out):
+            T = tgt_in.shape[1]
+            causal = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.bool)
+            hidden = core(src_embed(src), tgt_embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
+                          src_key_padding_mask=src.eq(0), memory_key_padding_mask=src.eq(0))
+            real = tgt_out.ne(0)
+            logits = generator(hidden[real]).float()
+            return F.cross_entropy(logits, tgt_out[real], label_smoothing=0.1)
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model.train()
+
+    def step(batch):
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = loss_fn(*batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    seconds = _train_loop(model, step, batches)
+    timed = batches[3:]
+    tokens = sum(int(s.ne(0).sum()) + int(o.ne(0).sum()) for s, _, o in timed)
+    return {"tokens_per_s": tokens / seconds, "flops_per_s": training_flops(d, ff, layers, vocab, timed) / seconds,
+            "precision": str(dtype or "fp32")}
+
+
+def part_lrp(size: str) -> dict:
+    import torch
+
+    from headcount.lrp import head_relevance
+    from headcount.model import ModelConfig, Transformer
+    from headcount.train import sequence_loss
+
+    d, ff, layers, vocab = SIZES[size]
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
+                                    dec_layers=layers)).eval()
+    batches = synthetic_batches(vocab, 4, max_tokens=800)
+    start = time.perf_counter()
+    for src, tgt_in, tgt_out in batches:
+        loss, _, _ = sequence_loss(model, src, tgt_in, tgt_out, 0.0)
+        loss.backward()
+    pass_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    head_relevance(model, batches, rule="ding")
+    lrp_seconds = time.perf_counter() - start
+    steps = sum(int(o.ne(0).sum()) for _, _, o in batches)
+    return {"lrp_over_forward_backward": lrp_seconds / pass_seconds, "lrp_target_steps_per_s": steps / lrp_seconds}
+
+
+def part_decode() -> dict:
+    import torch
+
+    from headcount.decode import translate
+    from headcount.io import read_lines
+    from headcount.subwords import Segmenter
+    from headcount.train import load_model
+
+    base = REPO / "results/multi30k_en_de"
+    if not (base / "baseline/model.pt").exists():
+        return {"skipped": "no trained default model in results/"}
+    model = load_model(base / "baseline/model.pt").eval()
+    src = Segmenter(base / "subwords/src.model").encode(read_lines(base / "data/test_2016_flickr.src.txt"))
+    out = {}
+    for beam in (1, 4):
+        start = time.perf_counter()
+        translate(model, src, beam=beam, max_tokens=8000, device=torch.device("cpu"))
+        out[f"beam{beam}_sentences_per_s"] = len(src) / (time.perf_counter() - start)
+    return out
+
+
+PARTS = {
+    "matmul": lambda a: part_matmul(),
+    "train_headcount": lambda a: part_train("headcount", a.size, a.steps),
+    "train_torch": lambda a: part_train("torch", a.size, a.steps),
+    "lrp": lambda a: part_lrp(a.size),
+    "decode": lambda a: part_decode(),
+}
+
+
+def run_part(name: str, size: str, steps: int) -> dict:
+    cmd = [sys.executable, __file__, "--part", name, "--size", size, "--steps", str(steps)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=sorted(PARTS))
+    parser.add_argument("--size", choices=sorted(SIZES), default="default")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    args = parser.parse_args()
+    if args.part:  # a child process: one part, one JSON line
+        result = PARTS[args.part](args)
+        result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
+
+    import torch
+
+    lines = [f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}", ""]
+    peak = run_part("matmul", "default", 0)
+    lines += [f"matmul peak (2048^3): fp32 {peak['fp32_gflops']:.0f} GFLOP/s, bf16 {peak['bf16_gflops']:.0f} GFLOP/s",
+              "", "| model | what | value | peak memory (MB) |", "|---|---|---|---|"]
+    for size in args.sizes:
+        ours, ref = run_part("train_headcount", size, args.steps), run_part("train_torch", size, args.steps)
+        peak_flops = (peak["bf16_gflops"] if "bfloat16" in ours["precision"] else peak["fp32_gflops"]) * 1e9
+        lines += [
+            f"| {size} | headcount training, tokens/s ({ours['precision']}) | {ours['tokens_per_s']:.0f} | "
+            f"{ours['max_rss_mb']:.0f} |",
+            f"| {size} | torch.nn.Transformer training, tokens/s | {ref['tokens_per_s']:.0f} | {ref['max_rss_mb']:.0f} |",
+            f"| {size} | headcount / torch.nn.Transformer | {ours['tokens_per_s'] / ref['tokens_per_s']:.2f} | |",
+            f"| {size} | headcount MFU (of the measured matmul peak) | {ours['flops_per_s'] / peak_flops:.2f} | |",
+        ]
+        lrp = run_part("lrp", size, 0)
+        lines += [f"| {size} | LRP time / one forward+backward | {lrp['lrp_over_forward_backward']:.1f} | "
+                  f"{lrp['max_rss_mb']:.0f} |",
+                  f"| {size} | LRP target steps/s | {lrp['lrp_target_steps_per_s']:.0f} | |"]
+    decode = run_part("decode", "default", 0)
+    if "skipped" in decode:
+        lines.append(f"| default (trained) | decoding | skipped: {decode['skipped']} | |")
+    else:
+        for beam in (1, 4):
+            lines.append(f"| default (trained) | beam {beam}, test_2016_flickr sentences/s | "
+                         f"{decode[f'beam{beam}_sentences_per_s']:.1f} | {decode['max_rss_mb']:.0f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (REPO / "benchmarks/latest.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
