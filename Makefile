@@ -25,12 +25,12 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests workflow/scripts
+	$(BIN)/ruff check src tests workflow/scripts benchmarks
 	$(BIN)/snakefmt --check Snakefile workflow
 	$(BIN)/snakemake --lint --cores 1
 
 format: setup
-	$(BIN)/ruff check --fix src tests workflow/scripts
+	$(BIN)/ruff check --fix src tests workflow/scripts benchmarks
 	$(BIN)/snakefmt Snakefile workflow
 
 bench: setup

@@ -227,7 +227,8 @@ def main() -> None:
         lines += [
             f"| {size} | headcount training, tokens/s ({ours['precision']}) | {ours['tokens_per_s']:.0f} | "
             f"{ours['max_rss_mb']:.0f} |",
-            f"| {size} | torch.nn.Transformer training, tokens/s | {ref['tokens_per_s']:.0f} | {ref['max_rss_mb']:.0f} |",
+            f"| {size} | torch.nn.Transformer training, tokens/s | {ref['tokens_per_s']:.0f} | "
+            f"{ref['max_rss_mb']:.0f} |",
             f"| {size} | headcount / torch.nn.Transformer | {ours['tokens_per_s'] / ref['tokens_per_s']:.2f} | |",
             f"| {size} | headcount MFU (of the measured matmul peak) | {ours['flops_per_s'] / peak_flops:.2f} | |",
         ]
