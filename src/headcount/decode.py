@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .batching import make_batches, source_tensor
+from .batching import source_tensor
 from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
 
 
@@ -161,9 +161,14 @@ def translate(
     lengths = [len(s) + 1 for s in src_ids]
     # Beam search holds beam * sentences rows: budget the batch accordingly.
     budget = max(max_tokens // max(beam, 1), max(lengths))
-    order = sorted(range(len(src_ids)), key=lambda i: lengths[i])
-    batches = make_batches([lengths[i] for i in order], [lengths[i] for i in order], budget, seed=0, pool_batches=10**9)
-    batches = sorted(([order[j] for j in b] for b in batches), key=lambda b: lengths[b[0]])
+    batches, batch = [], []
+    for i in sorted(range(len(src_ids)), key=lambda i: lengths[i]):  # shortest first, little padding
+        if batch and lengths[i] * (len(batch) + 1) > budget:
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        batches.append(batch)
     out: list[list[int]] = [[] for _ in src_ids]
     for number, batch in enumerate(batches, start=1):
         src = source_tensor([src_ids[i] for i in batch]).to(device)
