@@ -14,6 +14,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/translate.smk"
 include: "workflow/rules/heads.smk"
 include: "workflow/rules/syntax.smk"
+include: "workflow/rules/prune.smk"
 
 
 rule all:

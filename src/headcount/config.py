@@ -111,6 +111,13 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in exp["test"]:
             problems.append(f"config key 'experiments.{name}.analysis.set': '{exp['analysis']['set']}' is "
                             f"neither 'dev' nor one of the test sets ({', '.join(exp['test'])})")
+        prune = exp["prune"]
+        if prune["eval_split"] is not None and prune["eval_split"] not in exp["test"]:
+            problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "
+                            f"one of the test sets ({', '.join(exp['test'])}); use one of them or null")
+        for setting, grid in prune["lambdas"].items():
+            if len(set(map(lambda_label, grid))) != len(grid):
+                problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} repeats a value")
         model = exp["model"]
         if model["d_model"] % model["n_heads"]:
             problems.append(f"config key 'experiments.{name}.model.d_model': {model['d_model']} is not "
@@ -118,6 +125,11 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
     if problems:
         raise ConfigError(_report(problems))
     return experiments
+
+
+def lambda_label(value: float) -> str:
+    """A lambda as it appears in paths (results/{exp}/prune/{setting}/lambda_{label}/)."""
+    return f"{float(value):g}"
 
 
 def resolve_mirror(config: dict) -> str | None:

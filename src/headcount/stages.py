@@ -40,9 +40,13 @@ def provenance() -> dict:
 def train_translation_model(
     train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
     model_settings: dict, train_settings: dict, lowercase: bool, work_dir: str, model_out: str,
-    summary_out: str, log=print,
+    summary_out: str, head_mask_from: str | None = None, log=print,
 ) -> dict:
-    """Train a Transformer on subword-encoded text; resumable from `work_dir/checkpoint.pt`."""
+    """Train a Transformer on subword-encoded text; resumable from `work_dir/checkpoint.pt`.
+
+    With `head_mask_from` (a pruned model), the new model gets that model's fixed 0/1 head mask
+    and is trained from random initialisation: the paper's "from scratch" models.
+    """
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     log("encoding the training and dev data")
     data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
@@ -52,6 +56,13 @@ def train_translation_model(
     cfg = TrainConfig(**{**train_settings, "adam_betas": tuple(train_settings["adam_betas"])})
     torch.manual_seed(cfg.seed)
     model = Transformer(model_cfg)
+    fingerprint = {"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
+                   "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)}
+    if head_mask_from is not None:
+        masks = load_model(head_mask_from).head_mask()
+        model.set_head_mask({kind: (mask > 0).float() for kind, mask in masks.items()})
+        fingerprint["head_mask"] = {kind: mask.tolist() for kind, mask in model.head_mask().items()}
+        log("retained heads: " + ", ".join(f"{k} {int(m.sum())}/{m.numel()}" for k, m in model.head_mask().items()))
 
     def dev_bleu(model: Transformer, dev: DevSet) -> float:
         n = cfg.dev_bleu_sentences
@@ -60,9 +71,7 @@ def train_translation_model(
         return corpus_bleu(tgt_seg.decode(hyps), dev.references[:n], lowercase=lowercase)
 
     summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
-                    run_fingerprint={"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
-                                     "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)},
-                    log=log)
+                    run_fingerprint=fingerprint, log=log)
     model.to("cpu")
     save_checkpoint(model_out, {"model": model.state_dict(), "model_config": model_cfg.to_dict(),
                                 "train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})

@@ -169,8 +169,9 @@ def train(
     dev: DevSet,
     out_dir: str | os.PathLike,
     dev_bleu: Callable[[Transformer, DevSet], float] | None = None,
-    parameters=None,  # the parameters to train; default: all (pruning freezes some)
+    parameters=None,  # the parameters to train, or param groups with an "lr_scale"; default: all
     extra_loss: Callable[[Transformer], Tensor] | None = None,  # e.g. the L0 penalty of the gates
+    extra_metrics: Callable[[Transformer], dict] | None = None,  # more fields for each log record
     run_fingerprint: dict | None = None,  # everything the run depends on; a checkpoint must match it
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -189,8 +190,9 @@ def train(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model.to(device)
-    params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+    groups = parameter_groups(model if parameters is None else parameters)
+    params = [p for group in groups for p in group["params"]]
+    optimizer = torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
 
     step, epoch, batch_in_epoch = 0, 0, 0
     best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
@@ -236,7 +238,7 @@ def train(
             tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
             lr = noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["lr_scale"]
             with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                 enabled=autocast_dtype is not None):
                 loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
@@ -268,6 +270,8 @@ def train(
                     "tokens_per_s": (window["tokens"] + window["src_tokens"]) / seconds,
                     "elapsed_s": now - run_start,
                 }
+                if extra_metrics is not None:
+                    record.update(extra_metrics(model))
                 metrics.write(json.dumps(record) + "\n")
                 metrics.flush()
                 eta = (cfg.max_steps - step) * seconds / cfg.log_interval
@@ -305,6 +309,24 @@ def train(
     log(f"done: {step} steps; selected the weights of step {selected}")
     return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
             "train_seconds": time.perf_counter() - run_start}
+
+
+def parameter_groups(parameters) -> list[dict]:
+    """Adam param groups from a model, a list of parameters, or groups with an "lr_scale" (a
+    multiplier on the schedule's learning rate); frozen parameters are left out."""
+    if isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    parameters = list(parameters)
+    if not parameters or not isinstance(parameters[0], dict):
+        parameters = [{"params": parameters}]
+    groups = []
+    for group in parameters:
+        trained = [p for p in group["params"] if p.requires_grad]
+        if trained:
+            groups.append({**group, "params": trained, "lr_scale": float(group.get("lr_scale", 1.0))})
+    if not groups:
+        raise HeadcountError("nothing to train: every parameter is frozen")
+    return groups
 
 
 # Settings that do not change the weights up to a given step: a run may be extended (more

@@ -9,6 +9,7 @@ from headcount.config import (
     MIRROR_ENV,
     ConfigError,
     check_mirror,
+    lambda_label,
     load_experiments,
     resolve_mirror,
     side_source,
@@ -35,6 +36,9 @@ wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
     kind="enc_self|dec_self|dec_enc",
+    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?",
+    setting="enc|all",
+    lam=r"[0-9][0-9.e+-]*",
     score="[a-z_]+",
     split="|".join(
         ["dev"]
@@ -118,6 +122,21 @@ def head_figures(exp):
     return figures
 
 
+def prune_eval_split(exp):
+    """The test set pruned models are compared on."""
+    return EXPERIMENTS[exp]["prune"]["eval_split"] or test_splits(exp)[0]
+
+
+def pruned_models(exp, setting):
+    """The model directories of one setting's lambda grid."""
+    grid = EXPERIMENTS[exp]["prune"]["lambdas"].get(setting, [])
+    return [f"prune/{setting}/lambda_{lambda_label(lam)}" for lam in grid]
+
+
+def prune_settings(exp):
+    return [s for s in ("enc", "all") if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
+
+
 def final_outputs(exp):
     """What `rule all` builds for one experiment."""
     syntax = ["roles.csv", "table1.md", "function_map.png", "relative_positions.png"]
@@ -126,4 +145,9 @@ def final_outputs(exp):
         f"results/{exp}/heads/correlations.tsv",
         *head_figures(exp),
         *(f"results/{exp}/syntax/{name}" for name in syntax),
+        *(
+            [f"results/{exp}/prune/pruning.tsv", f"results/{exp}/prune/table2.md"]
+            if prune_settings(exp)
+            else []
+        ),
     ]

@@ -1,18 +1,20 @@
-# Translation with beam search and scoring with sacrebleu (BLEU and chrF, with signatures).
+# Translation with beam search and scoring with sacrebleu (BLEU and chrF, with signatures), for
+# any model: {model} is `baseline` or a pruned model (`prune/{setting}/lambda_{lam}`), or its
+# from-scratch twin (`.../scratch`).
 
 
 rule translate:
     input:
-        model="results/{exp}/baseline/model.pt",
+        model="results/{exp}/{model}/model.pt",
         src_spm="results/{exp}/subwords/src.model",
         tgt_spm="results/{exp}/subwords/tgt.model",
         src="results/{exp}/data/{split}.src.txt",
     output:
-        "results/{exp}/baseline/translations/{split}.txt",
+        "results/{exp}/{model}/translations/{split}.txt",
     log:
-        log_path("translate_{split}"),
+        log_path("{model}/translate_{split}"),
     benchmark:
-        benchmark_path("translate_{split}")
+        benchmark_path("{model}/translate_{split}")
     conda:
         ENV
     threads: workflow.cores
@@ -29,12 +31,12 @@ rule translate:
 
 rule score:
     input:
-        hyp="results/{exp}/baseline/translations/{split}.txt",
+        hyp="results/{exp}/{model}/translations/{split}.txt",
         ref="results/{exp}/data/{split}.tgt.txt",
     output:
-        "results/{exp}/baseline/scores/{split}.json",
+        "results/{exp}/{model}/scores/{split}.json",
     log:
-        log_path("score_{split}"),
+        log_path("{model}/score_{split}"),
     conda:
         ENV
     resources:

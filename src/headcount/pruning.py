@@ -1,0 +1,140 @@
+"""Pruning heads (Voita et al. 2019, section 6) and Michel et al. (2019)'s pruning curve.
+
+Two settings: "enc" gates encoder self-attention only and trains the source embeddings, the
+encoder and the gates (decoder and target embeddings frozen); "all" gates all three attention
+types and trains everything. After fine-tuning, the evaluation gates are folded into the output
+projections, so a pruned model is a plain Transformer with a fixed 0/1 head mask that translates
+exactly as the gated model does in evaluation mode.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from .gates import attach_gates, l0_penalty
+from .model import Transformer
+
+ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
+SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}
+
+
+def setting_types(setting: str) -> tuple[str, ...]:
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown pruning setting {setting!r}; expected one of {sorted(SETTINGS)}")
+    return SETTINGS[setting]
+
+
+def prepare_for_pruning(model: Transformer, setting: str, log_alpha_init: float | None,
+                        gate_lr_scale: float) -> tuple[list, list[dict]]:
+    """Attach Hard Concrete gates for a setting and freeze what it does not train.
+
+    Returns the gates and the optimizer's param groups (gates get their own learning-rate scale).
+    """
+    gates = attach_gates(model, setting_types(setting), init=log_alpha_init)
+    gate_params = {id(g.log_alpha) for g in gates}
+    if setting == "enc":
+        trained = {id(p) for p in model.src_embed.parameters()}
+        trained |= {id(p) for layer in model.encoder_layers for p in layer.parameters()}
+        trained |= {id(p) for p in model.encoder_norm.parameters()}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in trained)
+    weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]
+    groups = [{"params": weights, "lr_scale": 1.0},
+              {"params": [g.log_alpha for g in gates], "lr_scale": gate_lr_scale}]
+    return gates, [g for g in groups if g["params"]]
+
+
+def penalty(gates: list, lam: float):
+    """lambda * L_C, as a function of the model (the training loop's `extra_loss`)."""
+    return lambda model: lam * l0_penalty(gates)
+
+
+def gate_snapshot(model: Transformer) -> dict:
+    """P(gate closed) per gated head, {type: [[p per head] per layer]}, for the trajectory."""
+    out = {}
+    for kind, modules in model.attention_modules().items():
+        if modules and modules[0].hard_concrete is not None:
+            out[kind] = [[round(float(p), 5) for p in 1 - m.hard_concrete.p_open().detach()] for m in modules]
+    return {"p_closed": out}
+
+
+@torch.no_grad()
+def gate_table(model: Transformer) -> pd.DataFrame:
+    """One row per head: its gate (if gated) and whether each rule prunes it.
+
+    pruned: the evaluation gate is exactly 0 (the rule used for the pruned model);
+    pruned_paper: log alpha < 0 (the paper's rule, reported beside it).
+    """
+    rows = []
+    for kind, modules in model.attention_modules().items():
+        for layer, module in enumerate(modules):
+            gates = module.hard_concrete
+            for head in range(module.n_heads):
+                fixed = float(module.head_mask[head])
+                row = {"type": kind, "layer": layer, "head": head, "gated": gates is not None}
+                if gates is None:
+                    row.update(log_alpha=float("nan"), eval_gate=fixed, p_open=fixed,
+                               pruned=fixed == 0, pruned_paper=fixed == 0)
+                else:
+                    log_alpha = float(gates.log_alpha[head])
+                    gate = float(gates.deterministic()[head]) * fixed
+                    row.update(log_alpha=log_alpha, eval_gate=gate, p_open=float(gates.p_open()[head]),
+                               pruned=gate == 0, pruned_paper=log_alpha < 0 or fixed == 0)
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def fold_gates(model: Transformer) -> Transformer:
+    """Replace Hard Concrete gates by their evaluation values, in place: each head's gate scales
+    its columns of W^O, and the fixed mask is 0 where the gate is 0. Same outputs in eval mode."""
+    for modules in model.attention_modules().values():
+        for module in modules:
+            if module.hard_concrete is None:
+                continue
+            gate = module.hard_concrete.deterministic()  # (H,)
+            dh = module.head_dim
+            # out_proj.weight is (D_out, H * Dh): head h owns the input columns h*Dh:(h+1)*Dh
+            module.out_proj.weight.mul_(gate.repeat_interleave(dh)[None, :])
+            module.head_mask.mul_((gate > 0).float())
+            module.hard_concrete = None
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def masks_from_table(table: pd.DataFrame, n_layers: dict[str, int], n_heads: int,
+                     column: str = "pruned") -> dict[str, torch.Tensor]:
+    """0/1 masks {type: (layers, H)} keeping the heads whose `column` is False."""
+    masks = {kind: torch.ones(n_layers[kind], n_heads) for kind in n_layers}
+    for row in table[table[column]].itertuples():
+        masks[row.type][row.layer, row.head] = 0.0
+    return masks
+
+
+def retained_counts(masks: dict[str, torch.Tensor]) -> dict[str, int]:
+    return {kind: int(mask.sum()) for kind, mask in masks.items()}
+
+
+def michel_masks(scores: pd.DataFrame, types: tuple[str, ...], n_layers: dict[str, int], n_heads: int,
+                 step: float = 0.1) -> list[tuple[float, dict[str, torch.Tensor]]]:
+    """Michel et al.'s global pruning: remove the least important heads of `types`, ranked
+    together by (layer-normalised) importance, in steps of `step` of their number.
+
+    Returns [(fraction removed, masks)] from 0 up to the last step that leaves a head.
+    """
+    pool = scores[scores["type"].isin(types)].sort_values(["michel", "type", "layer", "head"], kind="stable")
+    total = len(pool)
+    out, k = [], 0
+    while True:
+        fraction = round(k * step, 6)
+        removed = int(round(fraction * total))
+        if removed >= total:
+            break
+        masks = {kind: torch.ones(n_layers[kind], n_heads) for kind in n_layers}
+        for row in pool.head(removed).itertuples():
+            masks[row.type][row.layer, row.head] = 0.0
+        out.append((fraction, masks))
+        k += 1
+    return out

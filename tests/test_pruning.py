@@ -1,0 +1,155 @@
+"""Pruning: gated fine-tuning (what trains, what stays frozen), folding the gates into a plain
+model, the Michel curve's masks, from-scratch training with a fixed mask."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from conftest import random_batch, toy_corpus
+from test_stages import MODEL, training
+
+from headcount.io import HeadcountError, read_lines, write_lines
+from headcount.pruning import (fold_gates, gate_table, masks_from_table, michel_masks, prepare_for_pruning,
+                               retained_counts)
+from headcount.stages import train_translation_model
+from headcount.subwords import train_bpe
+from headcount.train import load_model
+
+PRUNE = dict(gate_lr_scale=10.0, log_alpha_init=None,
+             training=dict(max_steps=12, warmup_steps=4, lr_scale=0.5, checkpoint_interval=4))
+
+
+def test_fold_gates_gives_the_same_outputs_as_the_gated_model(tiny_model):
+    gates, _ = prepare_for_pruning(tiny_model, "all", None, 1.0)
+    with torch.no_grad():
+        for i, g in enumerate(gates):  # some heads closed, some fractional, some fully open
+            g.log_alpha.copy_(torch.tensor([-4.0, -1.0, 0.3, 4.0]).roll(i))
+    tiny_model.eval()
+    src, tgt = random_batch(tiny_model)
+    with torch.no_grad():
+        gated, _ = tiny_model(src, tgt)
+    table = gate_table(tiny_model)
+    fold_gates(tiny_model)
+    assert all(m.hard_concrete is None for mods in tiny_model.attention_modules().values() for m in mods)
+    with torch.no_grad():
+        folded, _ = tiny_model(src, tgt)
+    torch.testing.assert_close(folded, gated, atol=1e-5, rtol=1e-5)
+    # the code's rule prunes exactly the zero evaluation gates; the paper's rule also log alpha < 0
+    assert table["pruned"].sum() == len(gates)  # one log alpha of -4 per layer: gate 0
+    assert table["pruned_paper"].sum() == 2 * len(gates)
+    masks = masks_from_table(table, {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4)
+    assert retained_counts(masks) == {"enc_self": 6, "dec_self": 6, "dec_enc": 6}
+    for kind, mask in tiny_model.head_mask().items():
+        torch.testing.assert_close(mask, masks[kind])
+
+
+def test_encoder_only_setting_trains_the_encoder_and_its_gates_only(tiny_model):
+    gates, groups = prepare_for_pruning(tiny_model, "enc", 0.0, 5.0)
+    trained = {id(p) for g in groups for p in g["params"]}
+    names = {name for name, p in tiny_model.named_parameters() if id(p) in trained}
+    assert all(n.startswith(("src_embed", "encoder_layers", "encoder_norm")) for n in names)
+    assert any("hard_concrete" in n for n in names) and any("encoder_layers.1.ffn" in n for n in names)
+    assert len(gates) == 2 and groups[1]["lr_scale"] == 5.0
+    assert all(m.hard_concrete is None for m in tiny_model.attention_modules()["dec_self"])
+
+
+def test_michel_masks_remove_the_least_important_heads_first():
+    rows = [{"type": t, "layer": layer, "head": h, "michel": float(10 * layer + h + (100 if t == "dec_enc" else 0))}
+            for t in ("enc_self", "dec_self", "dec_enc") for layer in range(2) for h in range(4)]
+    scores = pd.DataFrame(rows)
+    steps = michel_masks(scores, ("enc_self",), {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4, step=0.25)
+    assert [f for f, _ in steps] == [0.0, 0.25, 0.5, 0.75]
+    fraction, masks = steps[1]  # 2 of 8 encoder heads: layer 0 heads 0 and 1 (lowest importance)
+    assert masks["enc_self"][0].tolist() == [0, 0, 1, 1] and masks["enc_self"][1].sum() == 4
+    assert masks["dec_self"].sum() == 8  # other types untouched in the encoder-only curve
+    every = michel_masks(scores, ("enc_self", "dec_self", "dec_enc"), {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4)
+    removed = 24 - sum(every[3][1][k].sum() for k in every[3][1])  # 30% of 24 heads, ranked globally
+    assert removed == round(0.3 * 24)
+    assert every[3][1]["dec_enc"].sum() == 8  # the most important type is kept longest
+
+
+@pytest.fixture
+def toy_run(tmp_path):
+    src, tgt = toy_corpus(300, seed=1)
+    write_lines(tmp_path / "train.src.txt", src)
+    write_lines(tmp_path / "train.tgt.txt", tgt)
+    write_lines(tmp_path / "dev.src.txt", src[:10])
+    write_lines(tmp_path / "dev.tgt.txt", tgt[:10])
+    for side in ("src", "tgt"):
+        train_bpe(tmp_path / f"train.{side}.txt", tmp_path / f"{side}.model", vocab_size=60)
+    files = [str(tmp_path / f) for f in ("train.src.txt", "train.tgt.txt", "dev.src.txt", "dev.tgt.txt",
+                                          "src.model", "tgt.model")]
+    model = dict(MODEL, enc_layers=2, dec_layers=2)
+    train_translation_model(*files, model, training(20), False, str(tmp_path / "base"), str(tmp_path / "base.pt"),
+                            str(tmp_path / "base.json"), log=lambda m: None)
+    return tmp_path, files, model
+
+
+def run_pruning(tmp_path, files, setting, lam, name, log=lambda m: None):
+    from headcount.prune_stages import prune_heads
+
+    return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=PRUNE,
+                       train_settings=training(20), work_dir=str(tmp_path / name / "train"),
+                       model_out=str(tmp_path / name / "model.pt"), gates_out=str(tmp_path / name / "gates.json"),
+                       trajectory_out=str(tmp_path / name / "trajectory.csv"), log=log)
+
+
+def test_encoder_only_pruning_leaves_the_decoder_unchanged(toy_run):
+    tmp_path, files, _ = toy_run
+    record = run_pruning(tmp_path, files, "enc", 0.5, "enc")
+    base, pruned = load_model(tmp_path / "base.pt"), load_model(tmp_path / "enc/model.pt")
+    for (name, p0), (_, p1) in zip(base.state_dict().items(), pruned.state_dict().items()):
+        if name.startswith(("decoder_layers", "tgt_embed", "generator", "decoder_norm")):
+            assert torch.equal(p0, p1), name
+    changed = [n for (n, p0), (_, p1) in zip(base.state_dict().items(), pruned.state_dict().items())
+               if n.startswith("encoder_layers") and not torch.equal(p0, p1)]
+    assert changed  # the encoder did train
+    assert set(record["retained"]) == {"enc_self", "dec_self", "dec_enc"}
+    assert record["retained"]["dec_self"] == 8 and record["retained"]["dec_enc"] == 8
+    trajectory = pd.read_csv(tmp_path / "enc/trajectory.csv")
+    assert set(trajectory["type"]) == {"enc_self"} and trajectory["step"].max() == 12
+    assert trajectory["p_closed"].between(0, 1).all()
+    saved = json.loads((tmp_path / "enc/gates.json").read_text())
+    assert saved["lambda"] == 0.5 and "provenance" in saved and len(saved["heads"]) == 24
+
+
+def test_a_larger_lambda_closes_more_gates(toy_run):
+    tmp_path, files, _ = toy_run
+    settings = dict(PRUNE, training=dict(PRUNE["training"], max_steps=40))
+    from headcount.prune_stages import prune_heads
+
+    closed = []
+    for lam in (0.0, 20.0):
+        name = f"all_{lam:g}"
+        prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=lam, prune_settings=settings,
+                    train_settings=training(20), work_dir=str(tmp_path / name / "train"),
+                    model_out=str(tmp_path / name / "model.pt"), gates_out=str(tmp_path / name / "gates.json"),
+                    trajectory_out=str(tmp_path / name / "trajectory.csv"), log=lambda m: None)
+        trajectory = pd.read_csv(tmp_path / name / "trajectory.csv")
+        closed.append(trajectory[trajectory["step"] == 40]["p_closed"].mean())
+    assert closed[1] > closed[0] + 0.3, closed
+
+
+def test_negative_lambda_is_refused_before_any_work(toy_run):
+    tmp_path, files, _ = toy_run
+    with pytest.raises(HeadcountError, match="negative.*prune.lambdas.enc"):
+        run_pruning(tmp_path, files, "enc", -0.1, "neg")
+    assert not (tmp_path / "neg").exists()
+
+
+def test_from_scratch_model_keeps_the_pruned_mask(toy_run):
+    tmp_path, files, model = toy_run
+    pruned = load_model(tmp_path / "base.pt")
+    mask = torch.ones(2, 4)
+    mask[0, 1] = mask[1, 3] = 0
+    pruned.set_head_mask({"dec_enc": mask})
+    torch.save({"model": pruned.state_dict(), "model_config": pruned.cfg.to_dict()}, tmp_path / "pruned.pt")
+    train_translation_model(*files, model, training(10), False, str(tmp_path / "scratch"), str(tmp_path / "s.pt"),
+                            str(tmp_path / "s.json"), head_mask_from=str(tmp_path / "pruned.pt"), log=lambda m: None)
+    scratch = load_model(tmp_path / "s.pt")
+    assert torch.equal(scratch.head_mask()["dec_enc"], mask)
+    assert scratch.head_mask()["enc_self"].sum() == 8
+    base = load_model(tmp_path / "base.pt")  # trained from random init, not from the baseline
+    assert not torch.equal(scratch.src_embed.weight, base.src_embed.weight)
+    assert len(read_lines(tmp_path / "dev.src.txt")) == 10

@@ -1,0 +1,193 @@
+# Pruning heads (paper section 6): fine-tuning with Hard Concrete gates for each lambda of each
+# setting's grid, training each pruned configuration from scratch, Michel et al.'s pruning curve,
+# and the tables and figures. Lambda is a wildcard: a new grid value adds its own jobs only.
+
+
+def prune_job_settings(wildcards):
+    """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
+    prune = exp_config(wildcards)["prune"]
+    return {k: prune[k] for k in ("gate_lr_scale", "log_alpha_init", "training")}
+
+
+rule prune_heads:
+    input:
+        baseline="results/{exp}/baseline/model.pt",
+        train_src="results/{exp}/data/train.src.txt",
+        train_tgt="results/{exp}/data/train.tgt.txt",
+        dev_src="results/{exp}/data/dev.src.txt",
+        dev_tgt="results/{exp}/data/dev.tgt.txt",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+    output:
+        model="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
+        gates="results/{exp}/prune/{setting}/lambda_{lam}/gates.json",
+        trajectory="results/{exp}/prune/{setting}/lambda_{lam}/trajectory.csv",
+    log:
+        log_path("prune/{setting}/lambda_{lam}/prune_heads"),
+    benchmark:
+        benchmark_path("prune/{setting}/lambda_{lam}/prune_heads")
+    conda:
+        ENV
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
+        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
+    params:
+        lam=lambda w: float(w.lam),
+        prune=prune_job_settings,
+        training=lambda w: exp_config(w)["training"],
+        work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/train",
+    script:
+        "../scripts/prune_heads.py"
+
+
+rule train_from_scratch:
+    input:
+        pruned="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
+        train_src="results/{exp}/data/train.src.txt",
+        train_tgt="results/{exp}/data/train.tgt.txt",
+        dev_src="results/{exp}/data/dev.src.txt",
+        dev_tgt="results/{exp}/data/dev.tgt.txt",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+    output:
+        model="results/{exp}/prune/{setting}/lambda_{lam}/scratch/model.pt",
+        summary="results/{exp}/prune/{setting}/lambda_{lam}/scratch/training.json",
+    log:
+        log_path("prune/{setting}/lambda_{lam}/train_from_scratch"),
+    benchmark:
+        benchmark_path("prune/{setting}/lambda_{lam}/train_from_scratch")
+    conda:
+        ENV
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
+        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
+    params:
+        model=lambda w: exp_config(w)["model"],
+        training=lambda w: exp_config(w)["training"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/scratch/train",
+    script:
+        "../scripts/train_from_scratch.py"
+
+
+rule michel_curve:
+    input:
+        baseline="results/{exp}/baseline/model.pt",
+        head_scores="results/{exp}/heads/scores.parquet",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+        src=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.src.txt",
+        ref=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.tgt.txt",
+    output:
+        "results/{exp}/prune/{setting}/michel.tsv",
+    log:
+        log_path("prune/{setting}/michel_curve"),
+    benchmark:
+        benchmark_path("prune/{setting}/michel_curve")
+    conda:
+        ENV
+    threads: workflow.cores
+    resources:
+        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        mem_mb=4000,
+        runtime=240,
+    params:
+        step=lambda w: exp_config(w)["prune"]["michel_step"],
+        decoding=lambda w: exp_config(w)["decoding"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        device=lambda w: exp_config(w)["training"]["device"],
+    script:
+        "../scripts/michel_curve.py"
+
+
+rule plot_gate_trajectory:
+    input:
+        "results/{exp}/prune/{setting}/lambda_{lam}/trajectory.csv",
+    output:
+        png="results/{exp}/prune/{setting}/lambda_{lam}/gates.png",
+        gif="results/{exp}/prune/{setting}/lambda_{lam}/gates.gif",
+    log:
+        log_path("prune/{setting}/lambda_{lam}/plot_gate_trajectory"),
+    conda:
+        ENV
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    script:
+        "../scripts/plot_gate_trajectory.py"
+
+
+def pruning_report_inputs(wildcards):
+    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
+    settings = prune_settings(exp)
+    scratch = EXPERIMENTS[exp]["prune"]["from_scratch"]
+    models = {s: pruned_models(exp, s) for s in settings}
+    return {
+        "baseline": f"results/{exp}/baseline/scores/{split}.json",
+        "gates": [f"results/{exp}/{m}/gates.json" for s in settings for m in models[s]],
+        "pruned": [f"results/{exp}/{m}/scores/{split}.json" for s in settings for m in models[s]],
+        "scratch": [
+            f"results/{exp}/{m}/scratch/scores/{split}.json"
+            for s in settings
+            if s in scratch
+            for m in models[s]
+        ],
+        "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
+        "trajectories": [
+            f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
+        ],
+        "roles": f"results/{exp}/syntax/roles.csv",
+    }
+
+
+rule pruning_report:
+    input:
+        unpack(pruning_report_inputs),
+    output:
+        table=report(
+            "results/{exp}/prune/pruning.tsv",
+            caption="../report/pruning.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        table2="results/{exp}/prune/table2.md",
+        table2_csv="results/{exp}/prune/table2.csv",
+        figure7=report(
+            "results/{exp}/prune/figures/figure7_bleu_vs_heads.png",
+            caption="../report/figure7.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        figure8=report(
+            "results/{exp}/prune/figures/figure8_functions.png",
+            caption="../report/figure8.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        figure9=report(
+            "results/{exp}/prune/figures/figure9_types.png",
+            caption="../report/figure9.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        figure10=report(
+            "results/{exp}/prune/figures/figure10_decoder_layers.png",
+            caption="../report/figure10.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("pruning_report"),
+    conda:
+        ENV
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        experiment=lambda w: w.exp,
+    script:
+        "../scripts/pruning_report.py"

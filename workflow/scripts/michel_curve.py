@@ -1,0 +1,20 @@
+from _common import job
+
+from headcount.prune_stages import michel_curve
+
+with job(snakemake) as log:
+    michel_curve(
+        baseline=snakemake.input.baseline,
+        head_scores=snakemake.input.head_scores,
+        src_spm=snakemake.input.src_spm,
+        tgt_spm=snakemake.input.tgt_spm,
+        src_text=snakemake.input.src,
+        ref_text=snakemake.input.ref,
+        setting=snakemake.wildcards.setting,
+        step=snakemake.params.step,
+        decoding=snakemake.params.decoding,
+        lowercase=snakemake.params.lowercase,
+        out_path=snakemake.output[0],
+        device=snakemake.params.device,
+        log=log,
+    )
