@@ -10,8 +10,14 @@ from conftest import random_batch, toy_corpus
 from test_stages import MODEL, training
 
 from headcount.io import HeadcountError, read_lines, write_lines
-from headcount.pruning import (fold_gates, gate_table, masks_from_table, michel_masks, prepare_for_pruning,
-                               retained_counts)
+from headcount.pruning import (
+    fold_gates,
+    gate_table,
+    masks_from_table,
+    michel_masks,
+    prepare_for_pruning,
+    retained_counts,
+)
 from headcount.stages import train_translation_model
 from headcount.subwords import train_bpe
 from headcount.train import load_model

@@ -43,6 +43,10 @@ def smoke_config(mirror: Path) -> dict:
                                           dev_bleu_sentences=40)
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
+    config["defaults"]["prune"].update(
+        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch=["all"],
+        training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
+                  "checkpoint_interval": 10})
     config["experiments"] = {"toy": {
         "src_lang": "en", "tgt_lang": "de",
         "train": [{"src": "toy/train.en.gz", "tgt": "toy/train.de.gz"}],
@@ -126,7 +130,8 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     assert training["steps"] == 200 and training["model_config"]["n_heads"] == 4
     stats = json.loads((results / "data/train.stats.json").read_text())
     assert stats["pairs"] == 600
-    for log in ("train_baseline", "translate_test_2016_flickr", "prepare_training_data"):
+    for log in ("train_baseline", "baseline/translate_test_2016_flickr", "prepare_training_data",
+                "prune/enc/lambda_2/prune_heads", "prune/all/lambda_0.5/train_from_scratch"):
         assert (results / f"logs/{log}.log").read_text().rstrip().endswith("done")
     hyps = (results / "baseline/translations/test_2016_flickr.txt").read_text().splitlines()
     assert len(hyps) == 40
@@ -155,7 +160,34 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     for name in ("function_map.png", "relative_positions.png"):
         assert (results / f"syntax/{name}").read_bytes()[:4] == b"\x89PNG"
 
-    # Nothing left to do on a rerun; a changed decoding setting reruns translation and scoring only.
+    # Pruning: the baseline row, one row per lambda, the from-scratch twin of the all-types run.
+    pruning = pd.read_csv(results / "prune/pruning.tsv", sep="\t")
+    assert sorted(zip(pruning["setting"], pruning["lam"].fillna(-1))) == [
+        ("all", 0.5), ("baseline", -1), ("enc", 0.05), ("enc", 2.0)]
+    enc = pruning[pruning["setting"] == "enc"].set_index("lam")
+    assert (enc["retained_dec_self"] == 8).all() and (enc["retained_dec_enc"] == 8).all()  # decoder not gated
+    assert enc.loc[2.0, "retained_enc_self"] <= enc.loc[0.05, "retained_enc_self"]
+    assert pruning.loc[pruning["setting"] == "all", "bleu_scratch"].notna().all()
+    assert (pruning[[c for c in pruning if c.startswith("role_")]].sum(axis=1)
+            == pruning["retained_enc_self"]).all()
+    michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")
+    assert list(michel["retained_enc_self"]) == [8, 7, 6, 6, 5, 4, 3, 2, 2, 1]  # round(10% steps of 8)
+    assert "Voita et al. (2019)" in (results / "prune/table2.md").read_text()
+    for name in ("figure7_bleu_vs_heads", "figure8_functions", "figure9_types", "figure10_decoder_layers"):
+        assert (results / f"prune/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
+    assert (results / "prune/all/lambda_0.5/gates.gif").read_bytes()[:6] == b"GIF89a"
+
+    # Nothing left to do on a rerun; a new lambda adds its own jobs and reruns nothing else.
+    grid = copy.deepcopy(config)
+    grid["defaults"]["prune"]["lambdas"]["enc"].append(0.5)
+    plan = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile",
+                     write_config(tmp_path / "grid.yaml", grid), cwd=tmp_path)
+    jobs = dict(line.split()[:2] for line in plan.stdout.splitlines() if line.strip() and line.split()[-1].isdigit()
+                and len(line.split()) == 2)
+    assert jobs.get("prune_heads") == "1" and jobs.get("translate") == "1", plan.stdout
+    assert "train_baseline" not in jobs and "train_from_scratch" not in jobs and "michel_curve" not in jobs
+
+    # A changed decoding setting reruns translation and scoring only.
     rerun = snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=tmp_path)
     assert "Nothing to be done" in rerun.stdout + rerun.stderr
     changed = copy.deepcopy(config)

@@ -115,3 +115,141 @@ def relative_positions(parses: pd.DataFrame, relations, path, title: str, radius
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Pruning (Voita et al. 2019, section 6)
+
+TYPE_COLOURS = {"enc_self": "#1f77b4", "dec_self": "#d62728", "dec_enc": "#2ca02c"}
+
+
+def bleu_vs_heads(pruning: pd.DataFrame, michel: pd.DataFrame, baseline_bleu: float, path, title: str) -> None:
+    """The paper's Figure 7 and its extension: BLEU against retained heads for the L0 runs (and
+    their from-scratch twins) and for Michel et al.'s curve; one panel per setting, the encoder-
+    only setting against retained encoder heads, the all-types setting against all heads."""
+    settings = [s for s in ("enc", "all") if s in set(pruning["setting"]) | set(michel.get("setting", []))]
+    fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(5.2 * max(1, len(settings)), 3.8), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        x = "retained_enc_self" if setting == "enc" else "retained_total"
+        runs = pruning[pruning["setting"] == setting].sort_values(x)
+        curve = michel[michel["setting"] == setting].copy() if len(michel) else pd.DataFrame()
+        if len(curve):
+            curve = curve.sort_values(x)
+            ax.plot(curve[x], curve["bleu"], "s--", color="#888888", label="Michel et al. ranking, no retraining")
+        ax.plot(runs[x], runs["bleu"], "o-", color="#1f77b4", label="Hard Concrete (L0), pruned")
+        for row in runs.itertuples():
+            ax.annotate(f"λ={row.lam:g}", (getattr(row, x), row.bleu), textcoords="offset points", xytext=(3, 4),
+                        fontsize=7)
+        if "bleu_scratch" in runs and runs["bleu_scratch"].notna().any():
+            done = runs[runs["bleu_scratch"].notna()]
+            ax.plot(done[x], done["bleu_scratch"], "^:", color="#ff7f0e", label="same heads, trained from scratch")
+        ax.axhline(baseline_bleu, color="black", lw=0.8, label=f"baseline ({baseline_bleu:.2f})")
+        ax.set_xlabel("retained encoder heads" if setting == "enc" else "retained heads, all types")
+        ax.set_ylabel("BLEU")
+        ax.set_title("encoder self-attention pruned" if setting == "enc" else "all attention types pruned", fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def retained_functions(pruning: pd.DataFrame, path, title: str) -> None:
+    """The paper's Figure 8: how many retained encoder heads have each function, per pruned model."""
+    runs = pruning.sort_values("retained_enc_self", ascending=False)
+    fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(1, len(runs)), 3.6))
+    labels = [f"{r.setting}\nλ={r.lam:g}" if r.setting != "baseline" else "baseline" for r in runs.itertuples()]
+    bottom = np.zeros(len(runs))
+    for role, name in (("positional", "positional"), ("syntactic", "syntactic"), ("rare", "rare tokens"),
+                       ("none", "other")):
+        counts = runs[f"role_{role}"].to_numpy(dtype=float)
+        ax.bar(range(len(runs)), counts, bottom=bottom, color=ROLE_COLOURS[role], label=name)
+        bottom += counts
+    ax.set_xticks(range(len(runs)), labels, fontsize=7)
+    ax.set_ylabel("retained encoder heads")
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def retained_by_type(pruning: pd.DataFrame, path, title: str) -> None:
+    """The paper's Figure 9: retained heads of each attention type against all retained heads."""
+    runs = pruning[pruning["setting"].isin(["all", "baseline"])].sort_values("retained_total")
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for kind, colour in TYPE_COLOURS.items():
+        ax.plot(runs["retained_total"], runs[f"retained_{kind}"], "o-", color=colour, label=TYPE_NAMES[kind])
+    ax.set_xlabel("retained heads, all types")
+    ax.set_ylabel("retained heads of the type")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def decoder_heads_per_layer(heads: pd.DataFrame, path, title: str) -> None:
+    """The paper's Figure 10: retained decoder heads per layer, decoder self-attention and
+    decoder-encoder attention, one line per pruned model of the all-types setting."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4), sharey=True)
+    for ax, kind in zip(axes, ("dec_self", "dec_enc")):
+        part = heads[heads["type"] == kind]
+        for lam, rows in part.groupby("lam"):
+            kept = rows.groupby("layer")["retained"].sum()
+            ax.plot(kept.index + 1, kept.to_numpy(), "o-", label=f"λ={lam:g} ({int(kept.sum())} heads)")
+        ax.set_xlabel("decoder layer")
+        ax.set_title(TYPE_NAMES[kind], fontsize=10)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("retained heads")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def gate_trajectory_figures(trajectory_csv, png_path, gif_path, title: str) -> None:
+    """P(gate closed) of every gated head over training: a heatmap (heads by steps) and an
+    animated GIF of the (layer, head) grids, one frame per logged step."""
+    from PIL import Image  # matplotlib's own dependency
+
+    data = pd.read_csv(trajectory_csv)
+    kinds = [k for k in TYPE_NAMES if k in set(data["type"])]
+    wide = data.pivot_table(index=["type", "layer", "head"], columns="step", values="p_closed")
+    wide = wide.reindex(sorted(wide.index, key=lambda key: (kinds.index(key[0]), key[1], key[2])))
+    steps = list(wide.columns)
+    fig, ax = plt.subplots(figsize=(7.0, 1.5 + 0.04 * len(wide)))
+    image = ax.imshow(wide.to_numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest",
+                      extent=(steps[0], steps[-1], len(wide), 0) if len(steps) > 1 else None)
+    starts = [i for i, key in enumerate(wide.index) if key[1] == 0 and key[2] == 0]
+    ax.set_yticks([s + 0.5 for s in starts], [TYPE_NAMES[wide.index[s][0]] for s in starts], fontsize=7)
+    for s in starts[1:]:
+        ax.axhline(s, color="white", lw=0.8)
+    ax.set_xlabel("training step")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.04, label="P(closed)")
+    fig.tight_layout()
+    save(fig, png_path)
+
+    n_layers = int(data["layer"].max()) + 1
+    n_heads = int(data["head"].max()) + 1
+    fig, axes = plt.subplots(1, len(kinds), figsize=(2.6 * len(kinds) + 0.6, 2.8), squeeze=False)
+    grids = []
+    for ax, kind in zip(axes[0], kinds):
+        grid = ax.imshow(np.zeros((n_layers, n_heads)), cmap="viridis", vmin=0, vmax=1)
+        ax.set_title(TYPE_NAMES[kind], fontsize=8)
+        ax.set_xlabel("head", fontsize=7)
+        ax.set_ylabel("layer", fontsize=7)
+        grids.append((kind, grid))
+    caption = fig.suptitle("", fontsize=9)
+    fig.set_dpi(70)
+    frames = []
+    for step in steps:
+        for kind, grid in grids:
+            values = np.zeros((n_layers, n_heads))
+            for (k, layer, head), value in wide[step].items():
+                if k == kind:
+                    values[layer, head] = value
+            grid.set_data(values)
+        caption.set_text(f"P(gate closed) at step {step}")
+        fig.canvas.draw()
+        frames.append(Image.fromarray(np.asarray(fig.canvas.buffer_rgba())).convert("RGB"))
+    plt.close(fig)
+    with atomic_path(gif_path) as tmp:
+        frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:], duration=250, loop=0)

@@ -13,8 +13,17 @@ import torch
 from .decode import translate
 from .evaluate import score_translations
 from .io import HeadcountError, atomic_path, read_lines, sha256_file, write_json
-from .pruning import (fold_gates, gate_snapshot, gate_table, masks_from_table, michel_masks, penalty,
-                      prepare_for_pruning, retained_counts, setting_types)
+from .pruning import (
+    fold_gates,
+    gate_snapshot,
+    gate_table,
+    masks_from_table,
+    michel_masks,
+    penalty,
+    prepare_for_pruning,
+    retained_counts,
+    setting_types,
+)
 from .stages import provenance
 from .subwords import Segmenter
 from .train import Corpus, DevSet, TrainConfig, load_model, pick_device, save_checkpoint, train
@@ -103,7 +112,8 @@ def michel_curve(
                          max_len_a=decoding["max_len_a"], max_len_b=decoding["max_len_b"], device=dev)
         result = score_translations(tgt_seg.decode(hyps), refs, lowercase=lowercase)
         counts = retained_counts(masks)
-        rows.append({"setting": setting, "removed_fraction": fraction, **{f"retained_{k}": v for k, v in counts.items()},
+        rows.append({"setting": setting, "removed_fraction": fraction,
+                     **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
                      "bleu": result["bleu"], "chrf": result["chrf"], "bleu_signature": result["bleu_signature"]})
         log(f"removed {fraction:.0%} of {setting} heads: {counts} BLEU {result['bleu']:.2f} "
             f"({time.perf_counter() - start:.0f} s)")
@@ -111,3 +121,104 @@ def michel_curve(
     with atomic_path(out_path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
     return table
+
+
+# Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
+PAPER_TABLE2 = {
+    "WMT 2.5M": [((48, 48, 48), 29.6, None), ((14, 31, 30), 29.62, 29.47), ((12, 21, 25), 29.36, 28.95),
+                 ((8, 13, 15), 29.06, 28.56), ((5, 9, 12), 28.90, 28.41)],
+    "OpenSubtitles 6M": [((48, 48, 48), 32.4, None), ((27, 31, 46), 32.24, 32.23), ((13, 17, 31), 32.23, 31.98),
+                         ((6, 9, 13), 32.27, 31.84)],
+}
+TYPES = ("enc_self", "dec_self", "dec_enc")
+
+
+def pruning_report(experiment: str, baseline_scores: str, gates: list[str], pruned_scores: list[str],
+                   scratch_scores: list[str], michel: list[str], roles: str, out: dict, log=print) -> pd.DataFrame:
+    """The pruning table, Table 2 beside the paper's, and Figures 7 to 10."""
+    from . import plots
+
+    baseline = json.loads(Path(baseline_scores).read_text(encoding="utf-8"))
+    scores = {str(Path(p).parent.parent): json.loads(Path(p).read_text(encoding="utf-8")) for p in pruned_scores}
+    scratch = {str(Path(p).parent.parent.parent): json.loads(Path(p).read_text(encoding="utf-8"))
+               for p in scratch_scores}
+    role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
+    first = json.loads(Path(gates[0]).read_text(encoding="utf-8")) if gates else None
+    n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in TYPES} if first else {}
+    rows, heads = [], []
+    baseline_row = {"experiment": experiment, "setting": "baseline", "lam": float("nan"),
+                    **{f"retained_{k}": n for k, n in n_heads.items()},
+                    "bleu": baseline["bleu"], "chrf": baseline["chrf"]}
+    baseline_row.update(_role_counts([(layer, head) for layer, head in role_of], role_of))
+    rows.append(baseline_row)
+    for path in gates:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        folder = str(Path(path).parent)
+        table = pd.DataFrame(record["heads"])
+        kept_enc = [(r.layer, r.head) for r in table[(table["type"] == "enc_self") & ~table["pruned"]].itertuples()]
+        row = {"experiment": experiment, "setting": record["setting"], "lam": record["lambda"],
+               **{f"retained_{k}": v for k, v in record["retained"].items()},
+               **{f"retained_paper_rule_{k}": v for k, v in record["retained_paper_rule"].items()},
+               "bleu": scores[folder]["bleu"], "chrf": scores[folder]["chrf"],
+               "bleu_scratch": scratch[folder]["bleu"] if folder in scratch else float("nan"),
+               "chrf_scratch": scratch[folder]["chrf"] if folder in scratch else float("nan"),
+               "steps": record["summary"]["steps"], **_role_counts(kept_enc, role_of)}
+        rows.append(row)
+        heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
+    pruning = pd.DataFrame(rows)
+    for column in ("bleu_scratch", "chrf_scratch"):
+        if column not in pruning:
+            pruning[column] = float("nan")
+    pruning["retained_total"] = pruning[[f"retained_{k}" for k in TYPES]].sum(axis=1)
+    pruning["bleu_signature"] = baseline["bleu_signature"]
+    pruning = pruning.sort_values(["setting", "lam"], kind="stable")
+    with atomic_path(out["table"]) as tmp:
+        pruning.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+
+    table2 = pruning[pruning["setting"].isin(["baseline", "all"])].sort_values("retained_total", ascending=False)
+    with atomic_path(out["table2_csv"]) as tmp:
+        table2[["setting", "lam", *[f"retained_{k}" for k in TYPES], "bleu", "bleu_scratch"]].to_csv(
+            tmp, index=False, float_format="%.2f")
+    with atomic_path(out["table2"]) as tmp:
+        tmp.write_text(table2_markdown(experiment, table2, baseline["bleu_signature"]), encoding="utf-8")
+
+    curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
+    plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
+                        f"{experiment}: BLEU ({baseline.get('split', '')}) against retained heads")
+    enc_runs = pruning[pruning["setting"].isin(["baseline", "enc"])]
+    plots.retained_functions(enc_runs if (enc_runs["setting"] == "enc").any() else pruning, out["figure8"],
+                             f"{experiment}: functions of the retained encoder heads")
+    plots.retained_by_type(pruning, out["figure9"],
+                           f"{experiment}: retained heads by attention type (all types pruned)")
+    all_heads = pd.concat(heads) if heads else pd.DataFrame(columns=["setting", "type", "lam", "layer", "retained"])
+    plots.decoder_heads_per_layer(all_heads[all_heads["setting"] == "all"], out["figure10"],
+                                  f"{experiment}: retained decoder heads per layer (all types pruned)")
+    shown = ["setting", "lam", *[f"retained_{k}" for k in TYPES], "bleu", "bleu_scratch"]
+    log("\n" + pruning.reindex(columns=shown).to_string(index=False))
+    return pruning
+
+
+def _role_counts(kept: list[tuple[int, int]], role_of: dict) -> dict:
+    counts = {f"role_{r}": 0 for r in ("positional", "syntactic", "rare", "none")}
+    for key in kept:
+        counts[f"role_{role_of.get(key, 'none')}"] += 1
+    return counts
+
+
+def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> str:
+    def bleu(value) -> str:
+        return "" if value is None or pd.isna(value) else f"{value:.2f}"
+
+    lines = [f"### {experiment}", "",
+             "| heads (enc-self/dec-self/dec-enc) | lambda | BLEU pruned | BLEU from scratch |", "|---|---|---|---|"]
+    for r in table2.itertuples():
+        counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in TYPES)
+        lam = "baseline" if r.setting == "baseline" else f"{r.lam:g}"
+        lines.append(f"| {counts} | {lam} | {bleu(r.bleu)} | {bleu(getattr(r, 'bleu_scratch', None))} |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`.", "", "### Voita et al. (2019), EN-RU", "",
+              "| data | heads (enc-self/dec-self/dec-enc) | BLEU pruned | BLEU from scratch |", "|---|---|---|---|"]
+    for data, entries in PAPER_TABLE2.items():
+        for i, (counts, pruned, scratch_bleu) in enumerate(entries):
+            lines.append(f"| {data if i == 0 else ''} | {'/'.join(map(str, counts))} | {bleu(pruned)} | "
+                         f"{bleu(scratch_bleu)} |")
+    return "\n".join(lines) + "\n"

@@ -129,7 +129,11 @@ def pruning_report_inputs(wildcards):
     return {
         "baseline": f"results/{exp}/baseline/scores/{split}.json",
         "gates": [f"results/{exp}/{m}/gates.json" for s in settings for m in models[s]],
-        "pruned": [f"results/{exp}/{m}/scores/{split}.json" for s in settings for m in models[s]],
+        "pruned": [
+            f"results/{exp}/{m}/scores/{split}.json"
+            for s in settings
+            for m in models[s]
+        ],
         "scratch": [
             f"results/{exp}/{m}/scratch/scores/{split}.json"
             for s in settings
