@@ -54,6 +54,16 @@ def problems(config):
         (lambda c: c["sources"]["multi30k/val.en.gz"].update(url="ftp:/broken"),
          "'sources.multi30k/val.en.gz.url': 'ftp:/broken' does not match"),
         (lambda c: c.update(colour="blue"), "Additional properties are not allowed ('colour' was unexpected)"),
+        (lambda c: c["defaults"]["prune"]["lambdas"].update(enc=[0.1, -0.05]),
+         "'defaults.prune.lambdas.enc.1': -0.05 is less than the minimum of 0"),
+        (lambda c: c["defaults"]["prune"]["lambdas"].update(decoder=[0.1]),
+         "'defaults.prune.lambdas': Additional properties are not allowed ('decoder' was unexpected)"),
+        (lambda c: c["defaults"]["prune"].update(eval_split="test_2099"),
+         "'experiments.multi30k_en_de.prune.eval_split': 'test_2099' is not one of the test sets"),
+        (lambda c: c["defaults"]["prune"]["lambdas"].update(all=[0.1, 0.10]),
+         "'experiments.multi30k_en_de.prune.lambdas.all': [0.1, 0.1] repeats a value"),
+        (lambda c: c["defaults"]["prune"].update(from_scratch=["decoder"]),
+         "'defaults.prune.from_scratch.0': 'decoder' is not one of ['enc', 'all']"),
     ],
 )
 def test_bad_configs_name_the_key(config, edit, expected):

@@ -159,3 +159,62 @@ def test_from_scratch_model_keeps_the_pruned_mask(toy_run):
     base = load_model(tmp_path / "base.pt")  # trained from random init, not from the baseline
     assert not torch.equal(scratch.src_embed.weight, base.src_embed.weight)
     assert len(read_lines(tmp_path / "dev.src.txt")) == 10
+
+
+KILLABLE = """
+import sys
+sys.path.insert(0, {src!r})
+from headcount.prune_stages import prune_heads
+from headcount.stages import train_translation_model
+files, kind, out = {files!r}, {kind!r}, {out!r}
+if kind == "prune":
+    prune_heads({base!r}, *files, setting="all", lam=0.5, prune_settings={prune!r}, train_settings={train!r},
+                work_dir=out + "/train", model_out=out + "/model.pt", gates_out=out + "/gates.json",
+                trajectory_out=out + "/trajectory.csv", log=lambda m: None)
+else:
+    train_translation_model(*files, {model!r}, {train!r}, False, out + "/train", out + "/model.pt",
+                            out + "/summary.json", head_mask_from={base!r}, log=lambda m: None)
+"""
+
+
+@pytest.mark.parametrize("kind", ["prune", "scratch"])
+def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
+    """Start the job in its own process, SIGKILL it after a checkpoint, rerun it, and compare
+    with an uninterrupted run: bitwise on CPU with the same seed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tmp_path, files, model = toy_run
+    prune = dict(PRUNE, training=dict(PRUNE["training"], max_steps=60, checkpoint_interval=5))
+    train = dict(training(60), checkpoint_interval=5, eval_interval=30)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+
+    def script(out):
+        return KILLABLE.format(src=src, files=files, kind=kind, out=str(out), base=str(tmp_path / "base.pt"),
+                               prune=prune, train=train, model=model)
+
+    clean, killed = tmp_path / f"{kind}_clean", tmp_path / f"{kind}_killed"
+    assert subprocess.run([sys.executable, "-c", script(clean)], timeout=300).returncode == 0
+    process = subprocess.Popen([sys.executable, "-c", script(killed)], start_new_session=True)
+    metrics, deadline = killed / "train/metrics.jsonl", time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and '"step": 20,' in metrics.read_text():
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the job ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "model.pt").exists()
+    assert 0 < torch.load(killed / "train/checkpoint.pt", weights_only=False)["step"] < 60  # mid-run
+    assert subprocess.run([sys.executable, "-c", script(killed)], timeout=300).returncode == 0
+    a, b = torch.load(clean / "model.pt", weights_only=False), torch.load(killed / "model.pt", weights_only=False)
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    if kind == "prune":
+        heads = [json.loads((d / "gates.json").read_text())["heads"] for d in (clean, killed)]
+        assert heads[0] == heads[1]  # the same pruning decisions
+        assert (clean / "trajectory.csv").read_text() == (killed / "trajectory.csv").read_text()
