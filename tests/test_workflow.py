@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from headcount.io import sha256_file
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
@@ -159,6 +161,16 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     assert "| amod |" in (results / "syntax/table1.md").read_text()
     for name in ("function_map.png", "relative_positions.png"):
         assert (results / f"syntax/{name}").read_bytes()[:4] == b"\x89PNG"
+
+    # Every job records what produced its outputs: settings, checksums, versions, commit.
+    record = json.loads((results / "provenance/prune/enc/lambda_2/prune_heads.json").read_text())
+    assert record["params"]["lam"] == 2.0 and record["params"]["training"]["seed"] == 1
+    assert record["software"]["torch"] and "headcount_commit" in record["software"]
+    model = str(Path("results/toy/prune/enc/lambda_2/model.pt"))
+    assert record["outputs"][model]["sha256"] == sha256_file(tmp_path / model)
+    for log in (results / "logs").rglob("*.log"):
+        if "download" not in log.name:
+            assert (results / "provenance" / log.relative_to(results / "logs")).with_suffix(".json").exists(), log
 
     # Pruning: the baseline row, one row per lambda, the from-scratch twin of the all-types run.
     pruning = pd.read_csv(results / "prune/pruning.tsv", sep="\t")

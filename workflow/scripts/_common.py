@@ -41,6 +41,7 @@ def job(snakemake):
     log(f"rule {snakemake.rule}, wildcards {dict(snakemake.wildcards)}")
     try:
         yield log
+        write_provenance(snakemake)
     except HeadcountError as error:
         log(f"ERROR: {error}")
         sys.exit(1)
@@ -50,3 +51,39 @@ def job(snakemake):
         log("ERROR: unexpected failure\n" + traceback.format_exc())
         raise
     log("done")
+
+
+def provenance_path(log_path) -> Path:
+    """results/{exp}/logs/<name>.log -> results/{exp}/provenance/<name>.json"""
+    log_path = Path(log_path)
+    parts = log_path.parts
+    if "logs" in parts:
+        i = len(parts) - 1 - parts[::-1].index("logs")
+        return Path(*parts[:i], "provenance", *parts[i + 1:]).with_suffix(".json")
+    return log_path.with_suffix(".provenance.json")
+
+
+def write_provenance(snakemake) -> None:
+    """Record what produced each output of the job: the settings it was given (its params, which
+    hold every config value it depends on, seeds included), its inputs and outputs with their
+    checksums, and the software versions and headcount commit. One file per job, beside the logs."""
+    from headcount.io import sha256_file, write_json
+    from headcount.stages import provenance
+
+    def files(paths):
+        out = {}
+        for path in map(Path, paths):
+            if path.is_file():
+                out[str(path)] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+            elif path.is_dir():
+                out[str(path)] = {"directory": True}
+        return out
+
+    import json
+
+    params = json.loads(json.dumps(dict(snakemake.params.items()), default=str))
+    write_json(provenance_path(snakemake.log[0]), {
+        "rule": snakemake.rule, "wildcards": dict(snakemake.wildcards), "params": params,
+        "threads": snakemake.threads, "inputs": files(snakemake.input), "outputs": files(snakemake.output),
+        "software": provenance(),
+    })
