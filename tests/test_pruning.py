@@ -218,3 +218,32 @@ def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
         heads = [json.loads((d / "gates.json").read_text())["heads"] for d in (clean, killed)]
         assert heads[0] == heads[1]  # the same pruning decisions
         assert (clean / "trajectory.csv").read_text() == (killed / "trajectory.csv").read_text()
+
+
+def test_physically_pruned_model_computes_the_same_as_the_masked_one(tiny_model):
+    from headcount.decode import translate
+    from headcount.pruning import attention_flops, remove_pruned_heads
+
+    masks = {"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0]]),  # a layer with no head left
+             "dec_self": torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0]]),
+             "dec_enc": torch.tensor([[0.0, 0, 1, 0], [1, 1, 0, 1]])}
+    tiny_model.set_head_mask(masks)
+    full_flops = attention_flops(tiny_model, 7, 5)
+    src, tgt = random_batch(tiny_model)
+    with torch.no_grad():
+        expected, _ = tiny_model(src, tgt)
+    sentences = [[5, 6, 7, 8], [9, 10, 4], [11, 12, 13, 14, 15, 16]]
+    hyps = translate(tiny_model, sentences, beam=3, max_tokens=500, device=torch.device("cpu"))
+    remove_pruned_heads(tiny_model)
+    assert [m.n_heads for m in tiny_model.attention_modules()["enc_self"]] == [2, 0]
+    assert tiny_model.encoder_layers[0].self_attn.q_proj.out_features == 2 * 4
+    with torch.no_grad():
+        got, _ = tiny_model(src, tgt)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert translate(tiny_model, sentences, beam=3, max_tokens=500, device=torch.device("cpu")) == hyps
+    # per head and sentence pair (S=7, T=5, d=16, Dh=4): Q and O (Tq*d*Dh each), K and V (Tk*d*Dh
+    # each), QK^T and PV (Tq*Tk*Dh each); 8 heads per type before pruning
+    per_head = {kind: 2 * 4 * (tq * 16 + tk * 16 + tq * tk)
+                for kind, (tq, tk) in {"enc_self": (7, 7), "dec_self": (5, 5), "dec_enc": (5, 7)}.items()}
+    assert full_flops == sum(8 * f for f in per_head.values())
+    assert attention_flops(tiny_model, 7, 5) == sum(int(masks[k].sum()) * per_head[k] for k in masks)

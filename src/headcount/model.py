@@ -100,6 +100,8 @@ class MultiHeadAttention(nn.Module):
         cache: dict | None = None,  # incremental decoding state, filled in place
     ) -> tuple[Tensor, Tensor | None]:
         B, Tq, D = x.shape
+        if self.n_heads == 0:  # every head physically pruned: only W^O's bias is left
+            return self.out_proj.bias.expand(B, Tq, D), None
         q = self._split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
         if memory is None:
             k, v = self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
@@ -143,7 +145,7 @@ class MultiHeadAttention(nn.Module):
                 )
         ctx = self.head_context(ctx)  # (B, H, Tq, Dh)
         ctx = ctx * self.gates().to(ctx.dtype).view(1, -1, 1, 1)  # Concat(g_i head_i)
-        out = self.out_proj(ctx.transpose(1, 2).reshape(B, Tq, D))  # (B, Tq, D)
+        out = self.out_proj(ctx.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))  # (B, Tq, D)
         return out, probs
 
 

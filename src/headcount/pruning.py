@@ -138,3 +138,48 @@ def michel_masks(scores: pd.DataFrame, types: tuple[str, ...], n_layers: dict[st
         out.append((fraction, masks))
         k += 1
     return out
+
+
+@torch.no_grad()
+def remove_pruned_heads(model: Transformer) -> Transformer:
+    """Physical pruning, in place: drop every masked head's rows of W^Q, W^K, W^V and its columns
+    of W^O, so the model computes only the heads it keeps. Same outputs as the masked model."""
+    from torch import nn
+
+    for modules in model.attention_modules().values():
+        for module in modules:
+            mask = module.head_mask
+            keep = [h for h in range(module.n_heads) if mask[h] != 0]
+            if len(keep) == module.n_heads:
+                continue
+            dh = module.head_dim
+            index = torch.tensor([h * dh + i for h in keep for i in range(dh)], dtype=torch.long)
+            scale = torch.repeat_interleave(mask[keep], dh) if keep else torch.ones(0)
+            for name in ("q_proj", "k_proj", "v_proj"):
+                old = getattr(module, name)
+                new = nn.Linear(old.in_features, len(index)).to(old.weight)
+                new.weight.copy_(old.weight[index])
+                new.bias.copy_(old.bias[index])
+                setattr(module, name, new)
+            old = module.out_proj
+            new = nn.Linear(len(index), old.out_features).to(old.weight)
+            new.weight.copy_(old.weight[:, index] * scale[None, :])
+            new.bias.copy_(old.bias)
+            module.out_proj = new
+            module.n_heads = len(keep)
+            module.head_mask = torch.ones(len(keep), device=mask.device)
+    return model
+
+
+def attention_flops(model: Transformer, src_len: int, tgt_len: int) -> float:
+    """Multiply-adds of all attention modules for one sentence pair (projections and the two
+    attention products), counting only the heads each module computes."""
+    d = model.cfg.d_model
+    total = 0.0
+    for kind, modules in model.attention_modules().items():
+        tq = src_len if kind == "enc_self" else tgt_len
+        tk = tgt_len if kind == "dec_self" else src_len
+        for m in modules:
+            width = m.n_heads * m.head_dim
+            total += tq * d * width * 2 + tk * d * width * 2 + tq * tk * width * 2  # Q,O; K,V; QK^T, PV
+    return total
