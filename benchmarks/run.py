@@ -186,12 +186,80 @@ def part_decode() -> dict:
     return out
 
 
+def part_pruned() -> dict:
+    """Physical pruning: the full model against the same model with its pruned heads removed from
+    Q/K/V/O; attention modules timed alone (hooks), encoder, teacher-forced decoder, beam search."""
+    import glob
+
+    import torch
+
+    from headcount.batching import source_tensor, target_tensors
+    from headcount.decode import translate
+    from headcount.io import read_lines
+    from headcount.pruning import attention_flops, remove_pruned_heads
+    from headcount.subwords import Segmenter
+    from headcount.train import load_model
+
+    base = REPO / "results/multi30k_en_de"
+    pruned_paths = sorted(glob.glob(str(base / "prune/all/lambda_*/model.pt")))
+    if not pruned_paths:
+        return {"skipped": "no pruned default model in results/ (run the prune stage)"}
+    masked = [load_model(p).eval() for p in pruned_paths]
+    masked_model = min(masked, key=lambda m: sum(int(x.sum()) for x in m.head_mask().values()))
+    kept = {k: int(v.sum()) for k, v in masked_model.head_mask().items()}
+    full = load_model(base / "baseline/model.pt").eval()
+    physical = remove_pruned_heads(load_model(pruned_paths[masked.index(masked_model)]).eval())
+    src_seg, tgt_seg = Segmenter(base / "subwords/src.model"), Segmenter(base / "subwords/tgt.model")
+    src = src_seg.encode(read_lines(base / "data/test_2016_flickr.src.txt"))
+    tgt = tgt_seg.encode(read_lines(base / "data/test_2016_flickr.tgt.txt"))
+    batches = [(source_tensor(src[i:i + 64]), *target_tensors(tgt[i:i + 64])) for i in range(0, len(src), 64)]
+    mean_src = sum(map(len, src)) / len(src) + 1
+    mean_tgt = sum(map(len, tgt)) / len(tgt) + 1
+
+    def timed(model, repeats=3):
+        attention = [0.0]
+        starts = {}
+
+        def before(module, args):
+            starts[id(module)] = time.perf_counter()
+
+        def after(module, args, output):
+            attention[0] += time.perf_counter() - starts[id(module)]
+
+        handles = [m.register_forward_pre_hook(before) for mods in model.attention_modules().values() for m in mods]
+        handles += [m.register_forward_hook(after) for mods in model.attention_modules().values() for m in mods]
+        enc = dec = 0.0
+        with torch.no_grad():
+            for _ in range(repeats):
+                for s, tin, _ in batches:
+                    t0 = time.perf_counter()
+                    memory, pad, _ = model.encode(s)
+                    t1 = time.perf_counter()
+                    model.decode(tin, memory, pad)
+                    enc, dec = enc + t1 - t0, dec + time.perf_counter() - t1
+        for h in handles:
+            h.remove()
+        start = time.perf_counter()
+        hyps = translate(model, src, beam=4, max_tokens=8000, device=torch.device("cpu"))
+        return {"attention": attention[0], "encoder": enc, "decoder": dec, "beam4": time.perf_counter() - start,
+                "hyps": hyps}
+
+    a, b = timed(full), timed(physical)
+    same = timed(masked_model)["hyps"] == b["hyps"]
+    flops_full = attention_flops(full, mean_src, mean_tgt)
+    flops_pruned = attention_flops(physical, mean_src, mean_tgt)
+    return {"model": pruned_paths[masked.index(masked_model)].split("results/")[-1], "kept": kept,
+            "attention_flop_ratio": flops_full / flops_pruned, "same_translations": same,
+            **{f"{k}_speedup": a[k] / b[k] for k in ("attention", "encoder", "decoder", "beam4")}}
+
+
 PARTS = {
     "matmul": lambda a: part_matmul(),
     "train_headcount": lambda a: part_train("headcount", a.size, a.steps),
     "train_torch": lambda a: part_train("torch", a.size, a.steps),
     "lrp": lambda a: part_lrp(a.size),
     "decode": lambda a: part_decode(),
+    "pruned": lambda a: part_pruned(),
 }
 
 
@@ -243,6 +311,19 @@ def main() -> None:
         for beam in (1, 4):
             lines.append(f"| default (trained) | beam {beam}, test_2016_flickr sentences/s | "
                          f"{decode[f'beam{beam}_sentences_per_s']:.1f} | {decode['max_rss_mb']:.0f} |")
+    pruned = run_part("pruned", "default", 0)
+    if "skipped" in pruned:
+        lines.append(f"| default (pruned) | physical pruning | skipped: {pruned['skipped']} | |")
+    else:
+        lines += [f"| {pruned['model']} | heads kept (enc-self/dec-self/dec-enc) | "
+                  f"{'/'.join(str(v) for v in pruned['kept'].values())} | |",
+                  f"| {pruned['model']} | attention FLOPs, full / pruned | "
+                  f"{pruned['attention_flop_ratio']:.2f} | |",
+                  f"| {pruned['model']} | same beam-4 translations as the masked model | {pruned['same_translations']} | |"]
+        for part in ("attention", "encoder", "decoder", "beam4"):
+            lines.append(f"| {pruned['model']} | {part} time, full / pruned | {pruned[f'{part}_speedup']:.2f} | |")
+        lines.append(f"| {pruned['model']} | attention speedup / attention FLOP ratio | "
+                     f"{pruned['attention_speedup'] / pruned['attention_flop_ratio']:.2f} | |")
     text = "\n".join(lines) + "\n"
     print(text)
     (REPO / "benchmarks/latest.md").write_text(text)
