@@ -319,7 +319,8 @@ def main() -> None:
                   f"{'/'.join(str(v) for v in pruned['kept'].values())} | |",
                   f"| {pruned['model']} | attention FLOPs, full / pruned | "
                   f"{pruned['attention_flop_ratio']:.2f} | |",
-                  f"| {pruned['model']} | same beam-4 translations as the masked model | {pruned['same_translations']} | |"]
+                  f"| {pruned['model']} | same beam-4 translations as the masked model | "
+                  f"{pruned['same_translations']} | |"]
         for part in ("attention", "encoder", "decoder", "beam4"):
             lines.append(f"| {pruned['model']} | {part} time, full / pruned | {pruned[f'{part}_speedup']:.2f} | |")
         lines.append(f"| {pruned['model']} | attention speedup / attention FLOP ratio | "
