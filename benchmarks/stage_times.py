@@ -1,0 +1,56 @@
+"""Wall time and peak memory of each stage of an experiment, from Snakemake's benchmark files.
+
+    .venv/bin/python benchmarks/stage_times.py results/multi30k_en_de
+
+Each job with a `benchmark:` directive leaves results/<exp>/benchmarks/<job>.tsv (one row: seconds,
+max RSS, CPU time). A job that was interrupted and rerun keeps only its last attempt's time, so
+training times also come from the run's own records (training.json), printed beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+STAGES = {  # benchmark file name (without split/lambda) -> stage
+    "train_baseline": "baseline training", "translate": "translation (beam search)",
+    "score_heads": "head importance (confidence, LRP, Michel, ablation)", "head_roles": "head roles",
+    "prune_heads": "pruning fine-tuning (per lambda)", "train_from_scratch": "from-scratch training",
+    "michel_curve": "Michel pruning curve",
+}
+
+
+def stage_of(path: Path, root: Path) -> tuple[str, str]:
+    name = path.stem.split("_test")[0].split("_dev")[0]
+    name = re.sub(r"^translate_.*", "translate", name)
+    return STAGES.get(name, name), str(path.relative_to(root).with_suffix(""))
+
+
+def main(exp_dir: str) -> None:
+    root = Path(exp_dir) / "benchmarks"
+    rows = []
+    for path in sorted(root.rglob("*.tsv")):
+        stage, job = stage_of(path, root)
+        bench = pd.read_csv(path, sep="\t").iloc[-1]
+        rows.append({"stage": stage, "job": job, "seconds": float(bench["s"]), "max_rss_mb": float(bench["max_rss"])})
+    if not rows:
+        sys.exit(f"{root}: no benchmark files; run the workflow first")
+    jobs = pd.DataFrame(rows)
+    stages = jobs.groupby("stage").agg(jobs=("job", "count"), minutes=("seconds", lambda s: s.sum() / 60),
+                                       max_rss_mb=("max_rss_mb", "max")).sort_values("minutes", ascending=False)
+    print("| stage | jobs | wall time (min) | peak RSS (MB) |\n|---|---|---|---|")
+    for stage, r in stages.iterrows():
+        print(f"| {stage} | {int(r.jobs)} | {r.minutes:.1f} | {r.max_rss_mb:.0f} |")
+    print(f"| **all benchmarked jobs** | {len(jobs)} | {jobs['seconds'].sum() / 60:.1f} | |")
+    for summary in sorted(Path(exp_dir).rglob("training.json")):
+        record = json.loads(summary.read_text())
+        print(f"\n{summary}: {record['steps']} steps, {record['train_seconds'] / 60:.1f} min of training in its last "
+              f"attempt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "results/multi30k_en_de")
