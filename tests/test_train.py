@@ -145,3 +145,28 @@ def test_a_finished_run_can_be_extended_without_starting_over(toy_data, tmp_path
     assert any("resuming from" in m and "at step 10" in m for m in messages)
     for (name, a), b in zip(straight.state_dict().items(), extended.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("clip_norm", [0.05, 1e9])
+def test_gradients_are_clipped_to_the_configured_norm(toy_data, tmp_path, clip_norm):
+    """The gradient norm the optimizer sees, at every step, is at most `clip_norm` (with no
+    effective limit the same steps exceed 0.05, so the check can fail)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    data, dev, *sizes = toy_data
+    norms = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        train(fresh_model(sizes), settings(max_steps=5, clip_norm=clip_norm), data, dev, tmp_path, log=quiet)
+    finally:
+        handle.remove()
+    assert len(norms) == 5
+    if clip_norm < 1:
+        assert max(norms) <= clip_norm * (1 + 1e-4)
+    else:
+        assert max(norms) > 0.05

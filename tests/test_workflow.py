@@ -219,6 +219,7 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, to
 
     config = smoke_config(toy_mirror)
     config["defaults"]["heads"].update(ablation=False)  # keep the test short; ablation is covered above
+    config["defaults"]["prune"].update(lambdas={"all": [0.5]}, from_scratch=[])
     outputs = {}
     for name in ("clean", "killed"):
         workdir = tmp_path / name
@@ -254,8 +255,13 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, to
             "scores": (results / "baseline/scores.tsv").read_text(),
             "heads": pd.read_parquet(results / "heads/scores.parquet"),
             "roles": (results / "syntax/roles.csv").read_text(),
+            "pruning": (results / "prune/pruning.tsv").read_text(),
+            "gates": json.loads((results / "prune/all/lambda_0.5/gates.json").read_text())["heads"],
+            "michel": (results / "prune/all/michel.tsv").read_text(),
         }
     assert outputs["killed"]["translations"] == outputs["clean"]["translations"]
     assert outputs["killed"]["scores"] == outputs["clean"]["scores"]
     assert outputs["killed"]["roles"] == outputs["clean"]["roles"]
+    for name in ("pruning", "gates", "michel"):  # the same pruning decisions and scores
+        assert outputs["killed"][name] == outputs["clean"][name], name
     pd.testing.assert_frame_equal(outputs["killed"]["heads"], outputs["clean"]["heads"])
