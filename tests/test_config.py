@@ -62,8 +62,10 @@ def problems(config):
          "'experiments.multi30k_en_de.prune.eval_split': 'test_2099' is not one of the test sets"),
         (lambda c: c["defaults"]["prune"]["lambdas"].update(all=[0.1, 0.10]),
          "'experiments.multi30k_en_de.prune.lambdas.all': [0.1, 0.1] repeats a value"),
-        (lambda c: c["defaults"]["prune"].update(from_scratch=["decoder"]),
-         "'defaults.prune.from_scratch.0': 'decoder' is not one of ['enc', 'all']"),
+        (lambda c: c["defaults"]["prune"].update(from_scratch={"decoder": True}),
+         "'defaults.prune.from_scratch': Additional properties are not allowed ('decoder' was unexpected)"),
+        (lambda c: c["defaults"]["prune"].update(from_scratch={"all": [0.3, 0.7]}),
+         "'experiments.multi30k_en_de.prune.from_scratch.all': 0.7 is not in prune.lambdas.all"),
     ],
 )
 def test_bad_configs_name_the_key(config, edit, expected):

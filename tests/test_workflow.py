@@ -46,7 +46,7 @@ def smoke_config(mirror: Path) -> dict:
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["defaults"]["prune"].update(
-        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch=["all"],
+        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True},
         training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
                   "checkpoint_interval": 10})
     config["experiments"] = {"toy": {
@@ -219,7 +219,7 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, to
 
     config = smoke_config(toy_mirror)
     config["defaults"]["heads"].update(ablation=False)  # keep the test short; ablation is covered above
-    config["defaults"]["prune"].update(lambdas={"all": [0.5]}, from_scratch=[])
+    config["defaults"]["prune"].update(lambdas={"all": [0.5]}, from_scratch={})
     outputs = {}
     for name in ("clean", "killed"):
         workdir = tmp_path / name

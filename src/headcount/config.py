@@ -118,6 +118,12 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         for setting, grid in prune["lambdas"].items():
             if len(set(map(lambda_label, grid))) != len(grid):
                 problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} repeats a value")
+        for setting, choice in prune["from_scratch"].items():
+            grid = set(map(lambda_label, prune["lambdas"].get(setting, [])))
+            for value in choice if isinstance(choice, list) else []:
+                if lambda_label(value) not in grid:
+                    problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': {value} is not "
+                                    f"in prune.lambdas.{setting} ({sorted(grid) or 'empty'}); add it there first")
         model = exp["model"]
         if model["d_model"] % model["n_heads"]:
             problems.append(f"config key 'experiments.{name}.model.d_model': {model['d_model']} is not "

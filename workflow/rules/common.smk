@@ -133,6 +133,15 @@ def pruned_models(exp, setting):
     return [f"prune/{setting}/lambda_{lambda_label(lam)}" for lam in grid]
 
 
+def scratch_models(exp, setting):
+    """The pruned models of a setting that are also trained from scratch."""
+    choice = EXPERIMENTS[exp]["prune"]["from_scratch"].get(setting, False)
+    if choice is True:
+        return pruned_models(exp, setting)
+    chosen = {lambda_label(lam) for lam in choice or []}
+    return [m for m in pruned_models(exp, setting) if m.rsplit("lambda_", 1)[1] in chosen]
+
+
 def prune_settings(exp):
     return [s for s in ("enc", "all") if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
 

@@ -124,7 +124,6 @@ rule plot_gate_trajectory:
 def pruning_report_inputs(wildcards):
     exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
     settings = prune_settings(exp)
-    scratch = EXPERIMENTS[exp]["prune"]["from_scratch"]
     models = {s: pruned_models(exp, s) for s in settings}
     return {
         "baseline": f"results/{exp}/baseline/scores/{split}.json",
@@ -137,8 +136,7 @@ def pruning_report_inputs(wildcards):
         "scratch": [
             f"results/{exp}/{m}/scratch/scores/{split}.json"
             for s in settings
-            if s in scratch
-            for m in models[s]
+            for m in scratch_models(exp, s)
         ],
         "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
         "trajectories": [
