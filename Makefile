@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
 
-.PHONY: setup run test lint format bench
+.PHONY: setup run test lint format bench slurm-up slurm-down test-cluster report check-report
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,17 +21,38 @@ setup: $(BIN)/snakemake
 run: setup
 	$(BIN)/snakemake --cores $(CORES) --rerun-incomplete
 
-test: setup
+# The lint gates first (ruff, snakefmt, snakemake --lint): a few seconds, and CI fails on them.
+test: setup lint
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests workflow/scripts benchmarks
+	$(BIN)/ruff check src tests workflow/scripts benchmarks tools
 	$(BIN)/snakefmt --check Snakefile workflow
 	$(BIN)/snakemake --lint --cores 1
 
 format: setup
-	$(BIN)/ruff check --fix src tests workflow/scripts benchmarks
+	$(BIN)/ruff check --fix src tests workflow/scripts benchmarks tools
 	$(BIN)/snakefmt Snakefile workflow
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+
+# A one-node Slurm cluster on this machine (Debian/Ubuntu, root) and the test that runs on it
+# (docs/cluster.md). `make test` runs that test too whenever a Slurm answers.
+slurm-up:
+	tools/local-slurm.sh up
+
+slurm-down:
+	tools/local-slurm.sh down
+
+test-cluster: setup
+	$(BIN)/python -m pytest -q -rs tests/test_cluster.py
+
+# The HTML report of what `make run` made, and a check of it in a headless Chromium
+# (needs chromium, chromium-driver and `pip install selenium`; docs/report/README.md).
+REPORT ?= results/report.html
+report: setup
+	$(BIN)/snakemake --cores 1 --report $(REPORT)
+
+check-report: setup
+	$(BIN)/python tools/check_report.py $(REPORT)
