@@ -117,19 +117,20 @@ def slurm_state() -> str | None:
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"Slurm does not answer: {error}"
     if "is UP" not in ping.stdout:
-        return f"no Slurm controller is running (scontrol ping: {(ping.stdout + ping.stderr).strip()[:200]})"
+        said = (ping.stdout + ping.stderr).strip().splitlines()
+        return f"no Slurm controller is running (scontrol ping: {said[0] if said else ping.returncode}); " \
+               "`sudo tools/local-slurm.sh up` starts the one-node cluster"
     if not re.search(r"idle|mixed", nodes.stdout):
         return f"no Slurm node is idle or mixed (sinfo: {nodes.stdout.split()})"
     return None
 
 
-SLURM_MISSING = slurm_state()
-
-
 @pytest.mark.workflow
-@pytest.mark.skipif(SLURM_MISSING is not None, reason=str(SLURM_MISSING))
 def test_a_toy_run_on_slurm(tmp_path, toy_mirror):
     """The smoke experiment, smaller, submitted job by job with sbatch through profiles/slurm."""
+    missing = slurm_state()  # here, not at import: `scontrol ping` waits for a controller that is down
+    if missing:
+        pytest.skip(missing)
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
     config = smoke_config(toy_mirror)
     config["defaults"]["heads"].update(ablation=False)
