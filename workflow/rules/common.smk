@@ -139,7 +139,9 @@ def scratch_models(exp, setting):
     if choice is True:
         return pruned_models(exp, setting)
     chosen = {lambda_label(lam) for lam in choice or []}
-    return [m for m in pruned_models(exp, setting) if m.rsplit("lambda_", 1)[1] in chosen]
+    return [
+        m for m in pruned_models(exp, setting) if m.rsplit("lambda_", 1)[1] in chosen
+    ]
 
 
 def prune_settings(exp):
@@ -160,3 +162,34 @@ def final_outputs(exp):
             else []
         ),
     ]
+
+
+def prune_job_settings(wildcards):
+    """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
+    prune = exp_config(wildcards)["prune"]
+    return {k: prune[k] for k in ("gate_lr_scale", "log_alpha_init", "training")}
+
+
+def pruning_report_inputs(wildcards):
+    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
+    settings = prune_settings(exp)
+    models = {s: pruned_models(exp, s) for s in settings}
+    return {
+        "baseline": f"results/{exp}/baseline/scores/{split}.json",
+        "gates": [f"results/{exp}/{m}/gates.json" for s in settings for m in models[s]],
+        "pruned": [
+            f"results/{exp}/{m}/scores/{split}.json"
+            for s in settings
+            for m in models[s]
+        ],
+        "scratch": [
+            f"results/{exp}/{m}/scratch/scores/{split}.json"
+            for s in settings
+            for m in scratch_models(exp, s)
+        ],
+        "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
+        "trajectories": [
+            f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
+        ],
+        "roles": f"results/{exp}/syntax/roles.csv",
+    }

@@ -3,12 +3,6 @@
 # and the tables and figures. Lambda is a wildcard: a new grid value adds its own jobs only.
 
 
-def prune_job_settings(wildcards):
-    """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
-    prune = exp_config(wildcards)["prune"]
-    return {k: prune[k] for k in ("gate_lr_scale", "log_alpha_init", "training")}
-
-
 rule prune_heads:
     input:
         baseline="results/{exp}/baseline/model.pt",
@@ -108,7 +102,12 @@ rule plot_gate_trajectory:
     input:
         "results/{exp}/prune/{setting}/lambda_{lam}/trajectory.csv",
     output:
-        png="results/{exp}/prune/{setting}/lambda_{lam}/gates.png",
+        png=report(
+            "results/{exp}/prune/{setting}/lambda_{lam}/gates.png",
+            caption="../report/gates.rst",
+            category="Pruning",
+            subcategory="gate trajectories",
+        ),
         gif="results/{exp}/prune/{setting}/lambda_{lam}/gates.gif",
     log:
         log_path("prune/{setting}/lambda_{lam}/plot_gate_trajectory"),
@@ -121,31 +120,6 @@ rule plot_gate_trajectory:
         "../scripts/plot_gate_trajectory.py"
 
 
-def pruning_report_inputs(wildcards):
-    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
-    settings = prune_settings(exp)
-    models = {s: pruned_models(exp, s) for s in settings}
-    return {
-        "baseline": f"results/{exp}/baseline/scores/{split}.json",
-        "gates": [f"results/{exp}/{m}/gates.json" for s in settings for m in models[s]],
-        "pruned": [
-            f"results/{exp}/{m}/scores/{split}.json"
-            for s in settings
-            for m in models[s]
-        ],
-        "scratch": [
-            f"results/{exp}/{m}/scratch/scores/{split}.json"
-            for s in settings
-            for m in scratch_models(exp, s)
-        ],
-        "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
-        "trajectories": [
-            f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
-        ],
-        "roles": f"results/{exp}/syntax/roles.csv",
-    }
-
-
 rule pruning_report:
     input:
         unpack(pruning_report_inputs),
@@ -156,7 +130,12 @@ rule pruning_report:
             category="Pruning",
             subcategory="{exp}",
         ),
-        table2="results/{exp}/prune/table2.md",
+        table2=report(
+            "results/{exp}/prune/table2.md",
+            caption="../report/table2.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
         table2_csv="results/{exp}/prune/table2.csv",
         figure7=report(
             "results/{exp}/prune/figures/figure7_bleu_vs_heads.png",
