@@ -116,7 +116,7 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     config = smoke_config(toy_mirror)
     config_path = write_config(tmp_path / "smoke.yaml", config)
     cores = os.environ.get("HEADCOUNT_TEST_CORES", "2")
-    result = snakemake("--cores", cores, "--configfile", config_path, cwd=tmp_path, timeout=400)
+    result = snakemake("--cores", cores, "--configfile", config_path, cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
 
     results = tmp_path / "results/toy"
@@ -244,7 +244,7 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, to
             unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
             assert unlock.returncode == 0, unlock.stderr
             cmd = cmd + ["--rerun-incomplete"]
-        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=400)
+        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         results = workdir / "results/toy"
         if name == "killed":
