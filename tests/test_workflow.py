@@ -46,7 +46,7 @@ def smoke_config(mirror: Path) -> dict:
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["defaults"]["prune"].update(
-        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True},
+        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True}, michel_step=0.25,
         training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
                   "checkpoint_interval": 10})
     config["experiments"] = {"toy": {
@@ -183,7 +183,7 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     assert (pruning[[c for c in pruning if c.startswith("role_")]].sum(axis=1)
             == pruning["retained_enc_self"]).all()
     michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")
-    assert list(michel["retained_enc_self"]) == [8, 7, 6, 6, 5, 4, 3, 2, 2, 1]  # round(10% steps of 8)
+    assert list(michel["retained_enc_self"]) == [8, 6, 4, 2]  # 25% steps of 8 heads
     assert "Voita et al. (2019)" in (results / "prune/table2.md").read_text()
     for name in ("figure7_bleu_vs_heads", "figure8_functions", "figure9_types", "figure10_decoder_layers"):
         assert (results / f"prune/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
