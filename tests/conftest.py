@@ -75,8 +75,12 @@ def toy_conllu(sentences: list[str]) -> str:
 
 @pytest.fixture
 def toy_mirror(tmp_path) -> Path:
-    """A data mirror holding a toy en-de corpus in Multi30k's layout."""
-    mirror = tmp_path / "mirror"
+    return make_toy_mirror(tmp_path)
+
+
+def make_toy_mirror(root: Path) -> Path:
+    """A data mirror holding a toy en-de corpus in Multi30k's layout, under root/mirror."""
+    mirror = root / "mirror"
     for split, n, seed in (("train", 600, 1), ("val", 40, 2), ("test_2016_flickr", 40, 3)):
         src, tgt = toy_corpus(n, seed)
         write_gz(mirror / f"toy/{split}.en.gz", src)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import toy_conllu, toy_corpus, write_gz
+from conftest import make_toy_mirror
 from test_workflow import REPO, smoke_config, write_config
 
 # What a change of a model hyperparameter must redo: training, and everything that reads a
@@ -37,17 +37,6 @@ def rerun_config(mirror: Path) -> dict:
     config["defaults"]["prune"]["training"].update(max_steps=10, warmup_steps=5, eval_interval=10,
                                                    checkpoint_interval=10, log_interval=5)
     return config
-
-
-def make_toy_mirror(root: Path) -> Path:
-    """conftest's toy_mirror, for a module-scoped fixture."""
-    mirror = root / "mirror"
-    for split, n, seed in (("train", 600, 1), ("val", 40, 2), ("test_2016_flickr", 40, 3)):
-        src, tgt = toy_corpus(n, seed)
-        write_gz(mirror / f"toy/{split}.en.gz", src)
-        write_gz(mirror / f"toy/{split}.de.gz", tgt)
-    (mirror / "toy/treebank.conllu").write_text(toy_conllu(toy_corpus(60, seed=4)[0]), encoding="utf-8")
-    return mirror
 
 
 def copy_workflow(dest: Path) -> Path:

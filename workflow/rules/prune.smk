@@ -65,7 +65,7 @@ rule train_from_scratch:
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/scratch/train",
     script:
-        "../scripts/train_from_scratch.py"
+        "../scripts/train_baseline.py"
 
 
 rule michel_curve:

@@ -16,6 +16,7 @@ with job(snakemake) as log:
         work_dir=snakemake.params.work_dir,
         model_out=snakemake.output.model,
         summary_out=snakemake.output.summary,
+        head_mask_from=snakemake.input.get("pruned"),  # train_from_scratch: the pruned model's mask
         log=log,
     )
     log(f"trained {summary['steps']} steps in {summary['train_seconds'] / 60:.1f} min")
