@@ -2,7 +2,9 @@
 
 import gzip
 import random
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+import toyflow  # noqa: E402
 
 from headcount.model import ModelConfig, Transformer  # noqa: E402
 
@@ -76,6 +80,30 @@ def toy_conllu(sentences: list[str]) -> str:
 @pytest.fixture
 def toy_mirror(tmp_path) -> Path:
     return make_toy_mirror(tmp_path)
+
+
+@dataclass
+class ToyRun:
+    workdir: Path  # a copy of the workflow, with results/toy in it
+    config: dict
+    result: subprocess.CompletedProcess
+
+    @property
+    def results(self) -> Path:
+        return self.workdir / "results/toy"
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory) -> ToyRun:
+    """The smoke config run once to the end in a copy of the workflow; tests read it, plan
+    reruns in it (dry runs only) and compare other runs with it."""
+    root = tmp_path_factory.mktemp("smoke")
+    workdir = toyflow.copy_workflow(root / "wf")
+    config = toyflow.smoke_config(make_toy_mirror(root))
+    config_path = toyflow.write_config(workdir / "smoke.yaml", config)
+    result = toyflow.snakemake("--cores", toyflow.CORES, "--configfile", config_path, cwd=workdir,
+                               snakefile=workdir / "Snakefile", timeout=900)
+    return ToyRun(workdir, config, result)
 
 
 def make_toy_mirror(root: Path) -> Path:

@@ -18,7 +18,7 @@ import sys
 import pandas as pd
 import pytest
 import yte
-from test_workflow import REPO, smoke_config, write_config
+from toyflow import REPO, smoke_config, write_config
 
 RULES = REPO / "workflow/rules"
 # The rules whose jobs train or decode with the model: they must say what they need of a node.

@@ -1,21 +1,16 @@
-"""What a rerun redoes after an edit: dry runs (`-n --quiet rules`) on one completed toy run.
+"""What a rerun redoes after an edit: dry runs (`-n --quiet rules`) on the completed smoke run.
 
-The workflow (Snakefile, workflow/, src/) is copied into a temporary directory first, so that the
-tests can edit library code and scripts without touching the repository. The lambda-grid and
-decoding cases are in test_workflow.py's smoke test.
+The smoke run (conftest's `smoke_run`) lives in a copy of the workflow (Snakefile, workflow/, src/),
+so that these tests can edit library code and scripts without touching the repository. The
+lambda-grid and decoding cases are in test_workflow.py's smoke test.
 """
 
 import copy
-import os
 import re
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from conftest import make_toy_mirror
-from test_workflow import REPO, smoke_config, write_config
+from toyflow import REPO, plan
 
 # What a change of a model hyperparameter must redo: training, and everything that reads a
 # model or what was made from one. Data preparation, subwords and parsing stay.
@@ -26,61 +21,12 @@ UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", 
             "parse_analysis_sentences"}
 
 
-def rerun_config(mirror: Path) -> dict:
-    """The smoke config, cheaper: few training steps, one lambda per setting, no ablation. What
-    reruns depends on the jobs and their settings, not on how good the toy model is."""
-    config = smoke_config(mirror)
-    config["defaults"]["training"].update(max_steps=40, warmup_steps=10, eval_interval=20, checkpoint_interval=20,
-                                          log_interval=10, dev_bleu_sentences=10)
-    config["defaults"]["heads"].update(ablation=False)
-    config["defaults"]["prune"].update(lambdas={"enc": [0.5], "all": [0.5]}, from_scratch={"all": True})
-    config["defaults"]["prune"]["training"].update(max_steps=10, warmup_steps=5, eval_interval=10,
-                                                   checkpoint_interval=10, log_interval=5)
-    return config
-
-
-def copy_workflow(dest: Path) -> Path:
-    """The files that define the workflow, copied with their mtimes."""
-    dest.mkdir(parents=True)
-    shutil.copy2(REPO / "Snakefile", dest / "Snakefile")
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in ("workflow", "src", "config", "envs"):
-        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
-    return dest
-
-
-def snakemake(workdir: Path, *args, timeout=120):
-    """The copied workflow, run in its own directory."""
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), *map(str, args)]
-    return subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
-
-
-def plan(workdir: Path, config: dict, *extra) -> dict[str, int]:
-    """The jobs a run would do now: rule -> count, from the dry run's job table."""
-    config_path = write_config(workdir / "plan.yaml", config)
-    result = snakemake(workdir, "-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, *extra)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    jobs = {}
-    for line in result.stdout.splitlines():
-        fields = line.split()
-        if len(fields) == 2 and fields[1].isdigit() and fields[0] != "total":
-            jobs[fields[0]] = int(fields[1])
-    print(f"plan with {' '.join(map(str, extra)) or 'no options'}: {jobs}")
-    return jobs
-
-
 @pytest.fixture(scope="module")
-def done(tmp_path_factory):
-    """A copy of the workflow with a completed toy run in it, and the run's config."""
-    root = tmp_path_factory.mktemp("rerun")
-    workdir = copy_workflow(root / "wf")
-    config = rerun_config(make_toy_mirror(root))
-    config_path = write_config(workdir / "run.yaml", config)
-    cores = os.environ.get("HEADCOUNT_TEST_CORES", "2")
-    result = snakemake(workdir, "--cores", cores, "--configfile", config_path, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert plan(workdir, config) == {}, "a completed run has nothing left to do"
-    return workdir, config
+def done(smoke_run):
+    """The copied workflow with the completed smoke run in it, and the run's config."""
+    assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
+    assert plan(smoke_run.workdir, smoke_run.config) == {}, "a completed run has nothing left to do"
+    return smoke_run.workdir, smoke_run.config
 
 
 @pytest.mark.workflow
@@ -90,7 +36,7 @@ def test_a_model_hyperparameter_reruns_training_and_everything_downstream(done):
     changed["defaults"]["model"]["d_ff"] = 48
     jobs = plan(workdir, changed)
     assert set(jobs) == MODEL_DOWNSTREAM, jobs
-    assert jobs["train_baseline"] == 1 and jobs["prune_heads"] == 2 and jobs["train_from_scratch"] == 1
+    assert jobs["train_baseline"] == 1 and jobs["prune_heads"] == 3 and jobs["train_from_scratch"] == 1
     assert not set(jobs) & UPSTREAM
 
 
@@ -107,8 +53,8 @@ def test_figure_code_reruns_only_its_figures(done):
     finally:
         script.write_text(original)
         shutil.copystat(REPO / "workflow/scripts/plot_head_scores.py", script)
-    # 3 scores (no ablation) x 3 attention types, and the target rule.
-    assert jobs == {"plot_head_scores": 9, "all": 1}, jobs
+    # 4 scores (ablation included) x 3 attention types, BLEU ablation of the encoder, the target rule.
+    assert jobs == {"plot_head_scores": 13, "all": 1}, jobs
 
 
 @pytest.mark.workflow
@@ -125,7 +71,7 @@ def test_library_code_used_by_a_job_is_detected(done):
     finally:
         library.write_text(original)
         shutil.copystat(REPO / "src/headcount/plots.py", library)
-    assert jobs.get("plot_head_scores") == 9 and "train_baseline" not in jobs, jobs
+    assert jobs.get("plot_head_scores") == 13 and "train_baseline" not in jobs, jobs
 
 
 @pytest.mark.workflow
@@ -133,7 +79,7 @@ def test_forcing_a_rule_reruns_it_and_its_dependents_only(done):
     """The documented remedy after a library edit: -R names the rules whose code changed."""
     workdir, config = done
     jobs = plan(workdir, config, "-R", "plot_gate_trajectory")
-    assert jobs == {"plot_gate_trajectory": 2, "pruning_report": 1, "all": 1}, jobs
+    assert jobs == {"plot_gate_trajectory": 3, "pruning_report": 1, "all": 1}, jobs
 
 
 def test_scripts_take_settings_from_params_not_the_config():

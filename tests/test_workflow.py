@@ -9,58 +9,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
+from toyflow import CORES, REPO, SHARED_DATA, plan, shipped_config, smoke_config, snakemake, write_config
 
 from headcount.io import sha256_file
-
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
-
-
-def snakemake(*args, cwd=REPO, env=None, timeout=600):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
-
-
-def shipped_config() -> dict:
-    with open(REPO / "config/config.yaml") as f:
-        return yaml.safe_load(f)
-
-
-def smoke_config(mirror: Path) -> dict:
-    """A toy experiment: tiny model, a few hundred steps, the real rules end to end."""
-    config = shipped_config()
-    config["run"] = ["toy"]
-    config["mirror"] = str(mirror)
-    config["sources"] = {f"toy/{split}.{lang}.gz": {"url": f"https://example.org/toy/{split}.{lang}.gz"}
-                         for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")}
-    config["sources"]["toy/treebank.conllu"] = {"url": "https://example.org/toy/treebank.conllu"}
-    config["defaults"]["roles"].update(treebanks=["toy/treebank.conllu"], min_instances=5)
-    config["defaults"]["subwords"].update(src_vocab=100, tgt_vocab=100)
-    config["defaults"]["model"].update(d_model=32, n_heads=4, d_ff=64, enc_layers=2, dec_layers=2, dropout=0.0,
-                                       attn_dropout=0.0, max_len=64)
-    config["defaults"]["training"].update(max_tokens=300, max_steps=200, warmup_steps=40, lr_scale=0.3,
-                                          log_interval=20, eval_interval=100, checkpoint_interval=40,
-                                          dev_bleu_sentences=40)
-    config["defaults"]["decoding"].update(max_tokens=2000)
-    config["defaults"]["heads"].update(ablation_bleu_sentences=20)
-    config["defaults"]["prune"].update(
-        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True}, michel_step=0.25,
-        training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
-                  "checkpoint_interval": 10})
-    config["experiments"] = {"toy": {
-        "src_lang": "en", "tgt_lang": "de",
-        "train": [{"src": "toy/train.en.gz", "tgt": "toy/train.de.gz"}],
-        "dev": {"src": "toy/val.en.gz", "tgt": "toy/val.de.gz"},
-        "test": {"test_2016_flickr": {"src": "toy/test_2016_flickr.en.gz", "tgt": "toy/test_2016_flickr.de.gz"}},
-    }}
-    return config
-
-
-def write_config(path: Path, config: dict) -> Path:
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def test_lint_is_clean():
@@ -111,14 +62,10 @@ def test_a_missing_mirror_file_is_reported_before_any_job(tmp_path, toy_mirror):
 
 
 @pytest.mark.workflow
-def test_smoke_run_end_to_end(tmp_path, toy_mirror):
+def test_smoke_run_end_to_end(smoke_run):
     """Fetch from a mirror, clean, BPE, train, translate, score: the real rules on a toy corpus."""
-    config = smoke_config(toy_mirror)
-    config_path = write_config(tmp_path / "smoke.yaml", config)
-    cores = os.environ.get("HEADCOUNT_TEST_CORES", "2")
-    result = snakemake("--cores", cores, "--configfile", config_path, cwd=tmp_path, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-
+    assert smoke_run.result.returncode == 0, smoke_run.result.stderr[-3000:]
+    tmp_path, config = smoke_run.workdir, smoke_run.config
     results = tmp_path / "results/toy"
     table = pd.read_csv(results / "baseline/scores.tsv", sep="\t")
     assert list(table["split"]) == ["test_2016_flickr"]
@@ -190,78 +137,65 @@ def test_smoke_run_end_to_end(tmp_path, toy_mirror):
     assert (results / "prune/all/lambda_0.5/gates.gif").read_bytes()[:6] == b"GIF89a"
 
     # Nothing left to do on a rerun; a new lambda adds its own jobs and reruns nothing else.
+    assert plan(tmp_path, config) == {}
     grid = copy.deepcopy(config)
     grid["defaults"]["prune"]["lambdas"]["enc"].append(0.5)
-    plan = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile",
-                     write_config(tmp_path / "grid.yaml", grid), cwd=tmp_path)
-    jobs = dict(line.split()[:2] for line in plan.stdout.splitlines() if line.strip() and line.split()[-1].isdigit()
-                and len(line.split()) == 2)
-    assert jobs.get("prune_heads") == "1" and jobs.get("translate") == "1", plan.stdout
+    jobs = plan(tmp_path, grid)
+    assert jobs.get("prune_heads") == 1 and jobs.get("translate") == 1, jobs
     assert "train_baseline" not in jobs and "train_from_scratch" not in jobs and "michel_curve" not in jobs
 
     # A changed decoding setting reruns translation and scoring only.
-    rerun = snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=tmp_path)
-    assert "Nothing to be done" in rerun.stdout + rerun.stderr
     changed = copy.deepcopy(config)
     changed["defaults"]["decoding"]["beam"] = 2
-    plan = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile",
-                     write_config(tmp_path / "beam2.yaml", changed), cwd=tmp_path)
-    assert "translate" in plan.stdout and "score" in plan.stdout
-    assert "train_baseline" not in plan.stdout + plan.stderr and "train_subwords" not in plan.stdout
+    jobs = plan(tmp_path, changed)
+    assert "translate" in jobs and "score" in jobs, jobs
+    assert not {"train_baseline", "train_subwords", "prune_heads", "train_from_scratch"} & set(jobs), jobs
+
+
+# What the kill-and-resume test compares: every stage's output that a wrong resume would change.
+RESUMED_OUTPUTS = ("baseline/translations/test_2016_flickr.txt", "baseline/scores.tsv", "heads/scores.parquet",
+                   "syntax/roles.csv", "prune/all/lambda_0.5/gates.json", "prune/all/michel.tsv")
 
 
 @pytest.mark.workflow
-def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, toy_mirror):
-    """SIGKILL the whole workflow while the baseline trains, rerun, and compare every final output
-    with an uninterrupted run's."""
+def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, smoke_run):
+    """SIGKILL the whole workflow while the baseline trains, rerun, and compare the outputs of
+    every stage after training with the uninterrupted smoke run's (the same config)."""
     import signal
     import time
 
-    config = smoke_config(toy_mirror)
-    config["defaults"]["heads"].update(ablation=False)  # keep the test short; ablation is covered above
-    config["defaults"]["prune"].update(lambdas={"all": [0.5]}, from_scratch={})
-    outputs = {}
-    for name in ("clean", "killed"):
-        workdir = tmp_path / name
-        workdir.mkdir()
-        config_path = write_config(workdir / "smoke.yaml", config)
-        cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
-               "--configfile", str(config_path)]
-        if name == "killed":
-            process = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
-            checkpoint = workdir / "results/toy/baseline/train/checkpoint.pt"
-            deadline = time.time() + 300
-            while time.time() < deadline and process.poll() is None:
-                metrics = workdir / "results/toy/baseline/train/metrics.jsonl"
-                if checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text():
-                    break
-                time.sleep(0.2)
-            assert process.poll() is None, "the workflow ended before it could be killed"
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            assert not (workdir / "results/toy/baseline/model.pt").exists()
-            unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
-            assert unlock.returncode == 0, unlock.stderr
-            cmd = cmd + ["--rerun-incomplete"]
-        result = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        results = workdir / "results/toy"
-        if name == "killed":
-            log = (results / "logs/train_baseline.log").read_text()
-            assert "resuming from" in log, log
-        outputs[name] = {
-            "translations": (results / "baseline/translations/test_2016_flickr.txt").read_text(),
-            "scores": (results / "baseline/scores.tsv").read_text(),
-            "heads": pd.read_parquet(results / "heads/scores.parquet"),
-            "roles": (results / "syntax/roles.csv").read_text(),
-            "pruning": (results / "prune/pruning.tsv").read_text(),
-            "gates": json.loads((results / "prune/all/lambda_0.5/gates.json").read_text())["heads"],
-            "michel": (results / "prune/all/michel.tsv").read_text(),
-        }
-    assert outputs["killed"]["translations"] == outputs["clean"]["translations"]
-    assert outputs["killed"]["scores"] == outputs["clean"]["scores"]
-    assert outputs["killed"]["roles"] == outputs["clean"]["roles"]
-    for name in ("pruning", "gates", "michel"):  # the same pruning decisions and scores
-        assert outputs["killed"][name] == outputs["clean"][name], name
-    pd.testing.assert_frame_equal(outputs["killed"]["heads"], outputs["clean"]["heads"])
+    assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
+    workdir = tmp_path / "killed"
+    workdir.mkdir()
+    config_path = write_config(workdir / "smoke.yaml", smoke_run.config)
+    # The targets before --configfile, which takes any number of values.
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"),
+           *(f"results/toy/{name}" for name in RESUMED_OUTPUTS), "--cores", CORES, "--configfile", str(config_path)]
+    process = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    checkpoint = workdir / "results/toy/baseline/train/checkpoint.pt"
+    metrics = workdir / "results/toy/baseline/train/metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, "the workflow ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (workdir / "results/toy/baseline/model.pt").exists()
+    unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
+    assert unlock.returncode == 0, unlock.stderr
+
+    result = subprocess.run(cmd + ["--rerun-incomplete"], cwd=workdir, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    resumed, clean = workdir / "results/toy", smoke_run.results
+    assert "resuming from" in (resumed / "logs/train_baseline.log").read_text()
+    for name in RESUMED_OUTPUTS:
+        if name.endswith(".parquet"):
+            pd.testing.assert_frame_equal(pd.read_parquet(resumed / name), pd.read_parquet(clean / name))
+        elif name.endswith(".json"):  # the same pruning decisions (the file also holds run times)
+            heads = [json.loads((run / name).read_text())["heads"] for run in (resumed, clean)]
+            assert heads[0] == heads[1], name
+        else:
+            assert (resumed / name).read_text() == (clean / name).read_text(), name

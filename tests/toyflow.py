@@ -1,0 +1,90 @@
+"""The toy workflow the workflow tests share: its config, a runner, and a copy of the workflow.
+
+One completed toy run (conftest's `smoke_run`, made once per session) serves the smoke checks,
+the rerun plans and the kill-and-resume comparison: every full run of the DAG costs minutes on
+two cores, most of it process start-up per job.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+CORES = os.environ.get("HEADCOUNT_TEST_CORES", "2")
+
+
+def snakemake(*args, cwd=REPO, env=None, timeout=600, snakefile=REPO / "Snakefile"):
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def shipped_config() -> dict:
+    with open(REPO / "config/config.yaml") as f:
+        return yaml.safe_load(f)
+
+
+def smoke_config(mirror: Path) -> dict:
+    """A toy experiment: tiny model, a few hundred steps, the real rules end to end."""
+    config = shipped_config()
+    config["run"] = ["toy"]
+    config["mirror"] = str(mirror)
+    config["sources"] = {f"toy/{split}.{lang}.gz": {"url": f"https://example.org/toy/{split}.{lang}.gz"}
+                         for split in ("train", "val", "test_2016_flickr") for lang in ("en", "de")}
+    config["sources"]["toy/treebank.conllu"] = {"url": "https://example.org/toy/treebank.conllu"}
+    config["defaults"]["roles"].update(treebanks=["toy/treebank.conllu"], min_instances=5)
+    config["defaults"]["subwords"].update(src_vocab=100, tgt_vocab=100)
+    config["defaults"]["model"].update(d_model=32, n_heads=4, d_ff=64, enc_layers=2, dec_layers=2, dropout=0.0,
+                                       attn_dropout=0.0, max_len=64)
+    config["defaults"]["training"].update(max_tokens=300, max_steps=200, warmup_steps=40, lr_scale=0.3,
+                                          log_interval=20, eval_interval=100, checkpoint_interval=40,
+                                          dev_bleu_sentences=40)
+    config["defaults"]["decoding"].update(max_tokens=2000)
+    config["defaults"]["heads"].update(ablation_bleu_sentences=20)
+    config["defaults"]["prune"].update(
+        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True}, michel_step=0.25,
+        training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
+                  "checkpoint_interval": 10})
+    config["experiments"] = {"toy": {
+        "src_lang": "en", "tgt_lang": "de",
+        "train": [{"src": "toy/train.en.gz", "tgt": "toy/train.de.gz"}],
+        "dev": {"src": "toy/val.en.gz", "tgt": "toy/val.de.gz"},
+        "test": {"test_2016_flickr": {"src": "toy/test_2016_flickr.en.gz", "tgt": "toy/test_2016_flickr.de.gz"}},
+    }}
+    return config
+
+
+def write_config(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The files that define the workflow, copied with their mtimes, so that a test may edit
+    scripts or library code without touching the repository."""
+    dest.mkdir(parents=True)
+    shutil.copy2(REPO / "Snakefile", dest / "Snakefile")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("workflow", "src", "config", "envs"):
+        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
+    return dest
+
+
+def plan(workdir: Path, config: dict, *extra) -> dict[str, int]:
+    """The jobs a run of the workflow copied into workdir would do now: rule -> count."""
+    config_path = write_config(workdir / "plan.yaml", config)
+    result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, *extra,
+                       cwd=workdir, snakefile=workdir / "Snakefile", timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    jobs = {}
+    for line in result.stdout.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit() and fields[0] != "total":
+            jobs[fields[0]] = int(fields[1])
+    print(f"plan with {' '.join(map(str, extra)) or 'no options'}: {jobs}")
+    return jobs
