@@ -9,8 +9,11 @@ exactly as the gated model does in evaluation mode.
 
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 import torch
+from torch import Tensor
 
 from .gates import attach_gates, l0_penalty
 from .model import Transformer
@@ -140,12 +143,19 @@ def michel_masks(scores: pd.DataFrame, types: tuple[str, ...], n_layers: dict[st
     return out
 
 
+def _uninitialised_linear(in_features: int, out_features: int, like: Tensor) -> torch.nn.Linear:
+    """A Linear whose weights the caller copies in: no random init, and no torch warning when a
+    layer loses all its heads (zero-size weights)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        return torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, device=like.device,
+                                        dtype=like.dtype)
+
+
 @torch.no_grad()
 def remove_pruned_heads(model: Transformer) -> Transformer:
     """Physical pruning, in place: drop every masked head's rows of W^Q, W^K, W^V and its columns
     of W^O, so the model computes only the heads it keeps. Same outputs as the masked model."""
-    from torch import nn
-
     for modules in model.attention_modules().values():
         for module in modules:
             mask = module.head_mask
@@ -157,12 +167,12 @@ def remove_pruned_heads(model: Transformer) -> Transformer:
             scale = torch.repeat_interleave(mask[keep], dh) if keep else torch.ones(0)
             for name in ("q_proj", "k_proj", "v_proj"):
                 old = getattr(module, name)
-                new = nn.Linear(old.in_features, len(index)).to(old.weight)
+                new = _uninitialised_linear(old.in_features, len(index), like=old.weight)
                 new.weight.copy_(old.weight[index])
                 new.bias.copy_(old.bias[index])
                 setattr(module, name, new)
             old = module.out_proj
-            new = nn.Linear(len(index), old.out_features).to(old.weight)
+            new = _uninitialised_linear(len(index), old.out_features, like=old.weight)
             new.weight.copy_(old.weight[:, index] * scale[None, :])
             new.bias.copy_(old.bias)
             module.out_proj = new
