@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import random_batch, toy_corpus
 from test_stages import MODEL, training
+from toyflow import kill_when
 
 from headcount.io import HeadcountError, read_lines, write_lines
 from headcount.pruning import (
@@ -181,11 +182,8 @@ else:
 def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
     """Start the job in its own process, SIGKILL it after a checkpoint, rerun it, and compare
     with an uninterrupted run: bitwise on CPU with the same seed."""
-    import os
-    import signal
     import subprocess
     import sys
-    import time
     from pathlib import Path
 
     tmp_path, files, model = toy_run
@@ -200,14 +198,8 @@ def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
     clean, killed = tmp_path / f"{kind}_clean", tmp_path / f"{kind}_killed"
     assert subprocess.run([sys.executable, "-c", script(clean)], timeout=300).returncode == 0
     process = subprocess.Popen([sys.executable, "-c", script(killed)], start_new_session=True)
-    metrics, deadline = killed / "train/metrics.jsonl", time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        if metrics.exists() and '"step": 20,' in metrics.read_text():
-            break
-        time.sleep(0.05)
-    assert process.poll() is None, "the job ended before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    metrics = killed / "train/metrics.jsonl"
+    kill_when(process, lambda: metrics.exists() and '"step": 20,' in metrics.read_text(), timeout=240, poll=0.05)
     assert not (killed / "model.pt").exists()
     assert 0 < torch.load(killed / "train/checkpoint.pt", weights_only=False)["step"] < 60  # mid-run
     assert subprocess.run([sys.executable, "-c", script(killed)], timeout=300).returncode == 0

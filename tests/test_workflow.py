@@ -2,14 +2,13 @@
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from toyflow import CORES, REPO, SHARED_DATA, plan, shipped_config, smoke_config, snakemake, write_config
+from toyflow import CORES, REPO, SHARED_DATA, kill_when, plan, shipped_config, smoke_config, snakemake, write_config
 
 from headcount.io import sha256_file
 
@@ -161,9 +160,6 @@ RESUMED_OUTPUTS = ("baseline/translations/test_2016_flickr.txt", "baseline/score
 def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, smoke_run):
     """SIGKILL the whole workflow while the baseline trains, rerun, and compare the outputs of
     every stage after training with the uninterrupted smoke run's (the same config)."""
-    import signal
-    import time
-
     assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
     workdir = tmp_path / "killed"
     workdir.mkdir()
@@ -175,14 +171,8 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, sm
                                start_new_session=True)
     checkpoint = workdir / "results/toy/baseline/train/checkpoint.pt"
     metrics = workdir / "results/toy/baseline/train/metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-        if checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text():
-            break
-        time.sleep(0.2)
-    assert process.poll() is None, "the workflow ended before it could be killed"
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_when(process, lambda: checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text(),
+              timeout=300)
     assert not (workdir / "results/toy/baseline/model.pt").exists()
     unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
     assert unlock.returncode == 0, unlock.stderr

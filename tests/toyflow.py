@@ -88,3 +88,17 @@ def plan(workdir: Path, config: dict, *extra) -> dict[str, int]:
             jobs[fields[0]] = int(fields[1])
     print(f"plan with {' '.join(map(str, extra)) or 'no options'}: {jobs}")
     return jobs
+
+
+def kill_when(process, ready, timeout: float, poll: float = 0.2) -> None:
+    """SIGKILL the process group of a job started with start_new_session=True, as soon as
+    ready() is true (it checks what the job has written so far)."""
+    import signal
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None and not ready():
+        time.sleep(poll)
+    assert process.poll() is None, "the job ended before it could be killed"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
