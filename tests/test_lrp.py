@@ -213,12 +213,13 @@ def explicit_lrp(model: Transformer, src, tgt_in, rule: str, eps: float):
 
 
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
-def test_matches_explicit_per_neuron_lrp(rule):
+@pytest.mark.parametrize("max_seeds", [1, 3, 8])  # one prefix per step, two uneven chunks, one chunk
+def test_matches_explicit_per_neuron_lrp(rule, max_seeds):
     model = tiny_lrp_model(seed=3)
     src = torch.tensor([[5, 7, 9, 3]])
     tgt_in = torch.tensor([[BOS_ID, 4, 11, 6]])
     eps = 1e-2  # large enough that a missing epsilon would show
-    fast = step_relevance(model, src, tgt_in, rule=rule, eps=eps)
+    fast = step_relevance(model, src, tgt_in, rule=rule, eps=eps, max_seeds=max_seeds)
     slow = explicit_lrp(model, src, tgt_in, rule, eps)
     assert len(slow) == 4
     for t, (heads, input_total) in enumerate(slow):

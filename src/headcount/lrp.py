@@ -27,13 +27,14 @@ operation its rule's backward, while leaving every forward value unchanged:
   bilinear products of attention (Q K^T and P V) pass half of their relevance to each operand
   (gradient halved), with the epsilon rule on their outputs.
 
-Speed: one forward pass per batch, then one vmapped backward pass (`is_grads_batched`) per chunk
-of target steps; each seed starts relevance 1 at the top-1 logit of one step in every sentence of
-the batch at once (sentences do not interact in evaluation mode). No Python loop over tokens.
-Each step still needs its own backward pass (|R| is taken per step), so the cost grows with the
-number of target steps: measured on CPU (d_model 256, 6+6 layers, 16 sentences of 20 tokens), a
-batch cost 6x one teacher-forced forward+backward with "ding" (0.3x per step) and 17x with
-"attnlrp" (0.9x per step, whose relevance also flows through queries, keys and softmaxes).
+Speed: one encoder forward pass per batch; then, per chunk of `max_seeds` target steps, a decoder
+forward pass over the prefix those steps can see (the decoder is causal) and one vmapped backward
+pass (`is_grads_batched`). Each seed starts relevance 1 at the top-1 logit of one step in every
+sentence of the batch at once (sentences do not interact in evaluation mode). No Python loop over
+tokens. Each step still needs its own backward pass (|R| is taken per step, so steps cannot be
+summed into one), and each of them runs through the whole encoder: the cost per sentence grows
+with the square of its length, one forward+backward's only linearly. The matrix products are most
+of the time, so this is close to the floor for the method: see benchmarks/RESULTS.md.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
@@ -89,8 +90,9 @@ class DingRules:
     def stabilise(self, z: Tensor) -> Tensor:
         return z  # LRP-0: no stabiliser
 
-    def linear(self, x: Tensor, layer: nn.Linear) -> Tensor:
-        return F.linear(x, layer.weight, layer.bias)
+    def linear(self, x: Tensor, layer: nn.Linear, weight: Tensor | None = None) -> Tensor:
+        """layer applied to x, optionally with `weight` in place of layer.weight."""
+        return F.linear(x, layer.weight if weight is None else weight, layer.bias)
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return a + b
@@ -115,8 +117,8 @@ class AttnLRPRules(DingRules):
     def stabilise(self, z: Tensor) -> Tensor:
         return epsilon_stabilise(z, self.eps)
 
-    def linear(self, x: Tensor, layer: nn.Linear) -> Tensor:
-        return self.stabilise(F.linear(x, layer.weight, layer.bias))
+    def linear(self, x: Tensor, layer: nn.Linear, weight: Tensor | None = None) -> Tensor:
+        return self.stabilise(super().linear(x, layer, weight))
 
     def add(self, a: Tensor, b: Tensor) -> Tensor:
         return self.stabilise(a + b)
@@ -150,6 +152,16 @@ def _probabilities(scores: Tensor, allowed: Tensor) -> Tensor:
 
 
 @dataclass
+class EncoderTrace:
+    """The encoder's half of the LRP forward pass, shared by every decoder prefix."""
+
+    memory: Tensor  # (B, S, D) after the final encoder LayerNorm
+    allowed: Tensor  # (B, 1, 1, S) True at real source positions
+    contexts: list[Tensor]  # per layer (B, H, S, Dh), before the gates
+    inputs: list[Tensor]  # L_enc + 1 residual streams (B, S, D); the last before the final norm
+
+
+@dataclass
 class Trace:
     """The tensors whose relevance is read after the backward pass."""
 
@@ -167,13 +179,20 @@ def _attention_block(rules, m: MultiHeadAttention, x: Tensor, kv: Tensor, allowe
     k = m._split_heads(rules.linear(kv, m.k_proj))  # (B, H, Tk, Dh)
     v = m._split_heads(rules.linear(kv, m.v_proj))
     ctx = rules.attention(q, k, v, allowed)  # (B, H, Tq, Dh)
-    gated = ctx * m.gates().to(ctx.dtype).view(1, -1, 1, 1)  # a constant factor: a linear map
-    out = rules.linear(gated.transpose(1, 2).reshape(B, Tq, D), m.out_proj)
+    # The head gates are constant factors, so gating a head's context is the same linear map as
+    # scaling its columns of W^O; folded into the weight, the backward pass needs no element-wise
+    # product over the seed-batched gradients.
+    w_out = m.out_proj.weight * m.gates().to(ctx.dtype).repeat_interleave(m.head_dim)  # (D, H*Dh)
+    out = rules.linear(ctx.transpose(1, 2).reshape(B, Tq, D), m.out_proj, w_out)
     return out, ctx
 
 
 def _feed_forward(rules, layer, x: Tensor) -> Tensor:
-    hidden = F.relu(rules.linear(rules.layer_norm(x, layer.ffn_norm), layer.ffn.w_in))  # ReLU: plain
+    pre = rules.linear(rules.layer_norm(x, layer.ffn_norm), layer.ffn.w_in)  # (B, T, F)
+    # ReLU, relevance passing plain, written as a product with its constant 0/1 mask: the same value
+    # and gradient as F.relu, but the vmapped backward is a broadcast multiply, 2.5x faster on CPU
+    # than relu's threshold_backward with a seed dimension.
+    hidden = pre * (pre > 0).to(pre.dtype)
     return rules.add(x, rules.linear(hidden, layer.ffn.w_out))
 
 
@@ -184,28 +203,33 @@ def _embed(model: Transformer, embed: nn.Embedding, tokens: Tensor) -> Tensor:
     )
 
 
-def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
-    """Teacher-forced forward pass with LRP backward rules; the top-1 logit of every step.
+def lrp_encode(model: Transformer, src: Tensor, rules) -> EncoderTrace:
+    """The encoder's forward pass with LRP backward rules."""
+    allowed = ~src.eq(PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
+    x = _embed(model, model.src_embed, src)  # (B, S, D)
+    inputs, contexts = [x], []
+    for layer in model.encoder_layers:
+        normed = rules.layer_norm(x, layer.self_attn_norm)
+        h, ctx = _attention_block(rules, layer.self_attn, normed, normed, allowed)
+        contexts.append(ctx)
+        x = _feed_forward(rules, layer, rules.add(x, h))
+        inputs.append(x)
+    memory = rules.layer_norm(x, model.encoder_norm)  # (B, S, D)
+    return EncoderTrace(memory, allowed, contexts, inputs)
 
+
+def lrp_decode(model: Transformer, encoded: EncoderTrace, tgt_in: Tensor, rules,
+               target: Tensor | None = None) -> Trace:
+    """The decoder's teacher-forced forward pass with LRP backward rules, on top of `encoded`.
+
+    The decoder is causal, so running it on a prefix tgt_in[:, :t] gives the same values at those
+    steps as running it on the whole target; a step's relevance never reaches later positions.
     target (B, T): the token whose logit is explained at each step; by default the top-1 token
     (PAD and BOS excluded, as in greedy search).
     """
-    src_pad = src.eq(PAD_ID)  # (B, S)
-    enc_allowed = ~src_pad[:, None, None, :]  # (B, 1, 1, S)
     T = tgt_in.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=src.device).tril()[None, None]  # (1, 1, T, T)
-    contexts = {kind: [] for kind in ATTENTION_TYPES}
-
-    x = _embed(model, model.src_embed, src)  # (B, S, D)
-    enc_inputs = [x]
-    for layer in model.encoder_layers:
-        normed = rules.layer_norm(x, layer.self_attn_norm)
-        h, ctx = _attention_block(rules, layer.self_attn, normed, normed, enc_allowed)
-        contexts["enc_self"].append(ctx)
-        x = _feed_forward(rules, layer, rules.add(x, h))
-        enc_inputs.append(x)
-    memory = rules.layer_norm(x, model.encoder_norm)  # (B, S, D)
-
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
+    contexts = {"enc_self": encoded.contexts, "dec_self": [], "dec_enc": []}
     y = _embed(model, model.tgt_embed, tgt_in)  # (B, T, D)
     dec_inputs, memories = [y], []
     for layer in model.decoder_layers:
@@ -213,10 +237,10 @@ def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: 
         h, ctx = _attention_block(rules, layer.self_attn, normed, normed, causal)
         contexts["dec_self"].append(ctx)
         y = rules.add(y, h)
-        mem = memory.view_as(memory)  # a node of its own: the relevance this layer sends to the encoder
+        mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
         memories.append(mem)
         h, ctx = _attention_block(rules, layer.cross_attn, rules.layer_norm(y, layer.cross_attn_norm), mem,
-                                  enc_allowed)
+                                  encoded.allowed)
         contexts["dec_enc"].append(ctx)
         y = _feed_forward(rules, layer, rules.add(y, h))
         dec_inputs.append(y)
@@ -229,7 +253,12 @@ def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: 
             logits[..., PAD_ID] = logits[..., BOS_ID] = float("-inf")
             target = logits.argmax(dim=-1)
     top_logit = rules.stabilise((hidden * weight[target]).sum(dim=-1))  # (B, T): one row of W
-    return Trace(top_logit, contexts, enc_inputs, dec_inputs, memories)
+    return Trace(top_logit, contexts, encoded.inputs, dec_inputs, memories)
+
+
+def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
+    """Teacher-forced forward pass with LRP backward rules; the top-1 logit of every step."""
+    return lrp_decode(model, lrp_encode(model, src, rules), tgt_in, rules, target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,41 +304,44 @@ def step_relevance(
     `max_seeds` steps share one vmapped backward pass (memory grows with it).
     """
     rules = make_rules(rule, eps)
-    was_training = model.training
-    model.eval()
-    try:
-        trace = lrp_forward(model, src, tgt_in, rules, target)
-    finally:
-        model.train(was_training)
     B, T = tgt_in.shape
     valid = tgt_in.ne(PAD_ID).T  # (T, B)
-    kinds = list(ATTENTION_TYPES)
-    ctx_list = [c for kind in kinds for c in trace.contexts[kind]]
-    streams = trace.enc_inputs + trace.dec_inputs + trace.memories
-    inputs = ctx_list + streams
-    top = trace.top_logit.detach()
-    start = 1.0 / torch.where(top == 0, torch.ones_like(top), top)  # gradient seed for R = 1
-
+    was_training = model.training
+    model.eval()
     head_chunks, stream_chunks = [], []
-    for first in range(0, T, max_seeds):
-        steps = torch.arange(first, min(T, first + max_seeds), device=src.device)  # (N,)
-        seed = torch.zeros(len(steps), B, T, dtype=top.dtype, device=top.device)  # (N, B, T)
-        seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps]
-        grads = torch.autograd.grad(trace.top_logit, inputs, seed, retain_graph=True, is_grads_batched=True,
-                                    allow_unused=True)
-        heads = [_relevance(c, g).abs().sum(dim=(3, 4)) for c, g in zip(ctx_list, grads)]  # (N, B, H) each
-        head_chunks.append(torch.stack(heads, dim=2))  # (N, B, all layers, H)
-        stream_chunks.append(torch.stack([_relevance(s, g).sum(dim=(2, 3))
-                                          for s, g in zip(streams, grads[len(ctx_list):])], dim=-1))  # (N, B, K)
-    all_heads = torch.cat(head_chunks).detach()  # (T, B, layers, H)
-    totals = torch.cat(stream_chunks).detach()  # (T, B, K)
+    try:
+        encoded = lrp_encode(model, src, rules)
+        for first in range(0, T, max_seeds):
+            last = min(T, first + max_seeds)
+            # Steps first..last-1 only reach decoder positions < last: decode that prefix alone, so
+            # the backward passes skip the later positions (half the decoder's work on average).
+            trace = lrp_decode(model, encoded, tgt_in[:, :last], rules, None if target is None else target[:, :last])
+            ctx_list = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
+            streams = trace.enc_inputs + trace.dec_inputs + trace.memories
+            top = trace.top_logit.detach()  # (B, last)
+            steps = torch.arange(first, last, device=src.device)  # (N,)
+            seed = torch.zeros(len(steps), B, last, dtype=top.dtype, device=top.device)  # (N, B, last)
+            start = 1.0 / torch.where(top == 0, torch.ones_like(top), top)  # gradient seed for R = 1
+            seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps]
+            grads = torch.autograd.grad(trace.top_logit, ctx_list + streams, seed, retain_graph=True,
+                                        is_grads_batched=True, allow_unused=True)
+            heads = [_relevance(c, g).abs().sum(dim=(3, 4)) for c, g in zip(ctx_list, grads)]  # (N, B, H) each
+            head_chunks.append(torch.stack(heads, dim=2).detach())  # (N, B, all layers, H)
+            # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
+            stream_chunks.append(torch.stack([torch.einsum("btd,nbtd->nb", s, g)
+                                              for s, g in zip(streams, grads[len(ctx_list):])], dim=-1).detach())
+    finally:
+        model.train(was_training)
+    all_heads = torch.cat(head_chunks)  # (T, B, layers, H)
+    totals = torch.cat(stream_chunks)  # (T, B, K): enc streams, dec streams, memories
 
     heads, offset = {}, 0
-    for kind in kinds:
-        n = len(trace.contexts[kind])
-        heads[kind] = all_heads[:, :, offset : offset + n]
-        offset += n
-    return StepRelevance(heads, valid, _cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
+    n_layers = {"enc_self": len(encoded.contexts), "dec_self": len(model.decoder_layers),
+                "dec_enc": len(model.decoder_layers)}
+    for kind in ATTENTION_TYPES:
+        heads[kind] = all_heads[:, :, offset : offset + n_layers[kind]]
+        offset += n_layers[kind]
+    return StepRelevance(heads, valid, _cut_totals(totals, len(encoded.inputs), len(model.decoder_layers) + 1))
 
 
 def _cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
