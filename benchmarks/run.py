@@ -4,7 +4,11 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
 - matmul: the machine's measured matrix-product peak (fp32 and bf16), the MFU denominator
 - train_headcount / train_torch: training throughput of headcount's Transformer and of a plain
   torch.nn.Transformer of the same size on the same batches (the framework's ceiling)
+- train_compiled: headcount's training under torch.compile (inductor), to see whether it pays
+- train_profile: the share of a training step spent in matrix products, and the largest ops
+- train_experiment: headcount's training as the default experiment configures it (relu_dropout 0)
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
+- lrp_trained: the same on the trained default model and the 500 sentences score_heads explains
 - decode: beam-search sentences per second (the trained default model if results/ has it)
 Results are printed as a Markdown table and written to benchmarks/latest.md.
 """
@@ -88,7 +92,8 @@ def _train_loop(model, step_fn, batches, warmup: int = 3) -> float:
     return time.perf_counter() - start
 
 
-def part_train(which: str, size: str, steps: int) -> dict:
+def part_train(which: str, size: str, steps: int, compiled: bool = False, profile: bool = False,
+               relu_dropout: float = 0.1) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -96,14 +101,16 @@ def part_train(which: str, size: str, steps: int) -> dict:
     from headcount.train import sequence_loss
 
     d, ff, layers, vocab = SIZES[size]
-    batches = synthetic_batches(vocab, steps + 3)
+    warmup = 6 if compiled else 3  # compiling takes the first steps
+    batches = synthetic_batches(vocab, steps + warmup)
     dtype = autocast_dtype()
     torch.manual_seed(0)
     if which == "headcount":
-        # Dropout 0.1 everywhere, as torch.nn.Transformer applies it (the default experiment's
-        # relu_dropout 0 would make headcount look faster than the framework for a cheap reason).
+        # Dropout 0.1 everywhere by default, as torch.nn.Transformer applies it (the default
+        # experiment's relu_dropout 0 would make headcount look faster than the framework for a
+        # cheap reason); the train_experiment part measures that configuration on its own.
         model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
-                                        dec_layers=layers, relu_dropout=0.1))
+                                        dec_layers=layers, relu_dropout=relu_dropout))
 
         def loss_fn(src, tgt_in, tgt_out):
             loss, _, n = sequence_loss(model, src, tgt_in, tgt_out, 0.1)
@@ -124,6 +131,8 @@ def part_train(which: str, size: str, steps: int) -> dict:
             logits = generator(hidden[real]).float()
             return F.cross_entropy(logits, tgt_out[real], label_smoothing=0.1)
 
+    if compiled:  # inductor; dynamic shapes, since every bucketed batch has its own lengths
+        loss_fn = torch.compile(loss_fn, dynamic=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     model.train()
 
@@ -134,25 +143,42 @@ def part_train(which: str, size: str, steps: int) -> dict:
         loss.backward()
         optimizer.step()
 
-    seconds = _train_loop(model, step, batches)
-    timed = batches[3:]
+    if profile:
+        return _matmul_share(step, batches)
+    seconds = _train_loop(model, step, batches, warmup)
+    timed = batches[warmup:]
     tokens = sum(int(s.ne(0).sum()) + int(o.ne(0).sum()) for s, _, o in timed)
     return {"tokens_per_s": tokens / seconds, "flops_per_s": training_flops(d, ff, layers, vocab, timed) / seconds,
             "precision": str(dtype or "fp32")}
 
 
-def part_lrp(size: str, repeats: int = 3) -> dict:
-    import torch
+def _matmul_share(step, batches) -> dict:
+    """Share of a training step's CPU time spent in matrix products (forward and backward)."""
+    from torch.profiler import profile
 
+    for batch in batches[:3]:
+        step(batch)
+    with profile() as prof:
+        for batch in batches[3:]:
+            step(batch)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::mm", "aten::addmm", "aten::bmm",
+                                                                     "aten::baddbmm", "aten::_mkldnn_matmul"))
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:8]
+    return {"matmul_share": matmul / total, "top_ops": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}
+
+
+def lrp_against_forward_backward(model, batches, repeats: int = 3, relevance=None) -> dict:
+    """LRP head relevance ("ding") over the batches against one teacher-forced forward+backward.
+
+    Both are warmed up, then alternated, keeping each one's fastest repeat: on a shared machine the
+    minimum is the least disturbed measurement, and alternating exposes both to the same load.
+    """
     from headcount.lrp import head_relevance
-    from headcount.model import ModelConfig, Transformer
     from headcount.train import sequence_loss
 
-    d, ff, layers, vocab = SIZES[size]
-    torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
-                                    dec_layers=layers)).eval()
-    batches = synthetic_batches(vocab, 4, max_tokens=800)
+    relevance = relevance or head_relevance
 
     def forward_backward():
         for src, tgt_in, tgt_out in batches:
@@ -160,21 +186,57 @@ def part_lrp(size: str, repeats: int = 3) -> dict:
             loss.backward()
         model.zero_grad(set_to_none=True)
 
-    # Warm up both, then alternate them and keep each one's fastest repeat: on a shared machine
-    # the minimum is the least disturbed measurement, and alternating exposes both to the same load.
     forward_backward()
-    head_relevance(model, batches[:1], rule="ding")
+    relevance(model, batches[:1], rule="ding")
     pass_times, lrp_times = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         forward_backward()
         pass_times.append(time.perf_counter() - start)
         start = time.perf_counter()
-        head_relevance(model, batches, rule="ding")
+        relevance(model, batches, rule="ding")
         lrp_times.append(time.perf_counter() - start)
     pass_seconds, lrp_seconds = min(pass_times), min(lrp_times)
     steps = sum(int(o.ne(0).sum()) for _, _, o in batches)
-    return {"lrp_over_forward_backward": lrp_seconds / pass_seconds, "lrp_target_steps_per_s": steps / lrp_seconds}
+    return {"lrp_over_forward_backward": lrp_seconds / pass_seconds, "lrp_target_steps_per_s": steps / lrp_seconds,
+            "lrp_seconds": lrp_seconds, "forward_backward_seconds": pass_seconds}
+
+
+def part_lrp(size: str) -> dict:
+    """A random model of the size on synthetic Multi30k-like batches."""
+    import torch
+
+    from headcount.model import ModelConfig, Transformer
+
+    d, ff, layers, vocab = SIZES[size]
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
+                                    dec_layers=layers)).eval()
+    return lrp_against_forward_backward(model, synthetic_batches(vocab, 4, max_tokens=800))
+
+
+def trained_lrp_inputs(sentences: int = 500, max_tokens: int = 2000):
+    """The trained default model and what score_heads explains: its beam translations of the first
+    `sentences` dev sentences, batched as score_heads batches them; None if results/ lacks them."""
+    from headcount.importance import dev_batches
+    from headcount.io import read_lines
+    from headcount.subwords import Segmenter
+    from headcount.train import load_model
+
+    base = REPO / "results/multi30k_en_de"
+    if not (base / "baseline/translations/dev.txt").exists():
+        return None
+    model = load_model(base / "baseline/model.pt").eval()
+    src = Segmenter(base / "subwords/src.model").encode(read_lines(base / "data/dev.src.txt")[:sentences])
+    hyps = Segmenter(base / "subwords/tgt.model").encode(read_lines(base / "baseline/translations/dev.txt")[:sentences])
+    return model, dev_batches(src, hyps, max_tokens)
+
+
+def part_lrp_trained() -> dict:
+    inputs = trained_lrp_inputs()
+    if inputs is None:
+        return {"skipped": "no trained default model and dev translations in results/"}
+    return lrp_against_forward_backward(*inputs, repeats=2)
 
 
 def part_decode() -> dict:
@@ -269,10 +331,31 @@ PARTS = {
     "matmul": lambda a: part_matmul(),
     "train_headcount": lambda a: part_train("headcount", a.size, a.steps),
     "train_torch": lambda a: part_train("torch", a.size, a.steps),
+    "train_compiled": lambda a: part_train("headcount", a.size, a.steps, compiled=True),
+    "train_profile": lambda a: part_train("headcount", a.size, a.steps, profile=True),
+    "train_experiment": lambda a: part_train("headcount", a.size, a.steps, relu_dropout=0.0),
     "lrp": lambda a: part_lrp(a.size),
+    "lrp_trained": lambda a: part_lrp_trained(),
     "decode": lambda a: part_decode(),
     "pruned": lambda a: part_pruned(),
 }
+
+
+def _training_diagnostics(size: str, steps: int, eager: dict, peak_flops: float) -> list[str]:
+    """Rows on where training time goes: the experiment's own config, torch.compile, the profile."""
+    experiment = run_part("train_experiment", size, steps)
+    compiled = run_part("train_compiled", size, steps)
+    profile = run_part("train_profile", size, steps)
+    return [
+        f"| {size} | headcount training as the default experiment configures it (relu_dropout 0), tokens/s | "
+        f"{experiment['tokens_per_s']:.0f} | {experiment['max_rss_mb']:.0f} |",
+        f"| {size} | ... its MFU (of the measured matmul peak) | {experiment['flops_per_s'] / peak_flops:.2f} | |",
+        f"| {size} | headcount training under torch.compile / eager | "
+        f"{compiled['tokens_per_s'] / eager['tokens_per_s']:.2f} | {compiled['max_rss_mb']:.0f} |",
+        f"| {size} | share of a training step in matrix products | {profile['matmul_share']:.2f} | |",
+        f"| {size} | share of a training step in dropout masks (aten::bernoulli_) | "
+        f"{profile['top_ops'].get('aten::bernoulli_', 0.0):.2f} | |",
+    ]
 
 
 def run_part(name: str, size: str, steps: int) -> dict:
@@ -312,10 +395,18 @@ def main() -> None:
             f"| {size} | headcount / torch.nn.Transformer | {ours['tokens_per_s'] / ref['tokens_per_s']:.2f} | |",
             f"| {size} | headcount MFU (of the measured matmul peak) | {ours['flops_per_s'] / peak_flops:.2f} | |",
         ]
+        if size == "default":
+            lines += _training_diagnostics(size, args.steps, ours, peak_flops)
         lrp = run_part("lrp", size, 0)
         lines += [f"| {size} | LRP time / one forward+backward | {lrp['lrp_over_forward_backward']:.1f} | "
                   f"{lrp['max_rss_mb']:.0f} |",
                   f"| {size} | LRP target steps/s | {lrp['lrp_target_steps_per_s']:.0f} | |"]
+    trained = run_part("lrp_trained", "default", 0)
+    if "skipped" in trained:
+        lines.append(f"| default (trained) | LRP | skipped: {trained['skipped']} | |")
+    else:
+        lines.append(f"| default (trained) | LRP time / one forward+backward, 500 dev sentences | "
+                     f"{trained['lrp_over_forward_backward']:.1f} | {trained['max_rss_mb']:.0f} |")
     decode = run_part("decode", "default", 0)
     if "skipped" in decode:
         lines.append(f"| default (trained) | decoding | skipped: {decode['skipped']} | |")
