@@ -325,11 +325,12 @@ def step_relevance(
             seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps]
             grads = torch.autograd.grad(trace.top_logit, ctx_list + streams, seed, retain_graph=True,
                                         is_grads_batched=True, allow_unused=True)
-            heads = [_relevance(c, g).abs().sum(dim=(3, 4)) for c, g in zip(ctx_list, grads)]  # (N, B, H) each
-            head_chunks.append(torch.stack(heads, dim=2).detach())  # (N, B, all layers, H)
-            # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
-            stream_chunks.append(torch.stack([torch.einsum("btd,nbtd->nb", s, g)
-                                              for s, g in zip(streams, grads[len(ctx_list):])], dim=-1).detach())
+            with torch.no_grad():  # reading relevance off needs no graph
+                heads = [_relevance(c, g).abs().sum(dim=(3, 4)) for c, g in zip(ctx_list, grads)]  # (N, B, H)
+                head_chunks.append(torch.stack(heads, dim=2))  # (N, B, all layers, H)
+                # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
+                stream_chunks.append(torch.stack([torch.einsum("btd,nbtd->nb", s, g)
+                                                  for s, g in zip(streams, grads[len(ctx_list):])], dim=-1))
     finally:
         model.train(was_training)
     all_heads = torch.cat(head_chunks)  # (T, B, layers, H)
