@@ -166,6 +166,7 @@ class Trace:
     """The tensors whose relevance is read after the backward pass."""
 
     top_logit: Tensor  # (B, T) the top-1 logit of each target step
+    target: Tensor  # (B, T) the token whose logit that is
     contexts: dict[str, list[Tensor]]  # type -> per layer (B, H, Tq, Dh), before the gates
     enc_inputs: list[Tensor]  # L_enc + 1 residual streams (B, S, D); the last before the final norm
     dec_inputs: list[Tensor]  # L_dec + 1 residual streams (B, T, D)
@@ -253,7 +254,7 @@ def lrp_decode(model: Transformer, encoded: EncoderTrace, tgt_in: Tensor, rules,
             logits[..., PAD_ID] = logits[..., BOS_ID] = float("-inf")
             target = logits.argmax(dim=-1)
     top_logit = rules.stabilise((hidden * weight[target]).sum(dim=-1))  # (B, T): one row of W
-    return Trace(top_logit, contexts, encoded.inputs, dec_inputs, memories)
+    return Trace(top_logit, target, contexts, encoded.inputs, dec_inputs, memories)
 
 
 def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
@@ -311,11 +312,13 @@ def step_relevance(
     head_chunks, stream_chunks = [], []
     try:
         encoded = lrp_encode(model, src, rules)
-        for first in range(0, T, max_seeds):
+        # Longest prefix first: its top-1 tokens serve every shorter prefix (no vocabulary projection again).
+        for first in reversed(range(0, T, max_seeds)):
             last = min(T, first + max_seeds)
             # Steps first..last-1 only reach decoder positions < last: decode that prefix alone, so
             # the backward passes skip the later positions (half the decoder's work on average).
             trace = lrp_decode(model, encoded, tgt_in[:, :last], rules, None if target is None else target[:, :last])
+            target = trace.target if target is None else target
             ctx_list = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
             streams = trace.enc_inputs + trace.dec_inputs + trace.memories
             top = trace.top_logit.detach()  # (B, last)
@@ -333,16 +336,15 @@ def step_relevance(
                                                   for s, g in zip(streams, grads[len(ctx_list):])], dim=-1))
     finally:
         model.train(was_training)
-    all_heads = torch.cat(head_chunks)  # (T, B, layers, H)
-    totals = torch.cat(stream_chunks)  # (T, B, K): enc streams, dec streams, memories
+    all_heads = torch.cat(head_chunks[::-1])  # (T, B, layers, H)
+    totals = torch.cat(stream_chunks[::-1])  # (T, B, K): enc streams, dec streams, memories
 
     heads, offset = {}, 0
-    n_layers = {"enc_self": len(encoded.contexts), "dec_self": len(model.decoder_layers),
-                "dec_enc": len(model.decoder_layers)}
     for kind in ATTENTION_TYPES:
-        heads[kind] = all_heads[:, :, offset : offset + n_layers[kind]]
-        offset += n_layers[kind]
-    return StepRelevance(heads, valid, _cut_totals(totals, len(encoded.inputs), len(model.decoder_layers) + 1))
+        n = len(trace.contexts[kind])
+        heads[kind] = all_heads[:, :, offset : offset + n]
+        offset += n
+    return StepRelevance(heads, valid, _cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
 
 
 def _cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
