@@ -9,7 +9,8 @@ from conftest import tiny_config, toy_corpus
 
 from headcount.io import CheckpointError, HeadcountError
 from headcount.model import Transformer
-from headcount.train import Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, train
+from headcount.train import (Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, sequence_loss,
+                             train)
 
 
 def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
@@ -19,6 +20,31 @@ def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
     assert noam_lr(warmup // 2, d, warmup, scale) == pytest.approx(peak / 2)
     assert noam_lr(4 * warmup, d, warmup, scale) == pytest.approx(peak / 2)
     assert max(noam_lr(s, d, warmup, scale) for s in range(1, 20000, 7)) <= peak + 1e-12
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_sequence_loss_equals_torch_cross_entropy_bitwise(label_smoothing):
+    """One shared log-softmax must give F.cross_entropy's loss, NLL and gradients to the last bit."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab=40, tgt_vocab=50)).eval()
+    src, tgt_out = torch.randint(4, 40, (5, 7)), torch.randint(4, 50, (5, 6))
+    src[0, 5:], tgt_out[1, 3:] = 0, 0  # padding is left out of both
+    tgt_in = torch.cat([torch.full((5, 1), 2), tgt_out[:, :-1]], dim=1)
+    loss, nll, n = sequence_loss(model, src, tgt_in, tgt_out, label_smoothing)
+    ours = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+
+    memory, src_pad, _ = model.encode(src)
+    hidden, _, _ = model.decode(tgt_in, memory, src_pad)
+    real = tgt_out.ne(0)
+    logits = model.generator(hidden[real]).float()
+    reference = torch.nn.functional.cross_entropy(logits, tgt_out[real], label_smoothing=label_smoothing,
+                                                  reduction="sum")
+    reference_nll = torch.nn.functional.cross_entropy(logits, tgt_out[real], reduction="sum")
+    theirs = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+    assert n == int(real.sum()) == 5 * 6 - 3
+    assert torch.equal(loss, reference) and torch.equal(nll, reference_nll)
+    assert (loss != nll) == (label_smoothing > 0)  # the smoothing is applied, and only when asked
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
 def word_ids(lines, vocab):
