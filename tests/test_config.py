@@ -45,6 +45,8 @@ def problems(config):
         (lambda c: c["experiments"]["multi30k_en_de"].update(model={"d_model": 100}),
          "'experiments.multi30k_en_de.model.d_model': 100 is not divisible by model.n_heads=8"),
         (lambda c: c.update(run=["multi30k_en_xx"]), "'run.0': no experiment named 'multi30k_en_xx'"),
+        (lambda c: c["defaults"]["model"].update(dropout_masks="philox"),
+         "'defaults.model.dropout_masks': 'philox' is not one of ['torch', 'fast']"),
         (lambda c: c["experiments"]["multi30k_en_de"]["dev"].update(src="nowhere/val.en.gz"),
          "'experiments.multi30k_en_de.dev.src': source 'nowhere/val.en.gz' is not listed under 'sources'"),
         (lambda c: c["defaults"]["training"].pop("seed"),

@@ -7,7 +7,7 @@ import torch
 from conftest import random_batch, tiny_config
 from torch import nn
 
-from headcount.model import MultiHeadAttention, Transformer, sinusoidal_positions
+from headcount.model import Dropout, MultiHeadAttention, Transformer, lane_keep_mask, sinusoidal_positions
 
 
 def copied_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) -> nn.MultiheadAttention:
@@ -153,3 +153,74 @@ def test_tied_embeddings_and_gradients_reach_every_parameter(tie):
 def test_bad_config_is_refused():
     with pytest.raises(ValueError, match="divisible"):
         tiny_config(d_model=18, n_heads=4)
+
+
+def test_torch_dropout_masks_are_torch_dropout_exactly():
+    x = torch.randn(64, 33)
+    torch.manual_seed(5)
+    ours = Dropout(0.1, "torch")(x)
+    torch.manual_seed(5)
+    assert torch.equal(ours, nn.Dropout(0.1)(x))
+
+
+def test_fast_dropout_masks_are_the_lanes_of_the_random_integers():
+    """The mask against an explicit reading of each 64-bit draw's four 16-bit lanes, low lane first."""
+    p, n = 0.25, 4 * 50 + 3  # not a multiple of four: the last draw's spare lane is unused
+    torch.manual_seed(7)
+    mask = lane_keep_mask(torch.Size([n]), p)
+    torch.manual_seed(7)
+    words = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64).tolist()
+    lanes = [((w % 2**64) >> (16 * k)) & 0xFFFF for w in words for k in range(4)][:n]  # unsigned
+    signed = [lane - 2**16 if lane >= 2**15 else lane for lane in lanes]  # two's complement
+    assert mask.tolist() == [lane + 2**15 >= p * 2**16 for lane in signed]
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_fast_dropout_is_bernoulli_with_independent_neighbours(p):
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1001) + 0.5  # no zeros of its own; an odd count of elements
+    layer = Dropout(p, "fast")
+    y = layer(x)
+    dropped = (y == 0).flatten()
+    n = dropped.numel()
+    assert abs(dropped.double().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / n)  # binomial, 5 sigma
+    # Kept elements are scaled by 1 / (1 - p), so the expectation is unchanged.
+    kept = ~(y == 0)
+    assert torch.equal(y[kept], x[kept] * torch.tensor(1 / (1 - p)))
+    # Lanes of one draw (lags 1-3) and of neighbouring draws (4, 5) are independent: P(both) = p^2.
+    for lag in (1, 2, 3, 4, 5):
+        both = (dropped[:-lag] & dropped[lag:]).double().mean().item()
+        assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / n), lag
+    # The gradient is the same mask and scale; masks come from torch's generator, so seeds repeat them.
+    x.requires_grad_()
+    torch.manual_seed(1)
+    layer(x).sum().backward()
+    torch.manual_seed(1)
+    assert torch.equal(x.grad, lane_keep_mask(x.shape, p).float() * torch.tensor(1 / (1 - p)))
+    assert not torch.equal(layer(x), layer(x))  # a fresh mask each call
+    assert torch.equal(layer.eval()(x), x)
+
+
+def test_dropout_masks_change_training_only():
+    outputs = {}
+    for masks in ("torch", "fast"):
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(dropout=0.3, relu_dropout=0.3, dropout_masks=masks))
+        batch = random_batch(model, seed=2)
+        torch.manual_seed(1)
+        train_out, _ = model(*batch)
+        outputs[masks] = (train_out, model.eval()(*batch)[0])
+    assert not torch.allclose(outputs["torch"][0], outputs["fast"][0])  # different masks
+    assert torch.equal(outputs["torch"][1], outputs["fast"][1])  # same weights, same evaluation
+    with pytest.raises(ValueError, match="dropout_masks"):
+        tiny_config(dropout_masks="philox")
+
+
+def test_model_settings_written_before_dropout_masks_still_match():
+    """Checkpoints and run fingerprints hash to_dict(): the default must leave it as it was."""
+    before = tiny_config().to_dict()
+    assert "dropout_masks" not in before
+    assert tiny_config(**{k: v for k, v in before.items()}).dropout_masks == "torch"
+    fast = tiny_config(dropout_masks="fast").to_dict()
+    assert fast == {**before, "dropout_masks": "fast"}
+    assert Transformer(type(tiny_config())(**fast)).cfg.dropout_masks == "fast"

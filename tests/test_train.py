@@ -61,9 +61,10 @@ def toy_data():
     return data, dev, len(src_vocab) + 8, len(tgt_vocab) + 8
 
 
-def fresh_model(sizes, seed=0):
+def fresh_model(sizes, seed=0, dropout_masks="torch"):
     torch.manual_seed(seed)
-    return Transformer(tiny_config(src_vocab=sizes[0], tgt_vocab=sizes[1], dropout=0.1, attn_dropout=0.1))
+    return Transformer(tiny_config(src_vocab=sizes[0], tgt_vocab=sizes[1], dropout=0.1, attn_dropout=0.1,
+                                   relu_dropout=0.1, dropout_masks=dropout_masks))
 
 
 def settings(**overrides):
@@ -77,9 +78,10 @@ def quiet(message):
     pass
 
 
-def test_training_lowers_the_dev_loss(toy_data, tmp_path):
+@pytest.mark.parametrize("dropout_masks", ["torch", "fast"])
+def test_training_lowers_the_dev_loss(toy_data, tmp_path, dropout_masks):
     data, dev, *sizes = toy_data
-    model = fresh_model(sizes)
+    model = fresh_model(sizes, dropout_masks=dropout_masks)
     before = evaluate_loss(model, Corpus(dev.src, dev.tgt), 200, torch.device("cpu"), None)
     summary = train(model, settings(max_steps=80), data, dev, tmp_path, log=quiet)
     after = evaluate_loss(model, Corpus(dev.src, dev.tgt), 200, torch.device("cpu"), None)
@@ -94,21 +96,22 @@ class Killed(Exception):
     pass
 
 
-def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path):
+@pytest.mark.parametrize("dropout_masks", ["torch", "fast"])
+def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path, dropout_masks):
     data, dev, *sizes = toy_data
-    clean = fresh_model(sizes)
+    clean = fresh_model(sizes, dropout_masks=dropout_masks)
     train(clean, settings(), data, dev, tmp_path / "clean", log=quiet)
 
     def kill_at_step_17(message):
         if message.startswith("step 17/"):
             raise Killed
 
-    interrupted = fresh_model(sizes)
+    interrupted = fresh_model(sizes, dropout_masks=dropout_masks)
     with pytest.raises(Killed):
         train(interrupted, settings(), data, dev, tmp_path / "killed", log=kill_at_step_17)
     assert load_checkpoint(tmp_path / "killed/checkpoint.pt")["step"] == 15
     resumed_from = []
-    resumed = fresh_model(sizes, seed=99)  # different init: the checkpoint must override it
+    resumed = fresh_model(sizes, seed=99, dropout_masks=dropout_masks)  # different init: the checkpoint must override it
     train(resumed, settings(), data, dev, tmp_path / "killed", log=resumed_from.append)
     assert any("resuming from" in m and "step 15" in m for m in resumed_from)
     for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):
