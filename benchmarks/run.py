@@ -7,6 +7,8 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
 - train_compiled: headcount's training under torch.compile (inductor), to see whether it pays
 - train_profile: the share of a training step spent in matrix products, and the largest ops
 - train_experiment: headcount's training as the default experiment configures it (relu_dropout 0)
+- train_masks: that configuration with torch's dropout masks against model.dropout_masks "fast",
+  alternating in one process
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
 - lrp_trained: the same on the trained default model and the 500 sentences score_heads explains
 - decode: beam-search sentences per second (the trained default model if results/ has it)
@@ -150,6 +152,52 @@ def part_train(which: str, size: str, steps: int, compiled: bool = False, profil
     tokens = sum(int(s.ne(0).sum()) + int(o.ne(0).sum()) for s, _, o in timed)
     return {"tokens_per_s": tokens / seconds, "flops_per_s": training_flops(d, ff, layers, vocab, timed) / seconds,
             "precision": str(dtype or "fp32")}
+
+
+def part_train_masks(steps: int, repeats: int = 3) -> dict:
+    """The default experiment's config with torch's and with the fast dropout masks, same batches.
+
+    The two alternate in one process and each keeps its fastest pass over the batches, so the
+    ratio is not disturbed by a change in the machine's load between two runs.
+    """
+    import torch
+
+    from headcount.model import ModelConfig, Transformer
+    from headcount.train import sequence_loss
+
+    d, ff, layers, vocab = SIZES["default"]
+    batches = synthetic_batches(vocab, steps)
+    dtype = autocast_dtype()
+
+    def training_step(masks: str):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
+                                        dec_layers=layers, relu_dropout=0.0, dropout_masks=masks))
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+        def step(batch):
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                loss, _, n = sequence_loss(model, *batch, 0.1)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / n).backward()
+            optimizer.step()
+
+        return step
+
+    steps_by_masks = {masks: training_step(masks) for masks in ("torch", "fast")}
+    best = dict.fromkeys(steps_by_masks, float("inf"))
+    for step in steps_by_masks.values():
+        step(batches[0])  # warm-up
+    for _ in range(repeats):
+        for masks, step in steps_by_masks.items():
+            start = time.perf_counter()
+            for batch in batches:
+                step(batch)
+            best[masks] = min(best[masks], time.perf_counter() - start)
+    tokens = sum(int(s.ne(0).sum()) + int(o.ne(0).sum()) for s, _, o in batches)
+    flops = training_flops(d, ff, layers, vocab, batches)
+    return {f"{masks}_{what}": value / seconds for masks, seconds in best.items()
+            for what, value in (("tokens_per_s", tokens), ("flops_per_s", flops))}
 
 
 def _matmul_share(step, batches) -> dict:
@@ -334,6 +382,7 @@ PARTS = {
     "train_compiled": lambda a: part_train("headcount", a.size, a.steps, compiled=True),
     "train_profile": lambda a: part_train("headcount", a.size, a.steps, profile=True),
     "train_experiment": lambda a: part_train("headcount", a.size, a.steps, relu_dropout=0.0),
+    "train_masks": lambda a: part_train_masks(a.steps),
     "lrp": lambda a: part_lrp(a.size),
     "lrp_trained": lambda a: part_lrp_trained(),
     "decode": lambda a: part_decode(),
@@ -346,6 +395,7 @@ def _training_diagnostics(size: str, steps: int, eager: dict, peak_flops: float)
     experiment = run_part("train_experiment", size, steps)
     compiled = run_part("train_compiled", size, steps)
     profile = run_part("train_profile", size, steps)
+    masks = run_part("train_masks", size, steps)
     return [
         f"| {size} | headcount training as the default experiment configures it (relu_dropout 0), tokens/s | "
         f"{experiment['tokens_per_s']:.0f} | {experiment['max_rss_mb']:.0f} |",
@@ -355,6 +405,10 @@ def _training_diagnostics(size: str, steps: int, eager: dict, peak_flops: float)
         f"| {size} | share of a training step in matrix products | {profile['matmul_share']:.2f} | |",
         f"| {size} | share of a training step in dropout masks (aten::bernoulli_) | "
         f"{profile['top_ops'].get('aten::bernoulli_', 0.0):.2f} | |",
+        f"| {size} | the default experiment's config, torch's / fast dropout masks, tokens/s | "
+        f"{masks['torch_tokens_per_s']:.0f} / {masks['fast_tokens_per_s']:.0f} | {masks['max_rss_mb']:.0f} |",
+        f"| {size} | ... fast / torch's masks | {masks['fast_tokens_per_s'] / masks['torch_tokens_per_s']:.2f} | |",
+        f"| {size} | ... MFU with fast masks | {masks['fast_flops_per_s'] / peak_flops:.2f} | |",
     ]
 
 
