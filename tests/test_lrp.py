@@ -282,6 +282,31 @@ def test_invariant_to_batch_composition_and_padding(rule, max_seeds):
             torch.testing.assert_close(batch[kind][: t.shape[1], b], alone[kind][:, 0], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("max_seeds", [2, 3])
+def test_ragged_batch_matches_each_sentence_alone(max_seeds):
+    """Target lengths 2..9 and source lengths 3..8: the set of sentences taking part (and the
+    source columns they need) changes from chunk to chunk; every step, head share and cut must
+    still be the sentence's own, with zeros where a sentence has no such step."""
+    model = tiny_lrp_model(seed=6, enc_layers=2, dec_layers=2)
+    g = torch.Generator().manual_seed(6)
+    src_lengths, tgt_lengths = [5, 3, 8, 4], [2, 9, 4, 7]  # with EOS / with BOS
+    src = torch.zeros(4, 8, dtype=torch.long)
+    tgt_in = torch.zeros(4, 9, dtype=torch.long)
+    for b, (s_len, t_len) in enumerate(zip(src_lengths, tgt_lengths)):
+        src[b, :s_len] = torch.randint(4, 12, (s_len,), generator=g)
+        tgt_in[b, 0], tgt_in[b, 1:t_len] = BOS_ID, torch.randint(4, 12, (t_len - 1,), generator=g)
+    batch = step_relevance(model, src, tgt_in, max_seeds=max_seeds)
+    for b, t_len in enumerate(tgt_lengths):
+        s, t = src[b : b + 1, : src_lengths[b]], tgt_in[b : b + 1, :t_len]
+        alone = step_relevance(model, s, t, max_seeds=1)
+        for kind in alone.heads:
+            torch.testing.assert_close(batch.heads[kind][:t_len, b], alone.heads[kind][:, 0], rtol=1e-9, atol=1e-12)
+            assert not batch.heads[kind][t_len:, b].any()
+        for cut in alone.cuts:
+            torch.testing.assert_close(batch.cuts[cut][:t_len, b], alone.cuts[cut][:, 0], rtol=1e-9, atol=1e-12)
+    assert torch.equal(batch.valid, tgt_in.ne(PAD_ID).T)
+
+
 def test_head_relevance_averages_normalised_steps():
     model = tiny_lrp_model(seed=5, enc_layers=2, dec_layers=2, n_heads=4)
     src, tgt_in = random_batch(model)

@@ -27,11 +27,11 @@ operation its rule's backward, while leaving every forward value unchanged:
   bilinear products of attention (Q K^T and P V) pass half of their relevance to each operand
   (gradient halved), with the epsilon rule on their outputs.
 
-Speed: one encoder forward pass per batch; then, per chunk of `max_seeds` target steps, a decoder
-forward pass over the prefix those steps can see (the decoder is causal) and one vmapped backward
-pass (`is_grads_batched`). Each seed starts relevance 1 at the top-1 logit of one step in every
-sentence of the batch at once (sentences do not interact in evaluation mode). No Python loop over
-tokens. Each step still needs its own backward pass (|R| is taken per step, so steps cannot be
+Speed: per chunk of `max_seeds` target steps, a decoder forward pass over the prefix those steps
+can see (the decoder is causal) and one vmapped backward pass (`is_grads_batched`), over only the
+sentences that have those steps; the encoder pass is shared by the chunks until that set grows.
+Each seed starts relevance 1 at the top-1 logit of one step in every such sentence at once
+(sentences do not interact in evaluation mode). No Python loop over tokens. Each step still needs its own backward pass (|R| is taken per step, so steps cannot be
 summed into one), and each of them runs through the whole encoder: the cost per sentence grows
 with the square of its length, one forward+backward's only linearly. The matrix products are most
 of the time, so this is close to the floor for the method: see benchmarks/RESULTS.md.
@@ -225,8 +225,8 @@ def lrp_decode(model: Transformer, encoded: EncoderTrace, tgt_in: Tensor, rules,
 
     The decoder is causal, so running it on a prefix tgt_in[:, :t] gives the same values at those
     steps as running it on the whole target; a step's relevance never reaches later positions.
-    target (B, T): the token whose logit is explained at each step; by default the top-1 token
-    (PAD and BOS excluded, as in greedy search).
+    target (B, T): the token whose logit is explained at each step; where it is -1 (everywhere by
+    default) the top-1 token (PAD and BOS excluded, as in greedy search).
     """
     T = tgt_in.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
@@ -248,11 +248,13 @@ def lrp_decode(model: Transformer, encoded: EncoderTrace, tgt_in: Tensor, rules,
     hidden = rules.layer_norm(y, model.decoder_norm)  # (B, T, D)
 
     weight = model.generator.weight  # (V, D)
-    if target is None:
+    target = torch.full_like(tgt_in, -1) if target is None else target
+    missing = target < 0  # (B, T) steps whose top-1 token is not known yet
+    if missing.any():
         with torch.no_grad():
-            logits = F.linear(hidden, weight)  # (B, T, V)
-            logits[..., PAD_ID] = logits[..., BOS_ID] = float("-inf")
-            target = logits.argmax(dim=-1)
+            logits = F.linear(hidden[missing], weight)  # (M, V): only where the token is missing
+            logits[:, PAD_ID] = logits[:, BOS_ID] = float("-inf")
+            target = target.masked_scatter(missing, logits.argmax(dim=-1))
     top_logit = rules.stabilise((hidden * weight[target]).sum(dim=-1))  # (B, T): one row of W
     return Trace(top_logit, target, contexts, encoded.inputs, dec_inputs, memories)
 
@@ -307,37 +309,51 @@ def step_relevance(
     rules = make_rules(rule, eps)
     B, T = tgt_in.shape
     valid = tgt_in.ne(PAD_ID).T  # (T, B)
+    steps_per_sentence, src_lengths = valid.sum(dim=0), src.ne(PAD_ID).sum(dim=1)  # (B,), (B,)
+    top1 = torch.full_like(tgt_in, -1) if target is None else target.clone()  # (B, T); -1: not known yet
     was_training = model.training
     model.eval()
-    head_chunks, stream_chunks = [], []
+    all_heads = totals = trace = None
+    encoded, encoded_rows = None, None
     try:
-        encoded = lrp_encode(model, src, rules)
-        # Longest prefix first: its top-1 tokens serve every shorter prefix (no vocabulary projection again).
-        for first in reversed(range(0, T, max_seeds)):
+        # Longest prefix first: its top-1 tokens serve every shorter prefix (no vocabulary projection
+        # again), and the sentences taking part only grow from one chunk to the next.
+        for first in reversed(range(0, int(steps_per_sentence.max()), max_seeds)):
             last = min(T, first + max_seeds)
+            # Only the sentences that have step `first` take part, and only as much of their
+            # source as the longest of them needs: in a batch of mixed lengths the long tail of
+            # steps belongs to a few sentences (on the trained model's dev batches, half of the
+            # step x source work was padding). Their encoder pass is rebuilt when the set grows.
+            rows = (steps_per_sentence > first).nonzero().squeeze(1)  # (B',)
+            if encoded_rows is None or not torch.equal(rows, encoded_rows):
+                encoded = lrp_encode(model, src[rows, : int(src_lengths[rows].max())], rules)
+                encoded_rows = rows
             # Steps first..last-1 only reach decoder positions < last: decode that prefix alone, so
             # the backward passes skip the later positions (half the decoder's work on average).
-            trace = lrp_decode(model, encoded, tgt_in[:, :last], rules, None if target is None else target[:, :last])
-            target = trace.target if target is None else target
+            trace = lrp_decode(model, encoded, tgt_in[rows, :last], rules, top1[rows, :last])
+            top1[rows, :last] = trace.target
             ctx_list = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
             streams = trace.enc_inputs + trace.dec_inputs + trace.memories
-            top = trace.top_logit.detach()  # (B, last)
+            top = trace.top_logit.detach()  # (B', last)
             steps = torch.arange(first, last, device=src.device)  # (N,)
-            seed = torch.zeros(len(steps), B, last, dtype=top.dtype, device=top.device)  # (N, B, last)
+            seed = torch.zeros(len(steps), len(rows), last, dtype=top.dtype, device=top.device)  # (N, B', last)
             start = 1.0 / torch.where(top == 0, torch.ones_like(top), top)  # gradient seed for R = 1
-            seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps]
+            seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps][:, rows]
             grads = torch.autograd.grad(trace.top_logit, ctx_list + streams, seed, retain_graph=True,
                                         is_grads_batched=True, allow_unused=True)
             with torch.no_grad():  # reading relevance off needs no graph
-                heads = [_relevance(c, g).abs().sum(dim=(3, 4)) for c, g in zip(ctx_list, grads)]  # (N, B, H)
-                head_chunks.append(torch.stack(heads, dim=2))  # (N, B, all layers, H)
+                heads = torch.stack([_relevance(c, g).abs().sum(dim=(3, 4))  # (N, B', H) per layer
+                                     for c, g in zip(ctx_list, grads)], dim=2)  # (N, B', all layers, H)
                 # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
-                stream_chunks.append(torch.stack([torch.einsum("btd,nbtd->nb", s, g)
-                                                  for s, g in zip(streams, grads[len(ctx_list):])], dim=-1))
+                stream_totals = torch.stack([torch.einsum("btd,nbtd->nb", s, g)
+                                             for s, g in zip(streams, grads[len(ctx_list):])], dim=-1)  # (N, B', K)
+                if all_heads is None:  # sentences without these steps keep zeros, as a zero seed gives
+                    all_heads = heads.new_zeros(T, B, *heads.shape[2:])  # (T, B, all layers, H)
+                    totals = stream_totals.new_zeros(T, B, stream_totals.shape[-1])  # (T, B, K)
+                all_heads[first:last, rows] = heads
+                totals[first:last, rows] = stream_totals
     finally:
         model.train(was_training)
-    all_heads = torch.cat(head_chunks[::-1])  # (T, B, layers, H)
-    totals = torch.cat(stream_chunks[::-1])  # (T, B, K): enc streams, dec streams, memories
 
     heads, offset = {}, 0
     for kind in ATTENTION_TYPES:
