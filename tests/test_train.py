@@ -9,8 +9,7 @@ from conftest import tiny_config, toy_corpus
 
 from headcount.io import CheckpointError, HeadcountError
 from headcount.model import Transformer
-from headcount.train import (Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, sequence_loss,
-                             train)
+from headcount.train import Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, sequence_loss, train
 
 
 def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
@@ -111,7 +110,8 @@ def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path, dropout_ma
         train(interrupted, settings(), data, dev, tmp_path / "killed", log=kill_at_step_17)
     assert load_checkpoint(tmp_path / "killed/checkpoint.pt")["step"] == 15
     resumed_from = []
-    resumed = fresh_model(sizes, seed=99, dropout_masks=dropout_masks)  # different init: the checkpoint must override it
+    # A different init: the checkpoint must override it.
+    resumed = fresh_model(sizes, seed=99, dropout_masks=dropout_masks)
     train(resumed, settings(), data, dev, tmp_path / "killed", log=resumed_from.append)
     assert any("resuming from" in m and "step 15" in m for m in resumed_from)
     for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):

@@ -31,10 +31,11 @@ Speed: per chunk of `max_seeds` target steps, a decoder forward pass over the pr
 can see (the decoder is causal) and one vmapped backward pass (`is_grads_batched`), over only the
 sentences that have those steps; the encoder pass is shared by the chunks until that set grows.
 Each seed starts relevance 1 at the top-1 logit of one step in every such sentence at once
-(sentences do not interact in evaluation mode). No Python loop over tokens. Each step still needs its own backward pass (|R| is taken per step, so steps cannot be
-summed into one), and each of them runs through the whole encoder: the cost per sentence grows
-with the square of its length, one forward+backward's only linearly. The matrix products are most
-of the time, so this is close to the floor for the method: see benchmarks/RESULTS.md.
+(sentences do not interact in evaluation mode). No Python loop over tokens. Each step still needs
+its own backward pass (|R| is taken per step, so steps cannot be summed into one), and each of
+them runs through the whole encoder: the cost per sentence grows with the square of its length,
+one forward+backward's only linearly. The matrix products are most of the time, so this is close
+to the floor for the method: see benchmarks/RESULTS.md.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
