@@ -203,6 +203,7 @@ def part_train_compiled(size: str, steps: int) -> dict:
     return alternate(size, steps, {"eager": training_step("headcount", size),
                                    "compiled": training_step("headcount", size, compiled=True)}, repeats=4)
 
+
 def part_train_masks(steps: int) -> dict:
     """The default experiment's config (relu_dropout 0) with torch's and with the fast dropout masks."""
     return alternate("default", steps, {masks: training_step("headcount", "default", relu_dropout=0.0,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
@@ -56,13 +56,14 @@ class ModelConfig:
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
 
+    # Settings added after runs were checkpointed: left out of to_dict() at their default, so the
+    # checkpoints and run fingerprints written before them still match and those runs resume
+    # instead of restarting.
+    ADDED_LATER = ("dropout_masks",)
+
     def to_dict(self) -> dict:
-        settings = asdict(self)
-        # Added after runs were checkpointed: left out at its default, so the checkpoints and run
-        # fingerprints written before it still match and those runs resume instead of restarting.
-        if settings["dropout_masks"] == "torch":
-            del settings["dropout_masks"]
-        return settings
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in asdict(self).items() if not (k in self.ADDED_LATER and v == defaults[k])}
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
