@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -9,7 +11,17 @@ from conftest import tiny_config, toy_corpus
 
 from headcount.io import CheckpointError, HeadcountError
 from headcount.model import Transformer
-from headcount.train import Corpus, DevSet, TrainConfig, evaluate_loss, load_checkpoint, noam_lr, sequence_loss, train
+from headcount.train import (
+    Corpus,
+    DevSet,
+    TrainConfig,
+    TrainingStopped,
+    evaluate_loss,
+    load_checkpoint,
+    noam_lr,
+    sequence_loss,
+    train,
+)
 
 
 def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
@@ -199,3 +211,78 @@ def test_gradients_are_clipped_to_the_configured_norm(toy_data, tmp_path, clip_n
         assert max(norms) <= clip_norm * (1 + 1e-4)
     else:
         assert max(norms) > 0.05
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_checkpoints_the_current_step_and_the_run_resumes_to_the_same_weights(toy_data, tmp_path, signum):
+    data, dev, *sizes = toy_data
+    clean = fresh_model(sizes)
+    train(clean, settings(), data, dev, tmp_path / "clean", log=quiet)
+
+    def signal_at_step_17(message):
+        if message.startswith("step 17/"):
+            os.kill(os.getpid(), signum)  # a real signal, as scancel or Ctrl-C sends it
+
+    handler_before = signal.getsignal(signum)
+    stopped = fresh_model(sizes)
+    with pytest.raises(TrainingStopped, match=f"{signal.Signals(signum).name} at step 17"):
+        train(stopped, settings(), data, dev, tmp_path / "stopped", log=signal_at_step_17)
+    assert load_checkpoint(tmp_path / "stopped/checkpoint.pt")["step"] == 17  # not the step-15 checkpoint
+    assert signal.getsignal(signum) == handler_before  # the run's handlers are gone
+    resumed = fresh_model(sizes, seed=99)
+    train(resumed, settings(), data, dev, tmp_path / "stopped", log=quiet)
+    for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_signal_during_evaluation_stops_it_and_the_resumed_run_evaluates_that_step(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    clean = fresh_model(sizes)
+    clean_scores = []
+    train(clean, settings(), data, dev, tmp_path / "clean", log=quiet,
+          dev_bleu=lambda model, dev: clean_scores.append(1.0) or float(len(clean_scores)))
+
+    calls = []
+
+    def bleu_interrupted_at_step_20(model, dev):
+        calls.append(1)
+        if len(calls) == 2:  # the evaluation at step 20
+            os.kill(os.getpid(), signal.SIGTERM)
+        return float(len(calls))
+
+    stopped = fresh_model(sizes)
+    with pytest.raises(TrainingStopped, match="SIGTERM at step 20"):
+        train(stopped, settings(), data, dev, tmp_path / "stopped", log=quiet, dev_bleu=bleu_interrupted_at_step_20)
+    state = load_checkpoint(tmp_path / "stopped/checkpoint.pt")
+    assert state["step"] == 20 and state["eval_pending"]
+    records = [json.loads(line) for line in (tmp_path / "stopped/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "dev_loss" in r] == [10]  # the interrupted evaluation wrote nothing
+    resumed = fresh_model(sizes, seed=99)
+    train(resumed, settings(), data, dev, tmp_path / "stopped", log=quiet, dev_bleu=lambda model, dev: 0.0)
+    records = [json.loads(line) for line in (tmp_path / "stopped/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "dev_loss" in r] == [10, 20, 30]
+    for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_a_checkpoint_is_written_when_the_wall_time_interval_has_passed(toy_data, tmp_path, monkeypatch):
+    data, dev, *sizes = toy_data
+    clock = iter(range(0, 10_000, 7))  # each reading of the clock is 7 s later
+    monkeypatch.setattr("headcount.train.time.monotonic", lambda: next(clock))
+    steps = []
+    monkeypatch.setattr("headcount.train.save_checkpoint",
+                        lambda path, state: steps.append(state["step"]) if "step" in state else None)
+    train(fresh_model(sizes), settings(max_steps=12, checkpoint_interval=100, eval_interval=100,
+                                       checkpoint_minutes=0.25), data, dev, tmp_path, log=quiet)
+    # 15 s of wall time pass every ~2 steps (one clock reading per step, one per checkpoint)
+    assert steps[-1] == 12 and len(steps) >= 4 and steps[:-1] == sorted(set(steps[:-1])), steps
+
+
+def test_snapshots_are_kept_every_interval_and_listed(toy_data, tmp_path):
+    data, dev, *sizes = toy_data
+    summary = train(fresh_model(sizes), settings(max_steps=25, snapshot_interval=10), data, dev, tmp_path,
+                    log=quiet)
+    assert [s["step"] for s in summary["snapshots"]] == [10, 20, 25]
+    for snapshot in summary["snapshots"]:
+        state = load_checkpoint(snapshot["path"])
+        assert state["step"] == snapshot["step"] and "optimizer" not in state

@@ -46,7 +46,8 @@ def prune_heads(
     dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(read_lines(dev_tgt)))
     # The penalty is not part of the dev loss, so "best dev" would pick the least pruned weights:
     # the pruned model is always the last one.
-    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0}
+    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0,
+                "snapshot_interval": 0}
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     model = load_model(baseline)
     torch.manual_seed(cfg.seed)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,6 +39,8 @@ class TrainConfig:
     log_interval: int = 50
     eval_interval: int = 500
     checkpoint_interval: int = 250
+    checkpoint_minutes: float = 10.0  # also checkpoint after this much wall time (0: by steps only)
+    snapshot_interval: int = 0  # keep the weights every this many steps in snapshots/ (0: none)
     dev_bleu_sentences: int = 1014  # dev sentences greedily decoded for dev BLEU at each eval
     select: str = "best_dev_bleu"  # which weights become the output: best_dev_bleu | last
     seed: int = 1
@@ -134,6 +138,44 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     return state
 
 
+class TrainingStopped(HeadcountError):
+    """The job was asked to stop (SIGTERM, SIGINT); a checkpoint was written first."""
+
+
+class _StopRequests:
+    """SIGTERM and SIGINT handlers for the length of a training run.
+
+    A signal during a training step only raises a flag, checked once the step is done (a step takes
+    about a second). A signal during an evaluation (which can take minutes: greedy dev BLEU) stops
+    it at once: evaluation changes no weights and draws no random numbers, so the checkpoint
+    written then is exact, and it records that the evaluation is still to do.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self.in_evaluation = False
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # handlers only install there
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        self.signal_name = signal.Signals(signum).name
+        if self.in_evaluation:
+            raise _EvaluationInterrupted
+
+
+class _EvaluationInterrupted(Exception):
+    pass
+
+
 def load_model(path: str | os.PathLike, map_location="cpu") -> Transformer:
     state = load_checkpoint(path, map_location)
     model = Transformer(ModelConfig(**state["model_config"]))
@@ -200,7 +242,7 @@ def train(
     params = [p for group in groups for p in group["params"]]
     optimizer = torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
 
-    step, epoch, batch_in_epoch = 0, 0, 0
+    step, epoch, batch_in_epoch, eval_pending = 0, 0, 0, False
     best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
@@ -212,19 +254,62 @@ def train(
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             step, epoch, batch_in_epoch, best = state["step"], state["epoch"], state["batch_in_epoch"], state["best"]
+            eval_pending = bool(state.get("eval_pending", False))
             torch.set_rng_state(state["rng_cpu"])
             if device.type == "cuda" and state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(state["rng_cuda"])
             log(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
     _truncate_metrics(metrics_path, step)
+    _drop_snapshots_after(out_dir / "snapshots", step)
+    last_checkpoint = time.monotonic()
 
     def checkpoint() -> None:
+        nonlocal last_checkpoint
         save_checkpoint(ckpt_path, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_config": model.cfg.to_dict(),
             "train_config": cfg.to_dict(), "fingerprint": fingerprint, "step": step, "epoch": epoch,
-            "batch_in_epoch": batch_in_epoch, "best": best, "rng_cpu": torch.get_rng_state(),
+            "batch_in_epoch": batch_in_epoch, "best": best, "eval_pending": eval_pending,
+            "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
         })
+        last_checkpoint = time.monotonic()
+
+    def evaluate(metrics, stop: _StopRequests) -> None:
+        """Dev loss (and dev BLEU) at `step`; keeps best.pt. A signal may cut the measuring short,
+        not the writing."""
+        nonlocal best
+        stop.in_evaluation = True
+        record = {"step": step, "epoch": epoch,
+                  "dev_loss": evaluate_loss(model, Corpus(dev.src, dev.tgt), cfg.max_tokens * 2, device,
+                                            autocast_dtype)}
+        if dev_bleu is not None:
+            record["dev_bleu"] = dev_bleu(model, dev)
+        stop.in_evaluation = False
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        log(f"eval at step {step}: dev loss {record['dev_loss']:.3f}"
+            + (f", dev BLEU {record['dev_bleu']:.2f}" if "dev_bleu" in record else ""))
+        score = record.get("dev_bleu", -record["dev_loss"])
+        best_score = best["dev_bleu"] if "dev_bleu" in record else -best["dev_loss"]
+        if score > best_score:
+            best = {"dev_bleu": record.get("dev_bleu", -1.0), "step": step, "dev_loss": record["dev_loss"]}
+            save_checkpoint(best_path, {"model": model.state_dict(), "model_config": model.cfg.to_dict(),
+                                        "step": step})
+
+    def after_step(metrics, stop: _StopRequests) -> None:
+        """Evaluation, snapshot and checkpoint due at `step`, in that order (a resumed run whose
+        evaluation was interrupted starts here)."""
+        nonlocal eval_pending
+        if eval_pending:
+            evaluate(metrics, stop)
+            eval_pending = False
+            window["time"] = time.perf_counter()  # evaluation time is not training throughput
+        if cfg.snapshot_interval and (step % cfg.snapshot_interval == 0 or step == cfg.max_steps):
+            save_checkpoint(out_dir / "snapshots" / f"step_{step}.pt",
+                            {"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": step})
+        overdue = cfg.checkpoint_minutes and time.monotonic() - last_checkpoint >= 60 * cfg.checkpoint_minutes
+        if step % cfg.checkpoint_interval == 0 or step == cfg.max_steps or overdue or stop.signal_name:
+            checkpoint()
 
     src_lens, tgt_lens = [len(s) + 1 for s in data.src], [len(t) + 1 for t in data.tgt]
     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
@@ -233,79 +318,73 @@ def train(
     log(f"training on {device} ({autocast_dtype or torch.float32}); {len(data.src)} pairs, "
         f"{len(batches)} batches per epoch, {sum(p.numel() for p in params):,} trained parameters")
 
-    with open(metrics_path, "a", encoding="utf-8") as metrics:
-        while step < cfg.max_steps:
-            if batch_in_epoch >= len(batches):
-                epoch, batch_in_epoch = epoch + 1, 0
-                batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
-            batch = batches[batch_in_epoch]
-            model.train()
-            src = source_tensor([data.src[i] for i in batch]).to(device)
-            tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
-            lr = noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
-            for group in optimizer.param_groups:
-                group["lr"] = lr * group["lr_scale"]
-            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
-                                enabled=autocast_dtype is not None):
-                loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
-                loss = loss_sum / n_tokens
-                if extra_loss is not None:
-                    loss = loss + extra_loss(model)
-            if not torch.isfinite(loss):
-                raise HeadcountError(
-                    f"training loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
-                    f"({ckpt_path}, step {state_step(ckpt_path)}) is kept. Lower training.lr_scale or "
-                    f"raise training.warmup_steps, then rerun to resume."
-                )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
-            optimizer.step()
-            step, batch_in_epoch = step + 1, batch_in_epoch + 1
-            window["loss"] += float(loss_sum.detach())
-            window["nll"] += float(nll_sum)
-            window["tokens"] += n_tokens
-            window["src_tokens"] += int(src.ne(PAD_ID).sum())
+    with open(metrics_path, "a", encoding="utf-8") as metrics, _StopRequests() as stop:
+        try:
+            if eval_pending:
+                after_step(metrics, stop)
+            while step < cfg.max_steps and not stop.signal_name:
+                if batch_in_epoch >= len(batches):
+                    epoch, batch_in_epoch = epoch + 1, 0
+                    batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
+                batch = batches[batch_in_epoch]
+                model.train()
+                src = source_tensor([data.src[i] for i in batch]).to(device)
+                tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
+                lr = noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
+                    loss = loss_sum / n_tokens
+                    if extra_loss is not None:
+                        loss = loss + extra_loss(model)
+                if not torch.isfinite(loss):
+                    raise HeadcountError(
+                        f"training loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
+                        f"({ckpt_path}, step {state_step(ckpt_path)}) is kept. Lower training.lr_scale or "
+                        f"raise training.warmup_steps, then rerun to resume."
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+                optimizer.step()
+                step, batch_in_epoch = step + 1, batch_in_epoch + 1
+                window["loss"] += float(loss_sum.detach())
+                window["nll"] += float(nll_sum)
+                window["tokens"] += n_tokens
+                window["src_tokens"] += int(src.ne(PAD_ID).sum())
 
-            if step % cfg.log_interval == 0 or step == cfg.max_steps:
-                now = time.perf_counter()
-                seconds = now - window["time"]
-                record = {
-                    "step": step, "epoch": epoch, "lr": lr, "train_loss": window["loss"] / window["tokens"],
-                    "train_nll": window["nll"] / window["tokens"],
-                    "tokens_per_s": (window["tokens"] + window["src_tokens"]) / seconds,
-                    "elapsed_s": now - run_start,
-                }
-                if extra_metrics is not None:
-                    record.update(extra_metrics(model))
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-                eta = (cfg.max_steps - step) * seconds / cfg.log_interval
-                log(f"step {step}/{cfg.max_steps} ({100 * step / cfg.max_steps:.0f}%) epoch {epoch} "
-                    f"loss {record['train_loss']:.3f} lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s "
-                    f"ETA {eta / 60:.1f} min")
-                window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
+                if step % cfg.log_interval == 0 or step == cfg.max_steps:
+                    now = time.perf_counter()
+                    seconds = now - window["time"]
+                    record = {
+                        "step": step, "epoch": epoch, "lr": lr, "train_loss": window["loss"] / window["tokens"],
+                        "train_nll": window["nll"] / window["tokens"],
+                        "tokens_per_s": (window["tokens"] + window["src_tokens"]) / seconds,
+                        "elapsed_s": now - run_start,
+                    }
+                    if extra_metrics is not None:
+                        record.update(extra_metrics(model))
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                    eta = (cfg.max_steps - step) * seconds / cfg.log_interval
+                    log(f"step {step}/{cfg.max_steps} ({100 * step / cfg.max_steps:.0f}%) epoch {epoch} "
+                        f"loss {record['train_loss']:.3f} lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s "
+                        f"ETA {eta / 60:.1f} min")
+                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
 
-            if step % cfg.eval_interval == 0 or step == cfg.max_steps:
-                record = {"step": step, "epoch": epoch,
-                          "dev_loss": evaluate_loss(model, Corpus(dev.src, dev.tgt), cfg.max_tokens * 2, device,
-                                                    autocast_dtype)}
-                if dev_bleu is not None:
-                    record["dev_bleu"] = dev_bleu(model, dev)
-                metrics.write(json.dumps(record) + "\n")
-                metrics.flush()
-                log(f"eval at step {step}: dev loss {record['dev_loss']:.3f}"
-                    + (f", dev BLEU {record['dev_bleu']:.2f}" if "dev_bleu" in record else ""))
-                score = record.get("dev_bleu", -record["dev_loss"])
-                best_score = best["dev_bleu"] if "dev_bleu" in record else -best["dev_loss"]
-                if score > best_score:
-                    best = {"dev_bleu": record.get("dev_bleu", -1.0), "step": step, "dev_loss": record["dev_loss"]}
-                    save_checkpoint(best_path, {"model": model.state_dict(), "model_config": model.cfg.to_dict(),
-                                                "step": step})
-                window["time"] = time.perf_counter()  # evaluation time is not training throughput
-
-            if step % cfg.checkpoint_interval == 0 or step == cfg.max_steps:
-                checkpoint()
+                eval_pending = step % cfg.eval_interval == 0 or step == cfg.max_steps
+                after_step(metrics, stop)
+        except _EvaluationInterrupted:
+            stop.in_evaluation = False
+            checkpoint()  # eval_pending is still set: the resumed run evaluates this step first
+    if stop.signal_name:
+        log(f"{stop.signal_name} received: checkpoint written at step {step} ({ckpt_path}); stopping")
+        raise TrainingStopped(
+            f"training stopped by {stop.signal_name} at step {step} of {cfg.max_steps}; the checkpoint "
+            f"{ckpt_path} holds that step. Run the workflow again (snakemake --rerun-incomplete) to resume."
+        )
 
     if cfg.select == "best_dev_bleu" and best_path.exists():
         model.load_state_dict(load_checkpoint(best_path, map_location=device)["model"])
@@ -313,8 +392,10 @@ def train(
     else:
         selected = step
     log(f"done: {step} steps; selected the weights of step {selected}")
+    snapshots = [{"step": n, "path": str(out_dir / "snapshots" / f"step_{n}.pt")}
+                 for n in _snapshot_steps(out_dir / "snapshots")]
     return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
-            "train_seconds": time.perf_counter() - run_start}
+            "train_seconds": time.perf_counter() - run_start, "snapshots": snapshots}
 
 
 def parameter_groups(parameters) -> list[dict]:
@@ -337,8 +418,8 @@ def parameter_groups(parameters) -> list[dict]:
 
 # Settings that do not change the weights up to a given step: a run may be extended (more
 # max_steps), evaluated differently or moved to other hardware and still resume its checkpoint.
-RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "dev_bleu_sentences",
-                     "select", "device", "threads")
+RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "checkpoint_minutes",
+                     "snapshot_interval", "dev_bleu_sentences", "select", "device", "threads")
 
 
 def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | None) -> str:
@@ -364,6 +445,20 @@ def state_step(path: Path) -> int | None:
         return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
     except Exception:
         return None
+
+
+def _snapshot_steps(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.stem.removeprefix("step_")) for p in directory.glob("step_*.pt")
+                  if p.stem.removeprefix("step_").isdigit())
+
+
+def _drop_snapshots_after(directory: Path, step: int) -> None:
+    """Snapshots later than the step we (re)start from belong to another run: they will be redone."""
+    for n in _snapshot_steps(directory):
+        if n > step:
+            (directory / f"step_{n}.pt").unlink()
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
