@@ -19,6 +19,7 @@ from headcount.roles import (
     assign_roles,
     count_words,
     encoder_head_statistics,
+    frequency_words,
     relation_pairs,
     sentence_tokens,
     source_lengths,
@@ -155,11 +156,68 @@ def test_positional_head_with_eos_and_padding_excluded():
     queries = sum(n - 1 for n in lengths)  # EOS rows and padding are not queries
     assert table.loc[0, "n_queries"] == queries == 44
     assert table.loc[0, "offset"] == 1
-    assert table.loc[0, "fraction"] == pytest.approx(sum(n - 2 for n in lengths) / queries)  # 41/44
+    # +1 is right wherever it has a valid key (not on the last real token, whose +1 is EOS)
+    assert table.loc[0, "fraction"] == 1.0
+    assert table.loc[0, "n_valid"] == sum(n - 2 for n in lengths)
+    assert table.loc[0, "fraction_paper"] == pytest.approx(sum(n - 2 for n in lengths) / queries)  # 41/44
     assert table.loc[0, "second_offset"] == -1
-    assert table.loc[0, "second_fraction"] == pytest.approx(len(lengths) / queries)
-    # uniform head: the first-maximum rule gives key 0 always, offset -i: 3 queries per offset
-    assert table.loc[1, "fraction"] == pytest.approx(3 / queries)
+    assert table.loc[0, "second_fraction"] == pytest.approx(len(lengths) / sum(n - 2 for n in lengths))
+    # uniform head: the first-maximum rule gives key 0 always, offset -i: 3 queries for each offset
+    # 0..-10; the first of them, -10, has a valid key for 1 + 4 + 9 queries
+    assert table.loc[1, "offset"] == -10
+    assert table.loc[1, "fraction"] == pytest.approx(3 / 14)
+    assert table.loc[1, "fraction_paper"] == pytest.approx(3 / queries)
+
+
+def planted_offset_maps(lengths: list[int], offsets: list[int], right: float = 1.0, seed: int = 0):
+    """(L=1, B, H, S, S) maps, one head per offset k: each query puts 0.5 on EOS and 0.4 on q + k
+    where that is a real token, else on itself; with `right` < 1 a random share of the queries
+    that have q + k puts it on a random other real token instead. Padding keys carry junk. Also the
+    expected share, counted directly."""
+    rng = np.random.default_rng(seed)
+    S = max(lengths) + 1
+    probs = np.zeros((1, len(lengths), len(offsets), S, S))
+    hits = np.zeros(len(offsets))
+    valid = np.zeros(len(offsets))
+    for b, n in enumerate(lengths):  # n real tokens, EOS at n
+        for h, k in enumerate(offsets):
+            can = [q for q in range(n) if 0 <= q + k < n]
+            wrong = set(rng.choice(can, size=round(len(can) * (1 - right)), replace=False).tolist()) if can else set()
+            for q in range(n):
+                target = q + k if 0 <= q + k < n else q
+                if q in wrong:
+                    target = int(rng.choice([t for t in range(n) if t != q + k]))
+                probs[0, b, h, q, :n + 1] = 0.1 / (n + 1)
+                probs[0, b, h, q, n] += 0.5
+                probs[0, b, h, q, target] += 0.4
+                if 0 <= q + k < n:
+                    valid[h] += 1
+                    hits[h] += target == q + k
+            probs[0, b, h, :n, n + 1:] = 0.9  # padding keys
+    return torch.tensor(probs, dtype=torch.float32), hits / valid
+
+
+@pytest.mark.parametrize("lengths, offsets", [([3], [-1, 1]), ([30], [-1, 1, -2]), ([3, 30, 9], [-1, 1, -2])])
+def test_a_perfect_plus_minus_k_head_scores_one_at_any_length(lengths, offsets):
+    probs, expected = planted_offset_maps(lengths, offsets)
+    stats = PositionalStats()
+    stats.update(probs, [n + 1 for n in lengths])
+    table = stats.table()
+    assert table["offset"].tolist() == offsets
+    assert table["fraction"].tolist() == [1.0] * len(offsets) == expected.tolist()
+    # the paper's reading (every query counts) misses the edges: 1 - 1/n for a +-1 head
+    assert table["fraction_paper"].iloc[0] == pytest.approx(sum(n - 1 for n in lengths) / sum(lengths))
+
+
+def test_a_head_right_80_percent_of_the_time_scores_0_8():
+    lengths = [11, 31, 6]  # 10 + 30 + 5 queries have a valid -1 key and 10 + 30 + 5 a valid +1 key
+    probs, expected = planted_offset_maps(lengths, [-1, 1], right=0.8, seed=3)
+    stats = PositionalStats()
+    stats.update(probs, [n + 1 for n in lengths])
+    table = stats.table()
+    assert table["offset"].tolist() == [-1, 1]
+    assert table["fraction"].tolist() == pytest.approx([0.8, 0.8])
+    assert expected.tolist() == pytest.approx([0.8, 0.8])  # the planted maps, counted directly
 
 
 def test_positional_accepts_layer_list_and_merges_batches_of_different_size():
@@ -313,6 +371,36 @@ def test_count_words_uses_the_parse_tokenizer():
     assert count_words(["Don't stop.", "don't"], lowercase=True) == Counter({"do": 2, "n't": 2, "stop": 1, ".": 1})
 
 
+def test_every_analysed_word_of_a_counted_line_is_in_the_table():
+    lines = ["It's a U.S. thing -- didn't he say... \"Don't\"?", "the cat's 15-year-old toy, isn't it?"]
+    counts = count_words(lines, lowercase=True)
+    for line in lines:
+        assert all(counts[w] > 0 for w in frequency_words(line, lowercase=True))
+
+
+def test_a_common_multi_part_token_is_not_rare():
+    """Tokens "didn't", "It's", "--" (as a treebank or spaCy has them) are split as the counts were:
+    common words, not unseen ones (frequency 0 made them the rarest word of their sentence)."""
+    training = ["It's the dog, didn't it -- yes"] * 100 + ["go home"] * 20 + ["the aardvark"]
+    stats = RareStats(count_words(training), top_k=10, lowercase=True)
+    assert stats.frequency("didn't") == 100 and stats.frequency("It's") == 100 and stats.frequency("--") == 200
+    assert stats.frequency("go") == 20 and stats.frequency("aardvark") == 1 and stats.frequency("okapi") == 0
+    words = ["It's", "the", "dog", "didn't", "--"]
+    W = len(words)
+    assert not stats.update(np.full((1, 3, W + 1, W + 1), 1 / (W + 1)), words)  # every word is common
+    # with rare words the sentence is eligible (aardvark rarest, go second); "didn't" is neither
+    words = ["the", "dog", "didn't", "go", "aardvark"]
+    W = len(words)
+    maps = np.full((1, 3, W + 1, W + 1), 1 / (W + 1))
+    for head, target in enumerate((2, 3, 4)):  # heads point at "didn't", "go", "aardvark"
+        maps[0, head] = peaked_row(W + 1, target, 0.5)
+    assert stats.update(maps, words)
+    table = stats.table().set_index("head")
+    assert table["rate_rarest"].tolist() == [0.0, 0.0, 1.0]
+    assert table["rate_two_rarest"].tolist() == [0.0, 1.0, 1.0]
+    assert stats.n_sentences == 1
+
+
 # --------------------------------------------------------------------------------------------
 # All roles together: one synthetic corpus with four heads of known function
 
@@ -371,7 +459,8 @@ def test_assign_roles_on_synthetic_heads():
 
     # known answers, computed from the construction
     assert pos.loc[0, "offset"] == -1
-    assert pos.loc[0, "fraction"] == pytest.approx(sum(n - 2 for n in lengths) / sum(n - 1 for n in lengths))
+    assert pos.loc[0, "fraction"] == 1.0
+    assert pos.loc[0, "fraction_paper"] == pytest.approx(sum(n - 2 for n in lengths) / sum(n - 1 for n in lengths))
     offsets = Counter(int(s - v) for v, s in verb_subj)
     baseline = max(offsets.values()) / len(verb_subj)
     v_s = syn.query("relation == 'nsubj' and direction == 'head->dep'").set_index("head")
@@ -414,6 +503,24 @@ def test_role_precedence_and_thresholds():
     strict = assign_roles(positional, syntactic, rare, rare_margin=0.1)
     assert strict["is_rare"].tolist() == [False, False, False, True]
     assert strict["role"].tolist() == ["positional", "syntactic", "syntactic", "rare"]
+    # the paper's reading (plain > 50%) is kept beside the project's
+    assert strict["is_rare_paper"].tolist() == [True, False, False, True]
+    assert strict["role_paper"].tolist() == ["rare", "syntactic", "syntactic", "rare"]
+
+
+def test_positional_paper_reading_beside_the_edge_corrected_share():
+    positional = pd.DataFrame({"layer": 0, "head": [0, 1, 2], "offset": [-1, 1, 0],
+                               "fraction": [1.0, 0.92, 0.5], "fraction_paper": [0.89, 0.85, 0.5]})
+    roles = assign_roles(positional, SyntacticStats().table(), RareStats(Counter()).table())
+    assert roles["is_positional"].tolist() == [True, True, False]
+    assert roles["is_positional_paper"].tolist() == [False, False, False]
+    assert roles["role"].tolist() == ["positional", "positional", "none"]
+    assert roles["role_paper"].tolist() == ["none", "none", "none"]
+    assert roles["statistic"].iloc[0] == 1.0
+    paper = assign_roles(positional, SyntacticStats().table(), RareStats(Counter()).table(), positional_share="all",
+                         positional_threshold=0.85)
+    assert paper["role"].tolist() == ["positional", "positional", "none"]
+    assert paper["statistic"].tolist()[:2] == [0.89, 0.85]
 
 
 def test_assign_roles_with_positional_statistics_only():
@@ -461,3 +568,21 @@ def test_encoder_head_statistics_is_batch_invariant():
     assert one["syntactic"].query("relation == 'nsubj'")["n"].eq(12).all()
     for key in ("positional", "syntactic", "rare"):
         pd.testing.assert_frame_equal(one[key], five[key], check_exact=False)
+
+
+def test_positional_and_rare_come_from_the_given_text_and_long_parsed_sentences_are_left_out():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(src_vocab=64, tgt_vocab=64, d_model=16, n_heads=2, d_ff=32, enc_layers=1,
+                                    dec_layers=1, max_len=64))
+    table, _, _, freq = synthetic_corpus(seed=2, n_sentences=6)
+    texts = ["c1 c2 r5 c3", "c4 r9 c5 c6 c7 r2"]  # the analysis set: 4 + 6 pieces
+    segmenter = FakeSegmenter()
+    logs = []
+    stats = encoder_head_statistics(model, segmenter, table, freq, lowercase=False, texts=texts, max_pieces=11,
+                                    log=logs.append)
+    assert stats["positional"]["n_queries"].eq(10).all()
+    assert stats["rare"]["n_sentences"].eq(2).all()
+    lengths = table.groupby("sentence").size()  # one piece per word
+    assert stats["syntactic"].query("relation == 'nsubj'")["n"].eq((lengths <= 11).sum()).all()
+    assert 0 < (lengths > 11).sum() < len(lengths)
+    assert any(f"{(lengths > 11).sum()} longer than 11 subwords" in line for line in logs)

@@ -13,7 +13,10 @@ word is the mean of its pieces' rows. The "words" here are the sentence's surfac
 syntactic words of a multiword token ("du" = "de le") share that token, and a relation inside one
 token is not scored. EOS keeps its own row and column (the last), so it can be left out.
 
-Positional statistics stay on subword tokens.
+Positional statistics stay on subword tokens. The share of an offset k counts only the queries for
+which q + k is a valid key (inside the sentence, not EOS, not padding): a head that always attends
+to the previous token has no valid target at the first token, and would otherwise score
+1 - 1/length instead of 1.0. The paper's reading (every query in the denominator) is kept beside it.
 
 Indices: `layer` and `head` are 0-based, as in the model's tensors; word/token indices inside this
 module are 0-based positions in the sentence.
@@ -31,9 +34,12 @@ of always answering that relative position.
 
 Rare tokens. Sentences are eligible if their least frequent word is not among the `top_k` (500)
 most frequent training words and they have at least 3 aligned words (with 2, "one of the two
-rarest" always holds). Frequencies are looked up as counted by `count_words` (the same tokenizer
-as headcount.parses.simple_tokenize; lowercased when the model's data are). Ties in frequency count
-as equally rare: a hit on "the rarest" is any word of the minimum frequency, on "one of the two
+rarest" always holds). Words are counted and looked up through one function, `frequency_words`
+(headcount.parses.simple_tokenize, lowercased when the model's data are): the analysed words of a
+sentence are that function's words, and a surface token handed in from elsewhere (a treebank's
+"didn't", "U.S.", "--") is split by it before the lookup and is as frequent as its rarest part, so
+no token is missing from the table only because of how it was split. Ties in frequency count as
+equally rare: a hit on "the rarest" is any word of the minimum frequency, on "one of the two
 rarest" any word whose frequency is at most the second smallest.
 """
 
@@ -191,13 +197,23 @@ def source_lengths(src: torch.Tensor) -> torch.Tensor:
 class PositionalStats:
     """Counts, per head, the relative position of the argmax key of every query token.
 
+    Usable on its own: feed it attention maps batch by batch with `update`, read `table()`.
+    Inputs of `update`: `probs`, the attention probabilities of L layers as a list of (B, H, S, S)
+    tensors or one (L, B, H, S, S) tensor (rows are queries, columns keys, each row summing to 1);
+    `lengths` (B,), the number of real tokens of each row, EOS included, padding after them.
     Pooled over all query tokens of the set. With `exclude_last` (the source: the last real token
     is EOS) the EOS row and column are left out; padding never counts.
+
+    Shares (module docstring): `fraction` of an offset k is the number of queries whose argmax is
+    q + k over the number of queries for which q + k is a valid key, so a perfect +-k head scores
+    1.0 whatever the sentence lengths; `fraction_paper` divides by every query (the paper's rule as
+    written, which a perfect -1 head fails on 9-token sentences).
     """
 
     def __init__(self, exclude_last: bool = True):
         self.exclude_last = exclude_last
         self.counts: np.ndarray | None = None  # (L, H, 2R + 1), offset -R..R
+        self.valid = np.zeros(1, dtype=np.int64)  # (2R + 1,): queries q for which q + k is a valid key
         self.radius = 0
         self.n_queries = 0
 
@@ -207,7 +223,8 @@ class PositionalStats:
         L, B, H, S, _ = probs.shape
         lengths = torch.as_tensor(lengths, device=probs.device).reshape(B)
         pos = torch.arange(S, device=probs.device)
-        real = pos[None, :] < (lengths - int(self.exclude_last))[:, None]  # (B, S) keys and queries
+        n_real = lengths - int(self.exclude_last)  # (B,) valid keys and queries per sentence
+        real = pos[None, :] < n_real[:, None]  # (B, S) keys and queries
         scores = probs.masked_fill(~real[None, :, None, None, :], float("-inf"))
         offsets = scores.argmax(dim=-1) - pos  # (L, B, H, S)
         bins = 2 * S - 1
@@ -215,10 +232,13 @@ class PositionalStats:
         flat = head_index * bins + offsets + (S - 1)
         keep = real[None, :, None, :].expand_as(flat)
         counts = torch.bincount(flat[keep], minlength=L * H * bins).view(L, H, bins)
-        self._add(counts.cpu().numpy(), S - 1)
+        # A sentence of n valid tokens has n - |k| queries whose q + k is a valid key.
+        k = torch.arange(-(S - 1), S, device=probs.device).abs()
+        valid = (n_real[:, None] - k[None, :]).clamp(min=0).sum(dim=0)
+        self._add(counts.cpu().numpy(), valid.cpu().numpy().astype(np.int64), S - 1)
         self.n_queries += int(real.sum())
 
-    def _add(self, counts: np.ndarray, radius: int) -> None:
+    def _add(self, counts: np.ndarray, valid: np.ndarray, radius: int) -> None:
         if self.counts is None:
             self.counts, self.radius = np.zeros((*counts.shape[:2], 1), dtype=np.int64), 0
         if counts.shape[:2] != self.counts.shape[:2]:
@@ -227,23 +247,35 @@ class PositionalStats:
         merged = np.zeros((*counts.shape[:2], 2 * new_radius + 1), dtype=np.int64)
         merged[..., new_radius - self.radius:new_radius + self.radius + 1] += self.counts
         merged[..., new_radius - radius:new_radius + radius + 1] += counts
-        self.counts, self.radius = merged, new_radius
+        merged_valid = np.zeros(2 * new_radius + 1, dtype=np.int64)
+        merged_valid[new_radius - self.radius:new_radius + self.radius + 1] += self.valid
+        merged_valid[new_radius - radius:new_radius + radius + 1] += valid
+        self.counts, self.valid, self.radius = merged, merged_valid, new_radius
+
+    def shares(self) -> np.ndarray:
+        """(L, H, 2R + 1): the share of each offset -R..R among the queries where it is valid."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.valid > 0, self.counts / np.maximum(self.valid, 1), 0.0)
 
     def table(self) -> pd.DataFrame:
-        """One row per head: its most frequent offset, the fraction of queries on it, second best."""
-        cols = ["layer", "head", "offset", "fraction", "second_offset", "second_fraction", "n_queries"]
+        """One row per head: its most frequent offset, that offset's share among the queries where
+        it is valid (`fraction`) and among all queries (`fraction_paper`), the second best offset."""
+        cols = ["layer", "head", "offset", "fraction", "fraction_paper", "second_offset", "second_fraction",
+                "n_valid", "n_queries"]
         if self.counts is None or self.n_queries == 0:
             return pd.DataFrame(columns=cols)
-        order = np.argsort(-self.counts, axis=-1, kind="stable")
+        order = np.argsort(-self.counts, axis=-1, kind="stable")  # offsets by count, most frequent first
+        shares = self.shares()
         rows = []
         for layer in range(self.counts.shape[0]):
             for head in range(self.counts.shape[1]):
                 c, o = self.counts[layer, head], order[layer, head]
                 second = o[1] if len(o) > 1 else o[0]
                 rows.append({"layer": layer, "head": head, "offset": int(o[0]) - self.radius,
-                             "fraction": c[o[0]] / self.n_queries, "second_offset": int(second) - self.radius,
-                             "second_fraction": c[second] / self.n_queries if len(o) > 1 else 0.0,
-                             "n_queries": self.n_queries})
+                             "fraction": shares[layer, head, o[0]], "fraction_paper": c[o[0]] / self.n_queries,
+                             "second_offset": int(second) - self.radius,
+                             "second_fraction": shares[layer, head, second] if len(o) > 1 else 0.0,
+                             "n_valid": int(self.valid[o[0]]), "n_queries": self.n_queries})
         return pd.DataFrame(rows, columns=cols)
 
 
@@ -344,12 +376,17 @@ def syntactic_table(syntactic: pd.DataFrame) -> pd.DataFrame:
 # Rare-token heads (word level)
 
 
+def frequency_words(text: str, lowercase: bool = True) -> list[str]:
+    """The words of running text as rare-token statistics count and look them up: the one splitter
+    for both (headcount.parses.simple_tokenize), lowercased when the model's data are."""
+    return simple_tokenize(text.lower() if lowercase else text)
+
+
 def count_words(lines: Iterable[str], lowercase: bool = True) -> Counter:
-    """Word frequencies of the training source side, words as headcount.parses.simple_tokenize
-    splits them (so they match stanza-parsed and, closely, UD words)."""
+    """Word frequencies of the training source side, words as `frequency_words` splits them."""
     counts = Counter()
     for line in lines:
-        counts.update(simple_tokenize(line.lower() if lowercase else line))
+        counts.update(frequency_words(line, lowercase))
     return counts
 
 
@@ -366,7 +403,7 @@ class RareStats:
     """
 
     def __init__(self, frequencies: Counter, top_k: int = 500, lowercase: bool = True, min_words: int = 3):
-        self.frequencies = frequencies
+        self.frequencies = frequencies  # from count_words, with the same `lowercase`
         self.top = {w for w, _ in frequencies.most_common(top_k)}
         self.lowercase, self.min_words = lowercase, min_words
         self.rarest: np.ndarray | None = None
@@ -375,8 +412,17 @@ class RareStats:
         self.n_sentences = 0
         self.n_seen = 0
 
-    def _key(self, word: str) -> str:
-        return word.lower() if self.lowercase else word
+    def _parts(self, token: str) -> list[str]:
+        """A surface token as `frequency_words` splits it (a token it keeps whole is its own part)."""
+        return frequency_words(token, self.lowercase) or [token.lower() if self.lowercase else token]
+
+    def frequency(self, token: str) -> int:
+        """Training frequency of a surface token: that of its rarest part ("didn't" -> did, n't)."""
+        return min(self.frequencies.get(part, 0) for part in self._parts(token))
+
+    def is_common(self, token: str) -> bool:
+        """Whether every part of the token is among the `top_k` most frequent training words."""
+        return all(part in self.top for part in self._parts(token))
 
     def update(self, word_attn: np.ndarray, words: Sequence[str], pieces_per_word: Sequence[int] | None = None) -> bool:
         """word_attn (L, H, W + 1, W + 1) of one sentence, words its W tokens, pieces_per_word (W,)
@@ -390,8 +436,8 @@ class RareStats:
         if len(idx) < self.min_words:
             return False
         freq = np.full(W, np.inf)
-        freq[idx] = [self.frequencies.get(self._key(words[i]), 0) for i in idx]
-        if self._key(words[idx[np.argmin(freq[idx])]]) in self.top:
+        freq[idx] = [self.frequency(words[i]) for i in idx]
+        if self.is_common(words[idx[np.argmin(freq[idx])]]):
             return False
         mean_to = word_attn[:, :, idx, :W].mean(axis=2)  # (L, H, W): averaged over query words
         mean_to[..., ~np.isfinite(freq)] = -np.inf
@@ -439,10 +485,13 @@ def _best_syntactic(syntactic: pd.DataFrame, min_instances: int) -> pd.DataFrame
 def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.DataFrame,
                  positional_threshold: float = 0.9, syntactic_margin: float = 0.10,
                  rare_threshold: float = 0.5, min_instances: int = 10,
-                 precedence: Sequence[str] = ROLE_PRECEDENCE, rare_margin: float | None = None) -> pd.DataFrame:
+                 precedence: Sequence[str] = ROLE_PRECEDENCE, rare_margin: float | None = None,
+                 positional_share: str = "valid") -> pd.DataFrame:
     """One role per head from the three statistics tables.
 
-    positional: fraction on one offset >= positional_threshold (subword level, EOS excluded);
+    positional: share of one offset >= positional_threshold (subword level, EOS excluded), the
+    share taken over the queries where that offset is valid (`positional_share="valid"`,
+    PositionalStats' `fraction`) or over all queries ("all", the paper's rule, `fraction_paper`);
     syntactic: accuracy >= baseline + syntactic_margin (absolute) for some relation and direction
     scored on >= min_instances instances; rare: points to one of the two rarest words in more
     than rare_threshold of >= min_instances eligible sentences, and, if `rare_margin` is given
@@ -454,9 +503,18 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
     head that beats the positional baseline by 10 points is doing more than attending to a fixed
     offset), and the flags is_positional / is_syntactic / is_rare keep every qualification.
     `statistic` is the number behind the role (two-rarest rate, accuracy margin, or fraction).
+
+    The paper's reading is kept beside the project's wherever they differ: is_positional_paper
+    (share over all queries), is_rare_paper (plain "> rare_threshold", no margin), and role_paper,
+    the role those flags and is_syntactic (the same rule in both) give.
     """
-    heads = positional[["layer", "head", "offset", "fraction"]].rename(
-        columns={"offset": "positional_offset", "fraction": "positional_fraction"})
+    if positional_share not in ("valid", "all"):
+        raise ValueError(f"positional_share must be 'valid' or 'all', not {positional_share!r}")
+    if "fraction_paper" not in positional.columns:  # a table from elsewhere with one share only
+        positional = positional.assign(fraction_paper=positional["fraction"])
+    heads = positional[["layer", "head", "offset", "fraction", "fraction_paper"]].rename(
+        columns={"offset": "positional_offset", "fraction": "positional_fraction",
+                 "fraction_paper": "positional_fraction_paper"})
     best = _best_syntactic(syntactic, min_instances)
     qualified = best[best["margin"] >= syntactic_margin - 1e-12]
     lists = (qualified.assign(label=qualified["relation"] + " " + qualified["name"])
@@ -472,19 +530,27 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
     table = heads.merge(top, on=["layer", "head"], how="outer").merge(lists, on=["layer", "head"], how="left")
     table = table.merge(rare, on=["layer", "head"], how="outer").sort_values(["layer", "head"], ignore_index=True)
     table["syntactic_all"] = table["syntactic_all"].fillna("")
-    table["is_positional"] = table["positional_fraction"].fillna(0) >= positional_threshold
+    table["is_positional_paper"] = table["positional_fraction_paper"].fillna(0) >= positional_threshold
+    table["is_positional"] = table["is_positional_paper"] if positional_share == "all" else (
+        table["positional_fraction"].fillna(0) >= positional_threshold)
     table["is_syntactic"] = table["syntactic_margin"].fillna(-np.inf) >= syntactic_margin - 1e-12
-    table["is_rare"] = (table["rate_two_rarest"].fillna(0) > rare_threshold) & (
+    table["is_rare_paper"] = (table["rate_two_rarest"].fillna(0) > rare_threshold) & (
         table["rare_sentences"].fillna(0) >= min_instances)
+    table["is_rare"] = table["is_rare_paper"]
     if rare_margin is not None:
         reference = table.get("rare_uniform_two_rarest", pd.Series(np.nan, index=table.index)).astype(float)
         table["is_rare"] &= table["rate_two_rarest"].fillna(0) >= reference.fillna(0) + rare_margin - 1e-12
     statistic_of = {"positional": "positional_fraction", "syntactic": "syntactic_margin", "rare": "rate_two_rarest"}
+    if positional_share == "all":
+        statistic_of["positional"] = "positional_fraction_paper"
     hits = [table[f"is_{role}"].to_numpy(bool) for role in precedence]
     table["role"] = np.select(hits, list(precedence), default="none")
     values = [pd.to_numeric(table[statistic_of[role]], errors="coerce").to_numpy(float) for role in precedence]
     table["statistic"] = np.select(hits, values, default=np.nan)
-    first = ["layer", "head", "role", "statistic"]
+    paper = {"positional": "is_positional_paper", "syntactic": "is_syntactic", "rare": "is_rare_paper"}
+    table["role_paper"] = np.select([table[paper[role]].to_numpy(bool) for role in precedence], list(precedence),
+                                    default="none")
+    first = ["layer", "head", "role", "statistic", "role_paper"]
     return table[first + [c for c in table.columns if c not in first]]
 
 
@@ -492,32 +558,81 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
 # Driver: a model, a segmenter, a parse table -> the three statistics tables
 
 
-@torch.no_grad()
-def encoder_head_statistics(model, segmenter, table: pd.DataFrame, frequencies: Counter, lowercase: bool,
-                            batch_size: int = 32, device: str | torch.device = "cpu", top_k: int = 500,
-                            log=print) -> dict[str, pd.DataFrame]:
-    """Run the encoder over the parsed sentences and collect the encoder self-attention head
-    statistics: {"positional", "syntactic", "rare", "table1"} DataFrames.
+def _encoder_attention(model, segmenter, texts: Sequence[str], keep: Sequence[int], batch_size: int, device):
+    """Encode the sentences `keep` of the (already lowercased if need be) `texts` in batches: yields
+    (sentence indices, (L, B, H, S, S) encoder self-attention, lengths incl. EOS)."""
+    ids = segmenter.encode([texts[i] for i in keep])
+    for start in range(0, len(keep), batch_size):
+        chunk = list(keep[start:start + batch_size])
+        src = source_tensor(ids[start:start + batch_size]).to(device)  # (B, S): pieces, EOS, padding
+        lengths = source_lengths(src).tolist()
+        _, _, probs = model.encode(src, need_weights=True)
+        yield chunk, torch.stack(probs), lengths
 
-    Each sentence's `text` (lowercased when the model's data are) is segmented, EOS appended, and
-    encoded in batches; sentences longer than the model's max_len are skipped. Words without
-    pieces are counted in the log line.
+
+def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> tuple[list[int], int, int]:
+    """Indices of the sentences the analysis keeps: at most `max_pieces` subwords (if given) and
+    within the model's positions; and how many were too long for each reason."""
+    lengths = [len(x) for x in segmenter.encode(list(texts))]
+    too_long = {i for i, n in enumerate(lengths) if max_pieces is not None and n > max_pieces}
+    no_room = {i for i, n in enumerate(lengths) if n + 1 > model.cfg.max_len} - too_long
+    return [i for i in range(len(texts)) if i not in too_long | no_room], len(too_long), len(no_room)
+
+
+@torch.no_grad()
+def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter, lowercase: bool,
+                    batch_size: int = 32, device: str | torch.device = "cpu", top_k: int = 500,
+                    log=print) -> dict[str, pd.DataFrame]:
+    """Positional and rare-token encoder-head statistics of running text (the experiment's own
+    analysis set; they need no parse): {"positional", "rare"} DataFrames.
+
+    Each line (lowercased when the model's data are) is segmented, EOS appended, and encoded in
+    batches; lines longer than the model's max_len are skipped. The rare-token words of a line are
+    its `frequency_words`, the words `frequencies` (count_words) were counted as.
     """
     model.eval().to(device)
-    positional, syntactic, rare = PositionalStats(), SyntacticStats(), RareStats(frequencies, top_k, lowercase)
+    texts = [t.lower() if lowercase else t for t in texts]
+    keep, _, no_room = _fitting(segmenter, texts, model, None)
+    positional, rare = PositionalStats(), RareStats(frequencies, top_k, lowercase)
+    unplaced = total_words = 0
+    for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
+        positional.update(probs, lengths)
+        for row, i in enumerate(chunk):
+            words = frequency_words(texts[i], lowercase)
+            piece_to_word = align_pieces(words, segmenter.pieces(texts[i]))
+            wa = word_attention(probs[:, row, :, :lengths[row], :lengths[row]], piece_to_word, len(words))
+            total_words += len(words)
+            unplaced += int((~aligned_words(wa)).sum())
+            rare.update(wa, words, np.bincount(piece_to_word[piece_to_word >= 0], minlength=len(words)))
+    log(f"positional and rare-token statistics: {len(keep)} of {len(texts)} sentences ({no_room} longer than "
+        f"the model's positions), {unplaced} of {total_words} words without pieces, {rare.n_sentences} "
+        f"eligible for rare tokens")
+    if rare.n_uniform:
+        log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
+            f"words in {rare.uniform_two_rarest / rare.n_uniform:.0%} of the eligible sentences")
+    return {"positional": positional.table(), "rare": rare.table()}
+
+
+@torch.no_grad()
+def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool, batch_size: int = 32,
+                         device: str | torch.device = "cpu", max_pieces: int | None = None,
+                         log=print) -> dict[str, pd.DataFrame]:
+    """Syntactic encoder-head statistics of parsed sentences (a headcount.parses table):
+    {"syntactic", "table1"} DataFrames.
+
+    Each sentence's `text` (lowercased when the model's data are) is segmented and encoded; the
+    words are the table's surface tokens. Sentences of more than `max_pieces` subwords (e.g. the
+    longest training sentence, for treebank text) or longer than the model's max_len are left out
+    and counted in the log.
+    """
+    model.eval().to(device)
     sentences = [s for _, s in table.groupby("sentence", sort=True)]
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
-    ids = segmenter.encode(texts)
-    keep = [i for i in range(len(sentences)) if len(ids[i]) + 1 <= model.cfg.max_len]
+    keep, too_long, no_room = _fitting(segmenter, texts, model, max_pieces)
+    syntactic = SyntacticStats()
     unplaced = total_words = 0
-    for start in range(0, len(keep), batch_size):
-        chunk = keep[start:start + batch_size]
-        src = source_tensor([ids[i] for i in chunk]).to(device)  # (B, S): pieces, EOS, padding
-        lengths = source_lengths(src).tolist()
-        _, _, probs = model.encode(src, need_weights=True)
-        probs = torch.stack(probs)  # (L, B, H, S, S)
-        positional.update(probs, lengths)
+    for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
         for row, i in enumerate(chunk):
             words = sentence_tokens(sentences[i])
             piece_to_word = align_pieces(words, segmenter.pieces(texts[i]))
@@ -525,12 +640,28 @@ def encoder_head_statistics(model, segmenter, table: pd.DataFrame, frequencies: 
             total_words += len(words)
             unplaced += int((~aligned_words(wa)).sum())
             syntactic.update(wa, relation_pairs(sentences[i]))
-            rare.update(wa, words, np.bincount(piece_to_word[piece_to_word >= 0], minlength=len(words)))
-    log(f"head statistics: {len(keep)} of {len(sentences)} sentences, {unplaced} of {total_words} words "
-        f"without pieces, {rare.n_sentences} eligible for rare tokens")
-    if rare.n_uniform:
-        log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
-            f"words in {rare.uniform_two_rarest / rare.n_uniform:.0%} of the eligible sentences")
+    limit = f"{too_long} longer than {max_pieces} subwords, " if max_pieces is not None else ""
+    log(f"syntactic statistics: {len(keep)} of {len(sentences)} parsed sentences ({limit}{no_room} longer than "
+        f"the model's positions left out), {unplaced} of {total_words} words without pieces")
     syn = syntactic.table()
-    return {"positional": positional.table(), "syntactic": syn, "rare": rare.table(), "table1": syntactic_table(syn)}
+    return {"syntactic": syn, "table1": syntactic_table(syn)}
 
+
+def encoder_head_statistics(model, segmenter, table: pd.DataFrame, frequencies: Counter, lowercase: bool,
+                            batch_size: int = 32, device: str | torch.device = "cpu", top_k: int = 500,
+                            texts: Sequence[str] | None = None, max_pieces: int | None = None,
+                            log=print) -> dict[str, pd.DataFrame]:
+    """All encoder self-attention head statistics: {"positional", "rare"} from `text_statistics`
+    on `texts` (default: the parse table's sentences), {"syntactic", "table1"} from
+    `syntactic_statistics` on `table` (sentences over `max_pieces` subwords left out)."""
+    if texts is None:
+        texts = table.groupby("sentence", sort=True)["text"].first().tolist()
+    stats = text_statistics(model, segmenter, texts, frequencies, lowercase, batch_size, device, top_k, log)
+    return {**stats, **syntactic_statistics(model, segmenter, table, lowercase, batch_size, device, max_pieces,
+                                            log)}
+
+
+def longest_sentence(segmenter, lines: Iterable[str], lowercase: bool) -> int:
+    """The number of subwords of the longest line (the training maximum for treebank text)."""
+    lines = [line.lower() if lowercase else line for line in lines]
+    return max((len(x) for x in segmenter.encode(lines)), default=0)
