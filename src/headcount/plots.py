@@ -253,3 +253,46 @@ def gate_trajectory_figures(trajectory_csv, png_path, gif_path, title: str) -> N
     plt.close(fig)
     with atomic_path(gif_path) as tmp:
         frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:], duration=250, loop=0)
+
+
+def specialisation_figure(table: pd.DataFrame, path, title: str, kind: str = "enc_self") -> None:
+    """Head specialisation against training steps (one row of `table` per snapshot, as
+    specialisation.snapshot_statistics makes it): largest positional share, mean confidence and
+    LRP concentration of `kind`'s heads, one line per layer, and dev BLEU."""
+    from .specialisation import layer_columns
+
+    table = table.sort_values("step")
+    steps = table["step"].to_numpy()
+    fig, axes = plt.subplots(2, 2, figsize=(9.5, 6.5), sharex=True)
+    panels = [("positional_share", "largest positional share"), ("confidence", "mean confidence"),
+              ("lrp_concentration", "LRP concentration (top head's share)")]
+    for ax, (statistic, label) in zip(axes.flat, panels):
+        columns = layer_columns(table, statistic, kind)
+        colours = plt.cm.viridis(np.linspace(0, 0.9, max(len(columns), 1)))
+        for colour, (layer, column) in zip(colours, columns.items()):
+            ax.plot(steps, table[column], "o-", ms=3, lw=1.2, color=colour, label=f"layer {layer}")
+        if statistic == "positional_share":
+            ax.plot(steps, table["positional_share"], "k--", lw=1, label="largest of all")
+        if statistic == "lrp_concentration" and "n_heads" in table:
+            even = 1 / table["n_heads"].iloc[0]
+            ax.axhline(even, color="grey", lw=0.8, ls=":")
+            ax.annotate("every head equal", (steps[0], even), textcoords="offset points", xytext=(2, 3),
+                        fontsize=7, color="grey")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1.02)
+        ax.set_title(f"{label}, {TYPE_NAMES.get(kind, kind)}", fontsize=9)
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    bleu = axes[1, 1]
+    bleu.plot(steps, table["dev_bleu"], "o-", color="black", ms=3)
+    if "dev_bleu_from" in table and table["dev_bleu_from"].eq("greedy").any():
+        computed = table[table["dev_bleu_from"] == "greedy"]
+        bleu.plot(computed["step"], computed["dev_bleu"], "o", mfc="white", color="black", ms=5,
+                  label="not evaluated in training: computed here")
+        bleu.legend(fontsize=7)
+    bleu.set_ylabel("dev BLEU (greedy)")
+    bleu.set_title("dev BLEU", fontsize=9)
+    for ax in axes[1]:
+        ax.set_xlabel("training step")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
