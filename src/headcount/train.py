@@ -221,6 +221,8 @@ def train(
     extra_loss: Callable[[Transformer], Tensor] | None = None,  # e.g. the L0 penalty of the gates
     extra_metrics: Callable[[Transformer], dict] | None = None,  # more fields for each log record
     run_fingerprint: dict | None = None,  # everything the run depends on; a checkpoint must match it
+    lr_at: Callable[[int], float] | None = None,  # learning rate at a 1-based step; default: Noam
+    init_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,  # e.g. load moments; fresh runs only
     log: Callable[[str], None] = print,
 ) -> dict:
     """Train `model` in place until `cfg.max_steps`; resume from `out_dir/checkpoint.pt` if present.
@@ -259,6 +261,8 @@ def train(
             if device.type == "cuda" and state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(state["rng_cuda"])
             log(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+    if step == 0 and init_optimizer is not None:
+        init_optimizer(optimizer)
     _truncate_metrics(metrics_path, step)
     _drop_snapshots_after(out_dir / "snapshots", step)
     last_checkpoint = time.monotonic()
@@ -330,7 +334,7 @@ def train(
                 model.train()
                 src = source_tensor([data.src[i] for i in batch]).to(device)
                 tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
-                lr = noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
+                lr = lr_at(step + 1) if lr_at else noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]
                 with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
