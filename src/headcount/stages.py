@@ -190,41 +190,102 @@ PAPER_TABLE1 = {  # name: (WMT best, WMT baseline, OpenSubtitles best, OpenSubti
 }
 
 
-def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: str, stanza_dir: str | None,
-                             lang: str, max_sentences: int, out_path: str, log=print):
-    """The parse table the role analysis reads: gold CoNLL-U treebanks, or stanza's parses of
-    the experiment's analysis set (first `max_sentences` sentences either way)."""
-    from .parses import parse_with_stanza, read_conllu_files
+def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: str | None, stanza_dir: str | None,
+                             lang: str, max_sentences: int, out_path: str, log=print, spacy_model: str | None = None,
+                             analysis_sentences: int | None = None, analysis_label: str | None = None,
+                             info_path: str | None = None):
+    """The parse table the syntactic-head analysis reads, and (to `info_path`, JSON) which text and
+    which parser it holds.
+
+    parser "gold": the CoNLL-U `treebanks`, first `max_sentences` sentences (not in-domain: the
+    role analysis leaves out those longer than the training maximum). "spacy" (pipeline package
+    `spacy_model`) or "stanza" (models in `stanza_dir`): parses of the experiment's own analysis
+    set, its first `analysis_sentences` lines (`analysis_label` names them, e.g. "dev[:500] of
+    multi30k_en_de").
+    """
+    import json
+
+    from .parses import load_spacy_pipeline, parse_with_spacy, parse_with_stanza, read_conllu_files, spacy_description
 
     if parser == "gold":
         table = read_conllu_files(treebanks)
+        table = table[table["sentence"] < max_sentences]
+        info = {"parser": "gold treebank trees", "text": "treebanks " + " + ".join(Path(t).name for t in treebanks),
+                "in_domain": False}
     else:
-        table = parse_with_stanza(read_lines(analysis_src)[:max_sentences], stanza_dir, lang)
-    table = table[table["sentence"] < max_sentences]
-    log(f"{table['sentence'].nunique()} sentences, {len(table)} words parsed ({parser})")
+        lines = read_lines(analysis_src)[:analysis_sentences or max_sentences]
+        if parser == "spacy":
+            nlp = load_spacy_pipeline(spacy_model)
+            table, description = parse_with_spacy(lines, pipeline=nlp), spacy_description(nlp)
+        else:
+            import stanza
+
+            table, description = parse_with_stanza(lines, stanza_dir, lang), f"stanza {stanza.__version__} ({lang})"
+        info = {"parser": description, "text": analysis_label or Path(analysis_src).name, "in_domain": True}
+    info.update(sentences=int(table["sentence"].nunique()), words=len(table))
+    log(f"{info['sentences']} sentences, {info['words']} words parsed: {info['text']}, parser {info['parser']}")
     with atomic_path(out_path) as tmp:
         table.to_parquet(tmp, index=False)
-    return table
+    if info_path:
+        with atomic_path(info_path) as tmp:
+            tmp.write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    return table, info
 
 
 def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: str, lowercase: bool,
                     settings: dict, out: dict, head_scores_path: str | None = None, device: str = "auto",
-                    log=print):
-    """Positional, syntactic and rare-token encoder heads (Voita et al. 2019, section 5)."""
+                    log=print, analysis_src: str | None = None, analysis_sentences: int | None = None,
+                    analysis_label: str | None = None, parses_info_path: str | None = None):
+    """Positional, syntactic and rare-token encoder heads (Voita et al. 2019, section 5).
+
+    Positional and rare-token statistics come from the experiment's own analysis set (the first
+    `analysis_sentences` lines of `analysis_src`, named `analysis_label`); syntactic ones from the
+    parse table, whose text and parser `parses_info_path` (parse_analysis_sentences) names. Parses
+    that are not of in-domain text (gold treebanks) lose the sentences longer, in subwords, than the
+    longest training sentence. Every output table names its text and its parser.
+    """
+    import json
+
     import pandas as pd
 
     from .plots import head_function_map, relative_positions
-    from .roles import RELATIONS, assign_roles, count_words, encoder_head_statistics
+    from .roles import (
+        RELATIONS,
+        assign_roles,
+        count_words,
+        longest_sentence,
+        syntactic_statistics,
+        text_statistics,
+    )
 
     model = load_model(model_path).eval()
+    segmenter = Segmenter(src_spm)
+    dev = pick_device(device)
     parses = pd.read_parquet(parses_path)
-    frequencies = count_words(read_lines(train_src), lowercase=lowercase)
-    stats = encoder_head_statistics(model, Segmenter(src_spm), parses, frequencies, lowercase,
-                                    top_k=settings["top_k"], device=pick_device(device), log=log)
+    info = {"parser": "unknown", "text": Path(parses_path).name, "in_domain": False}
+    if parses_info_path:
+        info.update(json.loads(Path(parses_info_path).read_text(encoding="utf-8")))
+    train_lines = read_lines(train_src)
+    frequencies = count_words(train_lines, lowercase=lowercase)
+    if analysis_src:
+        texts = read_lines(analysis_src)[:analysis_sentences]
+        analysis_label = analysis_label or f"{Path(analysis_src).name}[:{len(texts)}]"
+    else:  # no analysis set given: the parsed sentences stand in for it
+        texts, analysis_label = parses.groupby("sentence", sort=True)["text"].first().tolist(), info["text"]
+    stats = text_statistics(model, segmenter, texts, frequencies, lowercase, top_k=settings["top_k"], device=dev,
+                            log=log)
+    max_pieces, syntactic_text = None, info["text"]
+    if not info["in_domain"]:
+        max_pieces = longest_sentence(segmenter, train_lines, lowercase)
+        syntactic_text += f", sentences of at most {max_pieces} subwords (the longest training sentence)"
+    stats.update(syntactic_statistics(model, segmenter, parses, lowercase, device=dev, max_pieces=max_pieces,
+                                      log=log))
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"],
                          positional_threshold=settings["positional_threshold"],
                          syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
-                         min_instances=settings["min_instances"], rare_margin=settings["rare_margin"])
+                         min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
+                         positional_share=settings["positional_share"])
+    roles = roles.assign(text=analysis_label, syntactic_text=syntactic_text, parser=info["parser"])
     table1 = stats["table1"].copy()
     for column, index in (("paper_wmt_best", 0), ("paper_wmt_baseline", 1), ("paper_opensubs_best", 2),
                           ("paper_opensubs_baseline", 3)):
@@ -232,27 +293,35 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
                                                                                            table1["name"])]
     table1["best_accuracy"] *= 100
     table1["baseline_accuracy"] *= 100
-    for name, frame in (("roles", roles), ("positional", stats["positional"]), ("syntactic", stats["syntactic"]),
-                        ("rare", stats["rare"])):
+    table1 = table1.assign(text=syntactic_text, parser=info["parser"])
+    tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label),
+              "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
+              "rare": stats["rare"].assign(text=analysis_label)}
+    for name, frame in tables.items():
         with atomic_path(out[name]) as tmp:
             frame.to_csv(tmp, index=False, float_format="%.4g")
     with atomic_path(out["table1"]) as tmp:
         table1.to_csv(tmp, index=False, float_format="%.1f")
     with atomic_path(out["table1_md"]) as tmp:
-        tmp.write_text(table1_markdown(table1), encoding="utf-8")
+        tmp.write_text(table1_markdown(table1, f"Text: {syntactic_text}. Parser: {info['parser']}."),
+                       encoding="utf-8")
     scores = pd.read_parquet(head_scores_path) if head_scores_path else None
     counts = roles["role"].value_counts().to_dict()
     head_function_map(roles, scores, out["function_map"],
                       f"encoder heads by function ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
     relative_positions(parses, list(RELATIONS), out["relative_positions"],
-                       "relative position of dependents (words), analysis treebank")
-    log("roles: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+                       f"relative position of dependents (words), {info['text']}, {info['parser']}")
+    paper = roles["role_paper"].value_counts().to_dict()
+    log("roles: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "; with the paper's rules: "
+        + ", ".join(f"{k}: {v}" for k, v in sorted(paper.items())))
     return roles, table1
 
 
-def table1_markdown(table1) -> str:
-    lines = ["| relation | direction | best head (layer, head) | accuracy | positional baseline | paper WMT | "
-             "paper OpenSubtitles |", "|---|---|---|---|---|---|---|"]
+def table1_markdown(table1, header: str | None = None) -> str:
+    """Table 1 as Markdown; `header` (which text, which parser) goes above it."""
+    lines = [header, ""] if header else []
+    lines += ["| relation | direction | best head (layer, head) | accuracy | positional baseline | paper WMT | "
+              "paper OpenSubtitles |", "|---|---|---|---|---|---|---|"]
     for r in table1.itertuples():
         lines.append(f"| {r.relation} | {r.name} | {r.best_layer + 1}, {r.best_head + 1} | {r.best_accuracy:.0f} | "
                      f"{r.baseline_accuracy:.0f} | {r.paper_wmt_best:.0f} / {r.paper_wmt_baseline:.0f} | "

@@ -97,6 +97,8 @@ def parse_inputs(wildcards):
     if roles["parser"] == "gold":
         return {"treebanks": [fetched(t) for t in roles["treebanks"]]}
     analysis = exp_config(wildcards)["analysis"]["set"]
+    if roles["parser"] == "spacy":  # an installed pipeline package: nothing to fetch
+        return {"analysis_src": f"results/{wildcards.exp}/data/{analysis}.src.txt"}
     models = (
         roles["stanza_dir"] or f"resources/stanza/{exp_config(wildcards)['src_lang']}"
     )

@@ -1,5 +1,16 @@
-# What heads do: dependency parses (gold treebanks or stanza), then positional, syntactic and
+# What heads do: dependency parses (gold treebanks, spaCy or stanza), then positional, syntactic and
 # rare-token encoder heads, Table 1, the head function map and relative positions.
+
+
+def analysis_src(wildcards):
+    """The source side of the experiment's analysis set (positional and rare-token statistics)."""
+    return f"results/{wildcards.exp}/data/{exp_config(wildcards)['analysis']['set']}.src.txt"
+
+
+def analysis_label(wildcards):
+    """How the role tables name the analysis set, e.g. 'dev[:500] of multi30k_en_de'."""
+    analysis = exp_config(wildcards)["analysis"]
+    return f"{analysis['set']}[:{analysis['max_sentences']}] of {wildcards.exp}"
 
 
 rule download_stanza_models:
@@ -20,7 +31,8 @@ rule parse_analysis_sentences:
     input:
         unpack(parse_inputs),
     output:
-        "results/{exp}/syntax/parses.parquet",
+        parses="results/{exp}/syntax/parses.parquet",
+        info="results/{exp}/syntax/parses.json",
     log:
         log_path("parse_analysis_sentences"),
     conda:
@@ -30,7 +42,10 @@ rule parse_analysis_sentences:
         runtime=120,
     params:
         parser=lambda w: exp_config(w)["roles"]["parser"],
+        spacy_model=lambda w: exp_config(w)["roles"]["spacy_model"],
         max_sentences=lambda w: exp_config(w)["roles"]["max_sentences"],
+        analysis_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
+        analysis_label=analysis_label,
         lang=lambda w: exp_config(w)["src_lang"],
     script:
         "../scripts/parse_analysis_sentences.py"
@@ -41,6 +56,8 @@ rule head_roles:
         model="results/{exp}/baseline/model.pt",
         src_spm="results/{exp}/subwords/src.model",
         parses="results/{exp}/syntax/parses.parquet",
+        parses_info="results/{exp}/syntax/parses.json",
+        analysis_src=analysis_src,
         train_src="results/{exp}/data/train.src.txt",
         head_scores="results/{exp}/heads/scores.parquet",
     output:
@@ -80,6 +97,8 @@ rule head_roles:
         runtime=120,
     params:
         roles=lambda w: exp_config(w)["roles"],
+        analysis_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
+        analysis_label=analysis_label,
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         device=lambda w: exp_config(w)["training"]["device"],
     script:

@@ -10,6 +10,10 @@ with job(snakemake) as log:
         stanza_dir=snakemake.input.get("stanza"),
         lang=snakemake.params.lang,
         max_sentences=snakemake.params.max_sentences,
-        out_path=snakemake.output[0],
+        out_path=snakemake.output.parses,
+        info_path=snakemake.output.info,
+        spacy_model=snakemake.params.spacy_model,
+        analysis_sentences=snakemake.params.analysis_sentences,
+        analysis_label=snakemake.params.analysis_label,
         log=log,
     )
