@@ -108,6 +108,17 @@ def parse_inputs(wildcards):
     }
 
 
+def analysis_src(wildcards):
+    """The source side of the experiment's analysis set (positional and rare-token statistics)."""
+    return f"results/{wildcards.exp}/data/{exp_config(wildcards)['analysis']['set']}.src.txt"
+
+
+def analysis_label(wildcards):
+    """How the role tables name the analysis set, e.g. 'dev[:500] of multi30k_en_de'."""
+    analysis = exp_config(wildcards)["analysis"]
+    return f"{analysis['set']}[:{analysis['max_sentences']}] of {wildcards.exp}"
+
+
 def head_figures(exp):
     """The head-score heatmaps an experiment's settings produce (ablation ones only if run)."""
     settings = EXPERIMENTS[exp]["heads"]

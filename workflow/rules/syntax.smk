@@ -2,17 +2,6 @@
 # rare-token encoder heads, Table 1, the head function map and relative positions.
 
 
-def analysis_src(wildcards):
-    """The source side of the experiment's analysis set (positional and rare-token statistics)."""
-    return f"results/{wildcards.exp}/data/{exp_config(wildcards)['analysis']['set']}.src.txt"
-
-
-def analysis_label(wildcards):
-    """How the role tables name the analysis set, e.g. 'dev[:500] of multi30k_en_de'."""
-    analysis = exp_config(wildcards)["analysis"]
-    return f"{analysis['set']}[:{analysis['max_sentences']}] of {wildcards.exp}"
-
-
 rule download_stanza_models:
     output:
         directory("resources/stanza/{lang}"),
