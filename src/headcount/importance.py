@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .batching import make_batches, source_tensor, target_tensors
 from .model import ATTENTION_TYPES, BOS_ID, EOS_ID, PAD_ID, Transformer
+from .progress import Progress
 
 KEYS = ["type", "layer", "head"]
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
@@ -213,6 +214,7 @@ def head_ablation(
     base_loss = mean_nll(model, batches)
     base_bleu = bleu_fn(model) if bleu_fn is not None and any(t in bleu_types for t in types) else None
     rows = []
+    bar = Progress(sum(int(original[kind].numel()) for kind in types), "ablation", log, unit="head")
     try:
         for kind in types:
             n_layers, n_heads = original[kind].shape
@@ -228,8 +230,7 @@ def head_ablation(
                             row["delta_bleu"] = bleu_fn(model) - base_bleu
                         model.set_head_mask({kind: original[kind]})
                     rows.append(row)
-                if log is not None:
-                    log(f"ablation: {kind} layer {layer + 1}/{n_layers} done")
+                    bar.update(1)
     finally:
         model.set_head_mask(original)
     table = pd.DataFrame(rows, columns=[*KEYS, "delta_loss", "delta_bleu"])

@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import ATTENTION_TYPES, BOS_ID, PAD_ID, MultiHeadAttention, Transformer
+from .progress import Progress
 
 RULES = ("ding", "attnlrp")
 
@@ -402,9 +403,11 @@ def head_relevance(
     log=None,
 ) -> HeadRelevance:
     """The paper's LRP head relevance, averaged over every generation step of the batches."""
+    batches = list(batches)
     sums: dict[str, Tensor] = {}
     cut_sum: dict[str, list[float]] = {}
     n_steps = 0
+    bar = Progress(len(batches), "LRP", log, unit="batch")
     for batch in batches:
         src, tgt_in = batch[0], batch[1]
         result = step_relevance(model, src, tgt_in, rule, eps, max_seeds)
@@ -418,6 +421,7 @@ def head_relevance(
             acc[0] += float(total.double()[result.valid].sum())
             acc[1] += float(err.sum())
             acc[2] = max(acc[2], float(err.max()) if err.numel() else 0.0)
+        bar.update(1)
     rows = [
         {"type": kind, "layer": layer, "head": head, "lrp": float(s[layer, head] / max(n_steps, 1)),
          "n_steps": n_steps}

@@ -24,6 +24,7 @@ from torch import Tensor
 from .batching import make_batches, source_tensor, target_tensors
 from .io import CheckpointError, HeadcountError, atomic_path, config_hash
 from .model import PAD_ID, ModelConfig, Transformer
+from .progress import Progress
 
 
 @dataclass
@@ -277,6 +278,7 @@ def train(
             "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
         })
         last_checkpoint = time.monotonic()
+        log(f"checkpoint: step {step} written to {ckpt_path}")
 
     def evaluate(metrics, stop: _StopRequests) -> None:
         """Dev loss (and dev BLEU) at `step`; keeps best.pt. A signal may cut the measuring short,
@@ -322,6 +324,7 @@ def train(
     log(f"training on {device} ({autocast_dtype or torch.float32}); {len(data.src)} pairs, "
         f"{len(batches)} batches per epoch, {sum(p.numel() for p in params):,} trained parameters")
 
+    bar = Progress(cfg.max_steps, "training", log, unit="step", initial=step)
     with open(metrics_path, "a", encoding="utf-8") as metrics, _StopRequests() as stop:
         try:
             if eval_pending:
@@ -372,11 +375,11 @@ def train(
                         record.update(extra_metrics(model))
                     metrics.write(json.dumps(record) + "\n")
                     metrics.flush()
-                    eta = (cfg.max_steps - step) * seconds / cfg.log_interval
-                    log(f"step {step}/{cfg.max_steps} ({100 * step / cfg.max_steps:.0f}%) epoch {epoch} "
-                        f"loss {record['train_loss']:.3f} lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s "
-                        f"ETA {eta / 60:.1f} min")
+                    log(f"step {step}/{cfg.max_steps} epoch {epoch} loss {record['train_loss']:.3f} lr {lr:.2e} "
+                        f"{record['tokens_per_s']:.0f} tok/s")
+                    bar.postfix = f"loss={record['train_loss']:.3f}"
                     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
+                bar.update(1)
 
                 eval_pending = step % cfg.eval_interval == 0 or step == cfg.max_steps
                 after_step(metrics, stop)
