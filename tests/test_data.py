@@ -162,3 +162,113 @@ def test_tensors_add_eos_and_bos():
     tgt_in, tgt_out = target_tensors([[8, 9, 10]])
     assert src.tolist() == [[5, 6, 3], [7, 3, 0]]
     assert tgt_in.tolist() == [[2, 8, 9, 10]] and tgt_out.tolist() == [[8, 9, 10, 3]]
+
+
+# --------------------------------------------------------------------------------------------
+# Lengths in subwords
+
+
+def unspaced_line(chars: int, seed: int) -> str:
+    """A long line without spaces (a URL list, a table dump): one 'word', hundreds of subwords."""
+    import random
+
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789/.-") for _ in range(chars))
+
+
+def test_the_length_limit_in_subwords_is_the_models_own():
+    """overlong_pairs and the model agree on where the limit lies (BOS/EOS take a position)."""
+    import torch
+    from conftest import tiny_config
+
+    from headcount.data import overlong_pairs
+    from headcount.model import Transformer
+
+    model = Transformer(tiny_config(max_len=12)).eval()
+    fits, too_long = [5] * 11, [5] * 12
+    assert overlong_pairs([fits, too_long, fits], [fits, fits, too_long], max_len=12) == [
+        (1, "source", 12), (2, "target", 12)]
+    with torch.no_grad():
+        for ids in (fits, too_long):
+            src = source_tensor([ids])
+            tgt_in, _ = target_tensors([ids])
+            if ids is fits:
+                model.decode(tgt_in, *model.encode(src)[:2])
+            else:
+                with pytest.raises(ValueError, match="exceeds model.max_len=12"):
+                    model.encode(src)
+                with pytest.raises(ValueError, match="exceeds model.max_len=12"):
+                    model.decode(tgt_in, *model.encode(source_tensor([fits]))[:2])
+
+
+def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
+    """A 1,400-character unspaced line passes cleaning (under max_chars) but not the model's
+    max_len in subwords: the fit step after the BPE models drops it and counts it; the rest of
+    the text is written byte for byte as cleaned."""
+    from conftest import toy_corpus
+
+    from headcount.data import fit_training_corpus
+    from headcount.subwords import Segmenter, train_bpe
+
+    src, tgt = toy_corpus(300, seed=5)
+    src[100] = unspaced_line(1400, seed=1)
+    tgt[200] = unspaced_line(1400, seed=2)  # a long target, its source short
+    write_gz(tmp_path / "t.en.gz", src)
+    write_gz(tmp_path / "t.de.gz", tgt)
+    cleaned = {side: tmp_path / f"cleaned.{side}.txt" for side in ("src", "tgt")}
+    stats = prepare_training_corpus([({"file": tmp_path / "t.en.gz"}, {"file": tmp_path / "t.de.gz"})],
+                                    CleaningConfig(), False, None, 1, cleaned["src"], cleaned["tgt"],
+                                    log=lambda m: None)
+    assert stats["pairs"] == 300  # cleaning keeps both: one word, 1,400 characters
+    for side in ("src", "tgt"):
+        train_bpe(cleaned[side], tmp_path / f"{side}.model", vocab_size=80)
+    messages = []
+    fitted = fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, tmp_path / "src.model",
+                                 tmp_path / "tgt.model", 64, tmp_path / "train.src", tmp_path / "train.tgt",
+                                 log=messages.append)
+    assert fitted["too_long_subwords"] == {"max_len": 64, "dropped": 2}
+    assert fitted["pairs"] == 298 and fitted["corpora"] == stats["corpora"]  # cleaning's counts kept
+    assert "dropping training pair 101 of" in messages[0] and "its source is" in messages[0]
+    kept_src, kept_tgt = read_lines(tmp_path / "train.src"), read_lines(tmp_path / "train.tgt")
+    assert kept_src == [s for i, s in enumerate(src) if i not in (100, 200)]
+    assert kept_tgt == [t for i, t in enumerate(tgt) if i not in (100, 200)]
+    longest = max(len(ids) for seg, lines in (("src", kept_src), ("tgt", kept_tgt))
+                  for ids in Segmenter(tmp_path / f"{seg}.model").encode(lines))
+    assert longest <= 63
+
+    # Without over-long pairs the step changes nothing: the same bytes, the same pair count.
+    fitted = fit_training_corpus(tmp_path / "train.src", tmp_path / "train.tgt", {"pairs": 298},
+                                 tmp_path / "src.model", tmp_path / "tgt.model", 64, tmp_path / "again.src",
+                                 tmp_path / "again.tgt", log=lambda m: None)
+    assert fitted == {"pairs": 298, "too_long_subwords": {"max_len": 64, "dropped": 0}}
+    for side in ("src", "tgt"):
+        assert (tmp_path / f"again.{side}").read_bytes() == (tmp_path / f"train.{side}").read_bytes()
+
+
+def test_an_evaluation_line_too_long_in_subwords_is_refused_at_preparation(tmp_path):
+    from conftest import toy_corpus
+
+    from headcount.subwords import train_bpe
+
+    src, tgt = toy_corpus(300, seed=6)
+    for side, lines in (("src", src), ("tgt", tgt)):
+        (tmp_path / f"train.{side}").write_text("\n".join(lines) + "\n")
+        train_bpe(tmp_path / f"train.{side}", tmp_path / f"{side}.model", vocab_size=80)
+    subwords = (str(tmp_path / "src.model"), str(tmp_path / "tgt.model"), 64)
+    test_src, test_tgt = src[:20], tgt[:20]
+    write_gz(tmp_path / "test.en.gz", test_src)
+    write_gz(tmp_path / "test.de.gz", test_tgt)
+    sides = ({"file": tmp_path / "test.en.gz"}, {"file": tmp_path / "test.de.gz"})
+    out = (str(tmp_path / "test.src"), str(tmp_path / "test.tgt"))
+    assert prepare_evaluation_set(*sides, 1500, False, *out, subwords=subwords) == {"pairs": 20}
+    assert read_lines(out[0]) == test_src  # a set that fits is written as before
+    (tmp_path / "test.src").unlink()
+    (tmp_path / "test.tgt").unlink()
+
+    test_src[7] = unspaced_line(1400, seed=3)
+    write_gz(tmp_path / "test.en.gz", test_src)
+    with pytest.raises(DataError, match=r"test.en.gz / .*test.de.gz, line 8: the source sentence is \d+ subwords "
+                                        r"long.*model.max_len=64 takes at most 63.*raise model.max_len, or remove "
+                                        r"line 8 from both sides"):
+        prepare_evaluation_set(*sides, 1500, False, *out, subwords=subwords)
+    assert not (tmp_path / "test.src").exists() and not (tmp_path / "test.tgt").exists()

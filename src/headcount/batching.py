@@ -40,6 +40,12 @@ def make_batches(
     return batches
 
 
+def positions(n_subwords: int) -> int:
+    """The model positions a sentence of `n_subwords` takes, on either side: the source gets EOS,
+    the decoder's input BOS and its output EOS (source_tensor, target_tensors)."""
+    return n_subwords + 1
+
+
 def pad(sequences: list[list[int]]) -> Tensor:
     out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD_ID, dtype=torch.long)
     for row, seq in enumerate(sequences):

@@ -19,7 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .io import DataError, atomic_path, sha256_file, write_lines
+from .batching import positions
+from .io import DataError, atomic_path, read_lines, sha256_file, write_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -232,6 +233,64 @@ def check_evaluation_pairs(src: list[str], tgt: list[str], max_chars: int, where
 
 
 # --------------------------------------------------------------------------------------------
+# Lengths in subwords: only sentences the model can take reach training, decoding and analyses
+
+
+def overlong_pairs(src_ids: list[list[int]], tgt_ids: list[list[int]], max_len: int) -> list[tuple[int, str, int]]:
+    """(index, side, subwords) of the pairs with a side longer than a model of `max_len` takes."""
+    over = []
+    for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
+        for side, ids in (("source", s), ("target", t)):
+            if positions(len(ids)) > max_len:
+                over.append((i, side, len(ids)))
+                break
+    return over
+
+
+def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, tgt_spm: str, max_len: int,
+                        out_src: str, out_tgt: str, log=print) -> dict:
+    """Drop the cleaned training pairs that are longer than model.max_len in subwords (a sentence
+    under cleaning.max_chars can still be: a long unspaced line splits into many pieces) and
+    write the rest unchanged. Returns `in_stats` with the final pair count and the drop count."""
+    from .subwords import Segmenter
+
+    src, tgt = read_lines(in_src), read_lines(in_tgt)
+    over = overlong_pairs(Segmenter(src_spm).encode(src), Segmenter(tgt_spm).encode(tgt), max_len)
+    for i, side, n in over[:5]:
+        log(f"dropping training pair {i + 1} of {in_src}: its {side} is {n} subwords, "
+            f"model.max_len={max_len} takes {max_len - 1}")
+    dropped = {i for i, _, _ in over}
+    if len(dropped) == len(src):
+        raise DataError(f"{in_src}: every training pair is longer than model.max_len={max_len} subwords; "
+                        f"raise model.max_len")
+    log(f"{len(dropped)} of {len(src)} training pairs dropped as longer than model.max_len={max_len} subwords")
+    write_lines(out_src, (s for i, s in enumerate(src) if i not in dropped))
+    write_lines(out_tgt, (t for i, t in enumerate(tgt) if i not in dropped))
+    return {**in_stats, "pairs": len(src) - len(dropped),
+            "too_long_subwords": {"max_len": max_len, "dropped": len(dropped)}}
+
+
+def check_evaluation_lengths(src: list[str], tgt: list[str], src_spm: str, tgt_spm: str, max_len: int,
+                             where: str) -> None:
+    """Evaluation sets are not filtered, and not truncated either: a score must cover every line
+    of the published set as published. A line the model cannot take is an error, before any job
+    that decodes or analyses it."""
+    from .subwords import Segmenter
+
+    over = overlong_pairs(Segmenter(src_spm).encode(src), Segmenter(tgt_spm).encode(tgt), max_len)
+    if over:
+        i, side, n = over[0]
+        more = f" ({len(over) - 1} more lines like it)" if len(over) > 1 else ""
+        raise DataError(
+            f"{where}, line {i + 1}: the {side} sentence is {n} subwords long, and a model with "
+            f"model.max_len={max_len} takes at most {max_len - 1} (one position goes to BOS/EOS){more}. "
+            f"Evaluation sets are neither filtered nor truncated: raise model.max_len, or remove line {i + 1} "
+            f"from both sides of the set."
+        )
+
+
+
+# --------------------------------------------------------------------------------------------
 # The data stage: read, check, clean, subsample, normalise, write
 
 
@@ -273,11 +332,19 @@ def prepare_training_corpus(
 
 
 def prepare_evaluation_set(src_side: dict, tgt_side: dict, max_chars: int, lowercase: bool,
-                           out_src: str, out_tgt: str) -> dict:
+                           out_src: str, out_tgt: str, subwords: tuple[str, str, int] | None = None) -> dict:
     """Check a dev or test set and write it: the source normalised like the training data,
-    the reference as published (whitespace tidied) so that scores compare with others'."""
+    the reference as published (whitespace tidied) so that scores compare with others'.
+
+    With `subwords` (the source and target BPE models and model.max_len), a line longer than the
+    model takes is refused too (check_evaluation_lengths)."""
     src, tgt = read_parallel(src_side, tgt_side)
-    check_evaluation_pairs(src, tgt, max_chars, f"{src_side['file']} / {tgt_side['file']}")
-    write_lines(out_src, (normalise_line(s, lowercase) for s in src))
-    write_lines(out_tgt, (" ".join(t.split()) for t in tgt))
+    where = f"{src_side['file']} / {tgt_side['file']}"
+    check_evaluation_pairs(src, tgt, max_chars, where)
+    src = [normalise_line(s, lowercase) for s in src]
+    tgt = [" ".join(t.split()) for t in tgt]
+    if subwords is not None:
+        check_evaluation_lengths(src, tgt, *subwords, where)
+    write_lines(out_src, src)
+    write_lines(out_tgt, tgt)
     return {"pairs": len(src)}

@@ -1,4 +1,5 @@
-# Data: fetch (URL or mirror) -> clean and split -> sentencepiece BPE, one model per language.
+# Data: fetch (URL or mirror) -> clean -> sentencepiece BPE, one model per language -> drop the
+# training pairs too long for the model in subwords; check the evaluation sets.
 
 
 rule fetch_source:
@@ -19,13 +20,16 @@ rule fetch_source:
         "../scripts/fetch_source.py"
 
 
+# Training text is cleaned (cleaned.*), the BPE models learn from it, and then the pairs longer
+# than model.max_len in subwords are dropped (train.*): only then are lengths known in subwords.
 rule prepare_training_data:
+    """Read, check, clean, subsample and normalise the training corpora into one text per side."""
     input:
         training_inputs,
     output:
-        src="results/{exp}/data/train.src.txt",
-        tgt="results/{exp}/data/train.tgt.txt",
-        stats="results/{exp}/data/train.stats.json",
+        src="results/{exp}/data/cleaned.src.txt",
+        tgt="results/{exp}/data/cleaned.tgt.txt",
+        stats="results/{exp}/data/cleaned.stats.json",
     log:
         log_path("prepare_training_data"),
     conda:
@@ -43,11 +47,39 @@ rule prepare_training_data:
         "../scripts/prepare_training_data.py"
 
 
-rule prepare_evaluation_data:
+rule fit_training_data:
+    """Drop the cleaned training pairs longer than model.max_len in subwords; count them."""
     input:
-        lambda w: sorted(
+        src="results/{exp}/data/cleaned.src.txt",
+        tgt="results/{exp}/data/cleaned.tgt.txt",
+        stats="results/{exp}/data/cleaned.stats.json",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+    output:
+        src="results/{exp}/data/train.src.txt",
+        tgt="results/{exp}/data/train.tgt.txt",
+        stats="results/{exp}/data/train.stats.json",
+    log:
+        log_path("fit_training_data"),
+    conda:
+        ENV
+    resources:
+        mem_mb=4000,
+        runtime=60,
+    params:
+        max_len=lambda w: exp_config(w)["model"]["max_len"],
+    script:
+        "../scripts/fit_training_data.py"
+
+
+rule prepare_evaluation_data:
+    """Check a dev or test set (a line too long for the model is an error) and normalise it."""
+    input:
+        sides=lambda w: sorted(
             {fetched(side_source(s)) for s in split_pair(exp_config(w), w.split)}
         ),
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
     output:
         src="results/{exp}/data/{split}.src.txt",
         tgt="results/{exp}/data/{split}.tgt.txt",
@@ -62,13 +94,15 @@ rule prepare_evaluation_data:
         sides=lambda w: [side_spec(s) for s in split_pair(exp_config(w), w.split)],
         max_chars=lambda w: exp_config(w)["cleaning"]["max_chars"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        max_len=lambda w: exp_config(w)["model"]["max_len"],
     script:
         "../scripts/prepare_evaluation_data.py"
 
 
 rule train_subwords:
+    """Learn one language's BPE model on the cleaned training text."""
     input:
-        "results/{exp}/data/train.{side}.txt",
+        "results/{exp}/data/cleaned.{side}.txt",
     output:
         "results/{exp}/subwords/{side}.model",
     log:

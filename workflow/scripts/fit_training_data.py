@@ -1,0 +1,16 @@
+import json
+
+from _common import job
+
+from headcount.data import fit_training_corpus
+from headcount.io import write_json
+
+with job(snakemake) as log:
+    with open(snakemake.input.stats, encoding="utf-8") as f:
+        cleaned = json.load(f)
+    stats = fit_training_corpus(
+        snakemake.input.src, snakemake.input.tgt, cleaned, snakemake.input.src_spm, snakemake.input.tgt_spm,
+        max_len=snakemake.params.max_len, out_src=snakemake.output.src, out_tgt=snakemake.output.tgt, log=log,
+    )
+    write_json(snakemake.output.stats, stats)
+    log(f"{stats['pairs']} training pairs")
