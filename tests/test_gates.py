@@ -75,3 +75,20 @@ def test_gated_model_samples_once_per_batch_and_keeps_fixed_masks(tiny_model):
     tiny_model.eval()
     gates_now = tiny_model.encoder_layers[0].self_attn.gates()
     assert gates_now[1] == 0  # the fixed mask still applies
+
+
+def test_pinned_open_gates_are_exactly_one_and_untrainable():
+    """The lambda = 0 control's gates: every sample is 1, even at the extreme noise values the
+    sampler's clamp allows, and neither a loss nor a penalty can move them."""
+    from headcount.gates import pin_open
+
+    torch.manual_seed(0)
+    gates = HardConcreteGates(4096)
+    pin_open([gates])
+    assert not gates.log_alpha.requires_grad
+    assert torch.equal(gates.sample(), torch.ones(4096))
+    with torch.no_grad():  # the noise extremes: u at the clamp's ends
+        for u in (1e-6, 1 - 1e-6):
+            s = torch.sigmoid((math.log(u) - math.log1p(-u) + gates.log_alpha) / gates.beta)
+            assert torch.equal((s * (gates.high - gates.low) + gates.low).clamp(0, 1), torch.ones(4096))
+    assert torch.equal(gates.deterministic(), torch.ones(4096)) and torch.equal(gates.p_open(), torch.ones(4096))

@@ -239,3 +239,157 @@ def test_physically_pruned_model_computes_the_same_as_the_masked_one(tiny_model)
                 for kind, (tq, tk) in {"enc_self": (7, 7), "dec_self": (5, 5), "dec_enc": (5, 7)}.items()}
     assert full_flops == sum(8 * f for f in per_head.values())
     assert attention_flops(tiny_model, 7, 5) == sum(int(masks[k].sum()) * per_head[k] for k in masks)
+
+
+Q0 = "encoder_layers.0.self_attn.q_proj.weight"  # a weight every setting trains
+
+
+def prune_with(tmp_path, files, setting, lam, name, **recipe):
+    from headcount.prune_stages import prune_heads
+
+    settings = {**PRUNE, **recipe}
+    return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=settings,
+                       train_settings=training(20), work_dir=str(tmp_path / name / "train"),
+                       model_out=str(tmp_path / name / "model.pt"), gates_out=str(tmp_path / name / "gates.json"),
+                       trajectory_out=str(tmp_path / name / "trajectory.csv"), log=lambda m: None,
+                       baseline_checkpoint=str(tmp_path / "base/checkpoint.pt"))
+
+
+def test_the_control_trains_the_weights_with_gates_that_never_close(toy_run):
+    """lambda = 0: log alpha pinned open and untrained, every sampled and evaluation gate 1, no
+    head pruned by either rule; the weights did fine-tune."""
+    from headcount.gates import OPEN_LOG_ALPHA
+
+    tmp_path, files, _ = toy_run
+    record = prune_with(tmp_path, files, "all", 0.0, "control")
+    assert record["control"] and record["retained"] == {"enc_self": 8, "dec_self": 8, "dec_enc": 8}
+    assert record["retained_paper_rule"] == record["retained"]
+    heads = pd.DataFrame(record["heads"])
+    assert (heads["log_alpha"] == OPEN_LOG_ALPHA).all() and (heads["eval_gate"] == 1.0).all()
+    trajectory = pd.read_csv(tmp_path / "control/trajectory.csv")
+    assert trajectory["step"].max() == 12 and (trajectory["p_closed"] == 0).all()
+    base, tuned = load_model(tmp_path / "base.pt"), load_model(tmp_path / "control/model.pt")
+    assert all(torch.equal(m, torch.ones_like(m)) for m in tuned.head_mask().values())
+    assert not torch.equal(base.state_dict()[Q0], tuned.state_dict()[Q0])
+
+
+def test_the_control_samples_only_open_gates_during_training(tiny_model):
+    from headcount.pruning import prepare_for_pruning
+
+    gates, groups = prepare_for_pruning(tiny_model, "all", None, 10.0, control=True)
+    assert len(groups) == 1  # no gate is trained
+    samples = []
+    hooks = [g.register_forward_hook(lambda m, i, o: samples.append(o.detach())) for g in gates]
+    tiny_model.train()
+    for _ in range(20):
+        tiny_model(*random_batch(tiny_model))
+    for h in hooks:
+        h.remove()
+    assert len(samples) == 20 * len(gates) and all(torch.equal(s, torch.ones(4)) for s in samples)
+
+
+def test_the_frozen_gate_phase_changes_no_gate(toy_run):
+    """heal_steps: after the gated run, the gates are folded (fixed 0/1 mask) and the weights
+    train on; the mask and the gates' record are those of the gated run's end."""
+    tmp_path, files, _ = toy_run
+    record = prune_with(tmp_path, files, "all", 2.0, "heal", heal_steps=6)
+    gated = load_model(tmp_path / "base.pt")  # the gated run's last weights, folded here independently
+    prepare_for_pruning(gated, "all", None, 10.0)
+    gated.load_state_dict(torch.load(tmp_path / "heal/train/checkpoint.pt", weights_only=False)["model"])
+    before = gate_table(gated)
+    fold_gates(gated)
+    healed = load_model(tmp_path / "heal/model.pt")
+    assert before["pruned"].any() and not before["pruned"].all()  # a mask worth freezing
+    assert before["pruned"].tolist() == pd.DataFrame(record["heads"])["pruned"].tolist()
+    for kind, mask in gated.head_mask().items():
+        assert torch.equal(healed.head_mask()[kind], mask), kind
+    assert not torch.equal(gated.state_dict()[Q0], healed.state_dict()[Q0])
+    # what the healing phase trained: no gate left to learn, the folded mask, no gate in its optimizer
+    heal_state = torch.load(tmp_path / "heal/train/heal/checkpoint.pt", weights_only=False)
+    assert not any("hard_concrete" in name for name in heal_state["model"])
+    masks = {n: t for n, t in heal_state["model"].items() if n.endswith("head_mask")}
+    assert masks and all(torch.equal(t, gated.state_dict()[n]) for n, t in masks.items())
+    n_trained = sum(len(g["params"]) for g in heal_state["optimizer"]["param_groups"])
+    assert n_trained == len(list(gated.parameters()))
+    assert record["heal_summary"]["steps"] == 6
+    assert record["steps"] == {"baseline": 20, "fine_tuning": 12, "heal": 6, "total": 38}
+
+
+def test_best_dev_bleu_selection_picks_among_checkpoints_with_the_final_heads(toy_run):
+    tmp_path, files, _ = toy_run
+    from headcount.prune_stages import prune_heads
+
+    settings = {**PRUNE, "select": "best_dev_bleu", "training": {**PRUNE["training"], "eval_interval": 4}}
+    record = prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.0, prune_settings=settings,
+                         train_settings=training(20), work_dir=str(tmp_path / "sel/train"),
+                         model_out=str(tmp_path / "sel/model.pt"), gates_out=str(tmp_path / "sel/gates.json"),
+                         trajectory_out=str(tmp_path / "sel/trajectory.csv"), log=lambda m: None)
+    scores = {c["step"]: c["dev_bleu"] for c in record["selected"]["candidates"] if c["phase"] == "fine_tuning"}
+    assert sorted(scores) == [4, 8, 12]  # the control's heads never change: every evaluation is a candidate
+    best = max(scores.values())
+    assert record["selected"]["dev_bleu"] == best
+    assert record["selected"]["step"] == min(s for s, b in scores.items() if b == best)
+    snapshot = torch.load(tmp_path / f"sel/train/snapshots/step_{record['selected']['step']}.pt", weights_only=False)
+    saved = torch.load(tmp_path / "sel/model.pt", weights_only=False)["model"]
+    assert torch.equal(saved[Q0], snapshot["model"][Q0])
+
+
+def test_learning_rate_recipes_against_the_noam_formula():
+    from headcount.pruning import baseline_last_lr, fine_tuning_lr, healing_lr
+
+    base = {"max_steps": 3200, "warmup_steps": 800, "lr_scale": 1.0}
+    last = 256 ** -0.5 * 3200 ** -0.5  # past the warm-up: scale * d^-0.5 * step^-0.5
+    assert baseline_last_lr(base, 256) == pytest.approx(last)
+    assert fine_tuning_lr("noam", base, 256) is None  # the training loop's own restart
+    constant = fine_tuning_lr("constant", base, 256)
+    assert constant(1) == constant(500) == pytest.approx(last)
+    carried = fine_tuning_lr("continue", base, 256)
+    assert carried(1) == pytest.approx(256 ** -0.5 * 3201 ** -0.5) and carried(500) < carried(1) < last
+    heal = healing_lr(1e-3, 4)
+    assert [heal(s) for s in range(1, 5)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
+
+
+def test_baseline_adam_state_is_resumed_parameter_by_parameter(tiny_model):
+    """The baseline optimizer's moments reach the same tensors after gates are attached and the
+    decoder is frozen; the new gates start fresh."""
+    from headcount.pruning import optimizer_state_loader
+    from headcount.train import parameter_groups
+
+    params = list(tiny_model.parameters())
+    adam = torch.optim.Adam(params, lr=1e-3)
+    loss = sum((p ** 2).sum() * (i + 1) for i, p in enumerate(params))
+    loss.backward()
+    adam.step()
+    saved = adam.state_dict()
+    gates, groups = prepare_for_pruning(tiny_model, "enc", None, 10.0)
+    fresh = torch.optim.Adam(parameter_groups(groups), lr=0.0)
+    optimizer_state_loader(saved, params, "baseline checkpoint")(fresh)
+    position = {id(p): i for i, p in enumerate(params)}
+    for group in fresh.param_groups:
+        for p in group["params"]:
+            if any(p is g.log_alpha for g in gates):
+                assert p not in fresh.state
+            else:
+                torch.testing.assert_close(fresh.state[p]["exp_avg_sq"], saved["state"][position[id(p)]]["exp_avg_sq"])
+    assert len(fresh.state) == len(groups[0]["params"]) < len(params)
+    with pytest.raises(HeadcountError, match="not this model's checkpoint"):
+        optimizer_state_loader(saved, params[:-1], "baseline checkpoint")
+
+
+def test_a_recipe_run_resumes_the_baseline_optimizer_at_its_last_rate(toy_run):
+    tmp_path, files, _ = toy_run
+    record = prune_with(tmp_path, files, "enc", 0.5, "recipe", lr_schedule="constant", resume_optimizer=True)
+    assert record["lr"]["fine_tuning_peak"] == pytest.approx(record["lr"]["baseline_last"])
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "recipe/train/metrics.jsonl").read_text().splitlines()
+           if '"lr"' in line]
+    assert lrs and all(lr == pytest.approx(record["lr"]["baseline_last"]) for lr in lrs)
+
+
+def test_from_scratch_budget_matches_the_pruned_models_steps():
+    from headcount.pruning import scratch_training
+
+    base = training(3200)
+    prune = {**PRUNE, "heal_steps": 100, "select": "best_dev_bleu"}
+    assert scratch_training(base, prune) == {**base, "max_steps": 3200 + 12 + 100, "select": "best_dev_bleu"}
+    assert scratch_training(base, PRUNE)["select"] == "last"
+

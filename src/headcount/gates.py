@@ -55,6 +55,22 @@ class HardConcreteGates(nn.Module):
         return torch.sigmoid(self.log_alpha - self.beta * math.log((1 - self.low) / (self.high - 1)))
 
 
+# A log alpha at which every sample is exactly 1: with u clamped to [1e-6, 1 - 1e-6], the logit
+# of u is above -13.9, so sigmoid((logit u + 100) / beta) rounds to 1 and the stretched gate clips
+# to 1; the evaluation gate and P(open) are 1 too.
+OPEN_LOG_ALPHA = 100.0
+
+
+def pin_open(gates: list[HardConcreteGates]) -> None:
+    """Gates that cannot close (the lambda = 0 control): log alpha fixed at OPEN_LOG_ALPHA and
+    not trained. Sampling still draws its noise, so the control's random stream (dropout) is the
+    one a gated run draws."""
+    with torch.no_grad():
+        for g in gates:
+            g.log_alpha.fill_(OPEN_LOG_ALPHA)
+            g.log_alpha.requires_grad_(False)
+
+
 def attach_gates(model, types=("enc_self", "dec_self", "dec_enc"), init: float | None = None) -> list:
     """Give every attention module of the given types Hard Concrete gates; returns them.
 

@@ -14,11 +14,17 @@ from .decode import translate
 from .evaluate import score_translations
 from .io import HeadcountError, atomic_path, read_lines, sha256_file, write_json
 from .pruning import (
+    SELECTIONS,
+    baseline_last_lr,
+    fine_tuning_lr,
     fold_gates,
     gate_snapshot,
     gate_table,
+    healing_lr,
+    is_control,
     masks_from_table,
     michel_masks,
+    optimizer_state_loader,
     penalty,
     prepare_for_pruning,
     retained_counts,
@@ -26,52 +32,138 @@ from .pruning import (
 )
 from .stages import provenance
 from .subwords import Segmenter
-from .train import Corpus, DevSet, TrainConfig, load_model, pick_device, save_checkpoint, train
+from .train import (
+    Corpus,
+    DevSet,
+    TrainConfig,
+    load_checkpoint,
+    load_model,
+    noam_lr,
+    parameter_groups,
+    pick_device,
+    save_checkpoint,
+    train,
+)
 
 
 def prune_heads(
     baseline: str, train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
     setting: str, lam: float, prune_settings: dict, train_settings: dict, work_dir: str, model_out: str,
-    gates_out: str, trajectory_out: str, log=print,
+    gates_out: str, trajectory_out: str, log=print, lowercase: bool = False, baseline_checkpoint: str | None = None,
 ) -> dict:
     """Fine-tune the converged baseline with lambda * L_C for one setting; write the pruned model
-    (gates folded in), the gate table and the gates' trajectory. Resumable from `work_dir`."""
+    (gates folded in), the gate table and the gates' trajectory. Resumable from `work_dir`.
+
+    lambda = 0 is the control: gates pinned open, the rest of the recipe unchanged. The recipe
+    (prune_settings, config/README.md): the learning-rate schedule, the baseline's Adam state
+    (from `baseline_checkpoint`, its training checkpoint), a last phase of `heal_steps` with the
+    gates frozen at their evaluation values, and the checkpoint selection.
+    """
     if not lam >= 0:
         raise HeadcountError(f"pruning lambda {lam} is negative: a negative penalty rewards open gates. "
                              f"Use values >= 0 in prune.lambdas.{setting}")
+    recipe = {"lr_schedule": prune_settings.get("lr_schedule", "noam"),
+              "resume_optimizer": bool(prune_settings.get("resume_optimizer", False)),
+              "heal_steps": int(prune_settings.get("heal_steps", 0)), "select": prune_settings.get("select", "last")}
+    if recipe["select"] not in SELECTIONS:
+        raise HeadcountError(f"config key 'prune.select': {recipe['select']!r}; use one of {', '.join(SELECTIONS)}")
+    if recipe["select"] == "best_dev_bleu" and not train_settings["dev_bleu_sentences"]:
+        raise HeadcountError("config key 'prune.select' is best_dev_bleu but training.dev_bleu_sentences is 0: "
+                             "set training.dev_bleu_sentences > 0 or prune.select: last")
+    if recipe["resume_optimizer"] and not (baseline_checkpoint and Path(baseline_checkpoint).is_file()):
+        raise HeadcountError(f"config key 'prune.resume_optimizer' is true but the baseline's training checkpoint "
+                             f"{baseline_checkpoint} is missing; rerun the baseline's training (it keeps "
+                             f"train/checkpoint.pt) or set prune.resume_optimizer: false")
+    control = is_control(lam)
     types = setting_types(setting)
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     log("encoding the training and dev data")
     data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
-    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(read_lines(dev_tgt)))
-    # The penalty is not part of the dev loss, so "best dev" would pick the least pruned weights:
-    # the pruned model is always the last one.
-    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0,
-                "snapshot_interval": 0}
+    dev_references = read_lines(dev_tgt)
+    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
+    select_best = recipe["select"] == "best_dev_bleu"
+    # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
+    # least pruned weights: the loop keeps the last weights, and best_dev_bleu selection happens
+    # here, among snapshots with the final head configuration (one per evaluation).
+    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0}
+    settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     model = load_model(baseline)
+    baseline_steps = int(load_checkpoint(baseline).get("summary", {}).get("steps", train_settings["max_steps"]))
+    baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
     torch.manual_seed(cfg.seed)
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
-                                        prune_settings["gate_lr_scale"])
-    log(f"pruning {', '.join(types)} with lambda {lam}: {len(gates)} gated layers, "
-        f"gate learning rate x{prune_settings['gate_lr_scale']}")
+                                        prune_settings["gate_lr_scale"], control=control)
+    lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, model.cfg.d_model)
+    init_optimizer = None
+    if recipe["resume_optimizer"]:
+        saved = load_checkpoint(baseline_checkpoint)
+        if "optimizer" not in saved:
+            raise HeadcountError(f"{baseline_checkpoint} holds no optimizer state; set prune.resume_optimizer: false")
+        init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
+    log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
+        + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
     fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
                    "log_alpha_init": prune_settings["log_alpha_init"],
                    "gate_lr_scale": prune_settings["gate_lr_scale"],
                    "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
+    if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
+        fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
     summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
-                    extra_metrics=gate_snapshot, run_fingerprint=fingerprint, log=log)
+                    extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,
+                    init_optimizer=init_optimizer, log=log)
     model.to("cpu")
     table = gate_table(model)
     trajectory = gate_trajectory(Path(work_dir) / "metrics.jsonl")
+    candidates = []  # (phase, step, state_dict of the folded model) with the final head configuration
+    if select_best:
+        candidates += _fine_tuning_candidates(model, table, summary["snapshots"])
     fold_gates(model)
+    weights = list(groups[0]["params"])  # the folded model trains what the gated one trained
+    final_lr = lr_at(cfg.max_steps) if lr_at else noam_lr(cfg.max_steps, model.cfg.d_model, cfg.warmup_steps,
+                                                          cfg.lr_scale)
+    heal_summary = None
+    if recipe["heal_steps"]:
+        heal_cfg = TrainConfig(**{**cfg.to_dict(), "max_steps": recipe["heal_steps"], "seed": cfg.seed + 1,
+                                  "checkpoint_interval": min(cfg.checkpoint_interval, recipe["heal_steps"])})
+        phase_one = load_checkpoint(Path(work_dir) / "checkpoint.pt")
+        trained_before = [p for g in parameter_groups(groups) for p in g["params"]]
+        for p in model.parameters():  # fold_gates unfroze everything; the encoder-only setting keeps its decoder
+            p.requires_grad_(any(p is w for w in weights))
+        log(f"healing: {recipe['heal_steps']} steps with the gates frozen at their evaluation values, learning "
+            f"rate decaying linearly from {final_lr:.2e}")
+        heal_summary = train(model, heal_cfg, data, dev, Path(work_dir) / "heal", parameters=weights,
+                             run_fingerprint={**fingerprint, "phase": "heal"},
+                             lr_at=healing_lr(final_lr, recipe["heal_steps"]),
+                             init_optimizer=optimizer_state_loader(phase_one["optimizer"], trained_before,
+                                                                   str(Path(work_dir) / "checkpoint.pt")),
+                             log=log)
+        model.to("cpu")
+        if select_best:
+            candidates += [("heal", snap["step"], load_checkpoint(snap["path"])["model"])
+                           for snap in heal_summary["snapshots"]]
+    selected = {"phase": "heal" if heal_summary else "fine_tuning",
+                "step": heal_summary["steps"] if heal_summary else summary["steps"], "dev_bleu": None}
+    if candidates:
+        selected = _select_by_dev_bleu(model, candidates, dev, tgt_seg, train_settings["dev_bleu_sentences"],
+                                       lowercase, log)
     n_layers = {kind: len(mods) for kind, mods in model.attention_modules().items()}
     counts = retained_counts(masks_from_table(table, n_layers, model.cfg.n_heads, "pruned"))
     counts_paper = retained_counts(masks_from_table(table, n_layers, model.cfg.n_heads, "pruned_paper"))
     log("retained heads: " + ", ".join(f"{k} {v}" for k, v in counts.items())
         + " (paper's log alpha < 0 rule: " + ", ".join(f"{k} {v}" for k, v in counts_paper.items()) + ")")
-    record = {"setting": setting, "lambda": lam, "retained": counts, "retained_paper_rule": counts_paper,
-              "summary": summary, "train_config": cfg.to_dict(), "prune_settings": prune_settings,
+    steps = {"baseline": baseline_steps, "fine_tuning": summary["steps"],
+             "heal": heal_summary["steps"] if heal_summary else 0}
+    steps["total"] = sum(steps.values())
+    record = {"setting": setting, "lambda": lam, "control": control, "retained": counts,
+              "retained_paper_rule": counts_paper, "summary": summary, "heal_summary": heal_summary,
+              "recipe": recipe, "steps": steps, "selected": selected,
+              "lr": {"baseline_last": baseline_last_lr(train_settings, model.cfg.d_model),
+                     "fine_tuning_peak": max(lr_at(s) if lr_at else noam_lr(s, model.cfg.d_model, cfg.warmup_steps,
+                                                                            cfg.lr_scale)
+                                             for s in range(1, cfg.max_steps + 1)),
+                     "fine_tuning_last": final_lr},
+              "train_config": cfg.to_dict(), "prune_settings": prune_settings,
               "heads": table.to_dict(orient="records"), "provenance": provenance()}
     save_checkpoint(model_out, {"model": model.state_dict(), "model_config": model.cfg.to_dict(),
                                 "pruning": {k: v for k, v in record.items() if k != "heads"}})
@@ -79,6 +171,38 @@ def prune_heads(
         trajectory.to_csv(tmp, index=False)
     write_json(gates_out, record)
     return record
+
+
+def _fine_tuning_candidates(model, final: pd.DataFrame, snapshots: list[dict]) -> list:
+    """The gated run's snapshots whose evaluation gates prune exactly the final heads, folded."""
+    import copy
+
+    out = []
+    for snap in snapshots:
+        gated = copy.deepcopy(model)
+        gated.load_state_dict(load_checkpoint(snap["path"])["model"])
+        if gate_table(gated)["pruned"].tolist() == final["pruned"].tolist():
+            out.append(("fine_tuning", snap["step"], fold_gates(gated).state_dict()))
+    return out
+
+
+def _select_by_dev_bleu(model, candidates: list, dev, tgt_seg, n: int, lowercase: bool, log) -> dict:
+    """Load into `model` the candidate with the best greedy dev BLEU (the baseline's selection
+    rule); the earliest wins a tie."""
+    from .stages import greedy_dev_bleu
+
+    best, scored = None, []
+    for phase, step, state in candidates:
+        model.load_state_dict(state)
+        bleu = greedy_dev_bleu(model.eval(), dev, tgt_seg, n, lowercase)
+        log(f"candidate {phase} step {step}: dev BLEU {bleu:.2f}")
+        scored.append({"phase": phase, "step": step, "dev_bleu": bleu})
+        if best is None or bleu > best["dev_bleu"]:
+            best = {"phase": phase, "step": step, "dev_bleu": bleu, "state": state}
+    model.load_state_dict(best.pop("state"))
+    log(f"selected {best['phase']} step {best['step']} (dev BLEU {best['dev_bleu']:.2f}) among {len(candidates)} "
+        f"checkpoints with the final heads")
+    return {**best, "candidates": scored}
 
 
 def gate_trajectory(metrics_path: Path) -> pd.DataFrame:

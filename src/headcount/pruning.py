@@ -10,16 +10,31 @@ exactly as the gated model does in evaluation mode.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import pandas as pd
 import torch
 from torch import Tensor
 
-from .gates import attach_gates, l0_penalty
+from .gates import attach_gates, l0_penalty, pin_open
+from .io import CheckpointError, HeadcountError
 from .model import Transformer
+from .train import noam_lr
 
 ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
 SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}
+
+# The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
+# it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
+FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer", "heal_steps", "select",
+                    "training")
+LR_SCHEDULES = ("noam", "constant", "continue")
+SELECTIONS = ("last", "best_dev_bleu")
+
+
+def is_control(lam: float) -> bool:
+    """lambda = 0 is the control: the same fine-tuning with gates that cannot close."""
+    return float(lam) == 0.0
 
 
 def setting_types(setting: str) -> tuple[str, ...]:
@@ -29,12 +44,16 @@ def setting_types(setting: str) -> tuple[str, ...]:
 
 
 def prepare_for_pruning(model: Transformer, setting: str, log_alpha_init: float | None,
-                        gate_lr_scale: float) -> tuple[list, list[dict]]:
+                        gate_lr_scale: float, control: bool = False) -> tuple[list, list[dict]]:
     """Attach Hard Concrete gates for a setting and freeze what it does not train.
 
     Returns the gates and the optimizer's param groups (gates get their own learning-rate scale).
+    With `control`, the gates are pinned open (gates.pin_open) and left out of the optimizer: the
+    same weights train, on the same batches, at the same rates.
     """
     gates = attach_gates(model, setting_types(setting), init=log_alpha_init)
+    if control:
+        pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}
     if setting == "enc":
         trained = {id(p) for p in model.src_embed.parameters()}
@@ -44,8 +63,83 @@ def prepare_for_pruning(model: Transformer, setting: str, log_alpha_init: float 
             p.requires_grad_(id(p) in trained)
     weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]
     groups = [{"params": weights, "lr_scale": 1.0},
-              {"params": [g.log_alpha for g in gates], "lr_scale": gate_lr_scale}]
+              {"params": [g.log_alpha for g in gates if g.log_alpha.requires_grad], "lr_scale": gate_lr_scale}]
     return gates, [g for g in groups if g["params"]]
+
+
+# --------------------------------------------------------------------------------------------
+# Fine-tuning recipes: learning rates, optimizer state, the budget of the from-scratch twin
+
+
+def baseline_last_lr(baseline_training: dict, d_model: int) -> float:
+    """The Noam rate the baseline ended at (its step max_steps)."""
+    return noam_lr(baseline_training["max_steps"], d_model, baseline_training["warmup_steps"],
+                   baseline_training["lr_scale"])
+
+
+def fine_tuning_lr(schedule: str, baseline_training: dict, d_model: int) -> Callable[[int], float] | None:
+    """The learning rate at each 1-based fine-tuning step, or None for the training loop's own
+    Noam schedule on prune.training's warmup_steps and lr_scale (the authors' restart).
+
+    constant: the baseline's last rate throughout; continue: the baseline's Noam schedule carried
+    on from its last step (decaying from that rate as step^-0.5).
+    """
+    if schedule == "noam":
+        return None
+    last_step = baseline_training["max_steps"]
+    if schedule == "constant":
+        rate = baseline_last_lr(baseline_training, d_model)
+        return lambda step: rate
+    if schedule == "continue":
+        warmup, scale = baseline_training["warmup_steps"], baseline_training["lr_scale"]
+        return lambda step: noam_lr(last_step + step, d_model, warmup, scale)
+    raise HeadcountError(f"config key 'prune.lr_schedule': unknown schedule {schedule!r}; use one of "
+                         f"{', '.join(LR_SCHEDULES)}")
+
+
+def healing_lr(start: float, steps: int) -> Callable[[int], float]:
+    """A linear decay over `steps` steps from `start` (step 1) to start / steps (the last step)."""
+    return lambda step: start * (steps - step + 1) / steps
+
+
+def optimizer_state_loader(saved: dict, saved_params: list[Tensor], source: str) -> Callable:
+    """An `init_optimizer` for the training loop that gives each parameter the Adam state it had
+    in `saved` (an optimizer state_dict whose groups list `saved_params` in order). Parameters
+    absent from `saved` (new gates) start fresh."""
+    order = [i for group in saved["param_groups"] for i in group["params"]]
+    if len(order) != len(saved_params):
+        raise CheckpointError(f"{source}: its optimizer holds {len(order)} parameters, the model "
+                              f"{len(saved_params)}; it is not this model's checkpoint. Retrain the baseline, "
+                              f"or set prune.resume_optimizer: false")
+    by_param = {}
+    for param, index in zip(saved_params, order):
+        state = saved["state"].get(index)
+        if state is not None:
+            if state["exp_avg"].shape != param.shape:
+                raise CheckpointError(f"{source}: optimizer state of shape {tuple(state['exp_avg'].shape)} for a "
+                                      f"parameter of shape {tuple(param.shape)}; not this model's checkpoint")
+            by_param[id(param)] = state
+
+    def init(optimizer: torch.optim.Optimizer) -> None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) in by_param:
+                    optimizer.state[param] = {k: v.detach().clone() if k == "step" else v.to(param.device).clone()
+                                              for k, v in by_param[id(param)].items()}
+
+    return init
+
+
+def fine_tuning_steps(prune: dict) -> int:
+    """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
+    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
+
+
+def scratch_training(baseline_training: dict, prune: dict) -> dict:
+    """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
+    model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
+    return {**baseline_training, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
+            "select": prune.get("select", "last")}
 
 
 def penalty(gates: list, lam: float):
