@@ -586,3 +586,76 @@ def test_positional_and_rare_come_from_the_given_text_and_long_parsed_sentences_
     assert stats["syntactic"].query("relation == 'nsubj'")["n"].eq((lengths <= 11).sum()).all()
     assert 0 < (lengths > 11).sum() < len(lengths)
     assert any(f"{(lengths > 11).sum()} longer than 11 subwords" in line for line in logs)
+
+
+# --------------------------------------------------------------------------------------------
+# The stage: which text and which parser each table comes from
+
+
+def test_find_head_roles_names_its_text_and_parser_and_cross_checks_on_gold_trees(tmp_path):
+    import json
+
+    from conftest import NOUNS, tiny_config, toy_conllu, toy_corpus
+
+    from headcount.stages import find_head_roles, parse_analysis_sentences
+    from headcount.subwords import Segmenter, train_bpe
+    from headcount.train import save_checkpoint
+
+    (tmp_path / "train.txt").write_text("\n".join(toy_corpus(300, 1)[0]) + "\n", encoding="utf-8")
+    (tmp_path / "dev.txt").write_text("\n".join(toy_corpus(30, 2)[0]) + "\n", encoding="utf-8")
+    long_sentence = " ".join((NOUNS * 3)[:25]).capitalize() + "."  # longer than any training line
+    (tmp_path / "tb.conllu").write_text(toy_conllu(toy_corpus(20, 3)[0] + [long_sentence]), encoding="utf-8")
+    (tmp_path / "in_domain.conllu").write_text(toy_conllu(toy_corpus(30, 2)[0]), encoding="utf-8")
+    train_bpe(tmp_path / "train.txt", tmp_path / "src.model", 60)
+    torch.manual_seed(0)
+    cfg = tiny_config(src_vocab=len(Segmenter(str(tmp_path / "src.model"))))
+    save_checkpoint(tmp_path / "model.pt", {"model": Transformer(cfg).state_dict(), "model_config": cfg.to_dict()})
+    settings = {"max_sentences": 100, "top_k": 5, "positional_threshold": 0.9, "positional_share": "valid",
+                "syntactic_margin": 0.1, "rare_threshold": 0.5, "rare_margin": 0.1, "min_instances": 5}
+    names = ("roles", "positional", "syntactic", "rare", "table1")
+
+    def run(parses: str, info: str, reference=()):
+        out = {name: str(tmp_path / f"{name}.csv") for name in names}
+        out.update(table1_md=str(tmp_path / "table1.md"), function_map=str(tmp_path / "map.png"),
+                   relative_positions=str(tmp_path / "positions.png"))
+        logs = []
+        find_head_roles(str(tmp_path / "model.pt"), str(tmp_path / "src.model"), parses, str(tmp_path / "train.txt"),
+                        False, settings, out, analysis_src=str(tmp_path / "dev.txt"), analysis_sentences=20,
+                        analysis_label="dev[:20] of toy", parses_info_path=info, reference_treebanks=reference,
+                        log=logs.append)
+        return {name: pd.read_csv(out[name]) for name in names}, (tmp_path / "table1.md").read_text(), logs
+
+    # gold treebank text: the long sentence is left out, and every table says where it comes from
+    parse_analysis_sentences("gold", [str(tmp_path / "tb.conllu")], None, None, "en", 100,
+                             str(tmp_path / "gold.parquet"), info_path=str(tmp_path / "gold.json"))
+    tables, markdown, logs = run(str(tmp_path / "gold.parquet"), str(tmp_path / "gold.json"))
+    longest = max(len(x) for x in Segmenter(str(tmp_path / "src.model")).encode(toy_corpus(300, 1)[0]))
+    assert any(f"20 of 21 parsed sentences (1 longer than {longest} subwords" in line for line in logs)
+    for name in ("positional", "rare"):
+        assert tables[name]["text"].eq("dev[:20] of toy").all()
+    assert tables["positional"]["n_queries"].iloc[0] == sum(
+        len(x) for x in Segmenter(str(tmp_path / "src.model")).encode(toy_corpus(30, 2)[0][:20]))
+    syntactic_text = f"treebanks tb.conllu, sentences of at most {longest} subwords (the longest training sentence)"
+    for name in ("roles", "syntactic", "table1"):
+        assert tables[name]["parser"].eq("gold treebank trees").all()
+    assert tables["roles"]["syntactic_text"].eq(syntactic_text).all() and tables["syntactic"]["text"].eq(
+        syntactic_text).all()
+    assert markdown.startswith(f"Text: {syntactic_text}. Parser: gold treebank trees.\n")
+    assert {"role_paper", "is_positional_paper", "is_rare_paper"} <= set(tables["roles"].columns)
+    assert "is_syntactic_gold" not in tables["roles"].columns
+
+    # in-domain parses (any parser) with the gold treebank as a cross-check beside them
+    parse_analysis_sentences("gold", [str(tmp_path / "in_domain.conllu")], None, None, "en", 20,
+                             str(tmp_path / "parsed.parquet"))
+    (tmp_path / "parsed.json").write_text(json.dumps({"parser": "a parser 1.0", "text": "dev[:20] of toy",
+                                                      "in_domain": True}), encoding="utf-8")
+    tables, markdown, logs = run(str(tmp_path / "parsed.parquet"), str(tmp_path / "parsed.json"),
+                                 [str(tmp_path / "tb.conllu")])
+    roles, table1 = tables["roles"], tables["table1"]
+    assert roles["parser"].eq("a parser 1.0").all() and roles["syntactic_text"].eq("dev[:20] of toy").all()
+    assert roles["syntactic_text_gold"].eq(syntactic_text).all()
+    assert {"is_syntactic_gold", "syntactic_margin_gold"} <= set(roles.columns)
+    amod = table1[table1["relation"] == "amod"]
+    assert (amod["n"] > 0).all() and (amod["n_gold"] > 0).all()
+    assert "Parser: a parser 1.0." in markdown
+    assert f"Cross-check: text: {syntactic_text}. Parser: gold trees." in markdown

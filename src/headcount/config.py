@@ -74,7 +74,7 @@ def experiment_sides(exp: dict):
     for name, pair in exp["test"].items():
         for lang in ("src", "tgt"):
             yield f"test.{name}.{lang}", pair[lang]
-    if exp.get("roles", {}).get("parser") == "gold":
+    if "roles" in exp:  # gold parses, or the cross-check beside a parser's
         for i, treebank in enumerate(exp["roles"]["treebanks"]):
             yield f"roles.treebanks.{i}", treebank
 

@@ -237,7 +237,8 @@ def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: st
 def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: str, lowercase: bool,
                     settings: dict, out: dict, head_scores_path: str | None = None, device: str = "auto",
                     log=print, analysis_src: str | None = None, analysis_sentences: int | None = None,
-                    analysis_label: str | None = None, parses_info_path: str | None = None):
+                    analysis_label: str | None = None, parses_info_path: str | None = None,
+                    reference_treebanks: list[str] | tuple[str, ...] = ()):
     """Positional, syntactic and rare-token encoder heads (Voita et al. 2019, section 5).
 
     Positional and rare-token statistics come from the experiment's own analysis set (the first
@@ -245,11 +246,17 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     parse table, whose text and parser `parses_info_path` (parse_analysis_sentences) names. Parses
     that are not of in-domain text (gold treebanks) lose the sentences longer, in subwords, than the
     longest training sentence. Every output table names its text and its parser.
+
+    `reference_treebanks` (gold CoNLL-U, beside in-domain parses): the syntactic statistics on
+    their gold trees as well, a cross-check of the parser's reading: roles.csv gets
+    `*_gold` columns and table1 a second table (`settings["max_sentences"]` sentences at most,
+    none longer than the longest training sentence).
     """
     import json
 
     import pandas as pd
 
+    from .parses import read_conllu_files
     from .plots import head_function_map, relative_positions
     from .roles import (
         RELATIONS,
@@ -276,26 +283,40 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
         texts, analysis_label = parses.groupby("sentence", sort=True)["text"].first().tolist(), info["text"]
     stats = text_statistics(model, segmenter, texts, frequencies, lowercase, top_k=settings["top_k"], device=dev,
                             log=log)
-    max_pieces, syntactic_text = None, info["text"]
-    if not info["in_domain"]:
-        max_pieces = longest_sentence(segmenter, train_lines, lowercase)
-        syntactic_text += f", sentences of at most {max_pieces} subwords (the longest training sentence)"
+    longest = longest_sentence(segmenter, train_lines, lowercase)
+    limit = f", sentences of at most {longest} subwords (the longest training sentence)"
+    max_pieces, syntactic_text = (None, info["text"]) if info["in_domain"] else (longest, info["text"] + limit)
     stats.update(syntactic_statistics(model, segmenter, parses, lowercase, device=dev, max_pieces=max_pieces,
                                       log=log))
-    roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"],
-                         positional_threshold=settings["positional_threshold"],
-                         syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
-                         min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
-                         positional_share=settings["positional_share"])
-    roles = roles.assign(text=analysis_label, syntactic_text=syntactic_text, parser=info["parser"])
-    table1 = stats["table1"].copy()
-    for column, index in (("paper_wmt_best", 0), ("paper_wmt_baseline", 1), ("paper_opensubs_best", 2),
-                          ("paper_opensubs_baseline", 3)):
-        table1[column] = [PAPER_TABLE1.get((r, n), (np.nan,) * 4)[index] for r, n in zip(table1["relation"],
-                                                                                           table1["name"])]
-    table1["best_accuracy"] *= 100
-    table1["baseline_accuracy"] *= 100
-    table1 = table1.assign(text=syntactic_text, parser=info["parser"])
+
+    def roles_of(syntactic):
+        return assign_roles(stats["positional"], syntactic, stats["rare"],
+                            positional_threshold=settings["positional_threshold"],
+                            syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
+                            min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
+                            positional_share=settings["positional_share"])
+
+    roles = roles_of(stats["syntactic"]).assign(text=analysis_label, syntactic_text=syntactic_text,
+                                                parser=info["parser"])
+    table1 = _with_paper_table1(stats["table1"]).assign(text=syntactic_text, parser=info["parser"])
+    markdown = table1_markdown(table1, f"Text: {syntactic_text}. Parser: {info['parser']}.")
+    if reference_treebanks and info["in_domain"]:
+        gold = read_conllu_files(reference_treebanks)
+        gold = gold[gold["sentence"] < settings["max_sentences"]]
+        gold_text = "treebanks " + " + ".join(Path(t).name for t in reference_treebanks) + limit
+        log(f"cross-check on gold trees: {gold_text}")
+        reference = syntactic_statistics(model, segmenter, gold, lowercase, device=dev, max_pieces=longest, log=log)
+        columns = ["syntactic_relation", "syntactic_name", "syntactic_margin", "is_syntactic"]
+        roles = roles.merge(roles_of(reference["syntactic"])[["layer", "head", *columns]].rename(
+            columns={c: f"{c}_gold" for c in columns}), on=["layer", "head"], how="left")
+        roles["syntactic_text_gold"] = gold_text
+        table1_gold = _with_paper_table1(reference["table1"])
+        for column in ("n", "best_layer", "best_head", "best_accuracy", "baseline_offset", "baseline_accuracy"):
+            table1[f"{column}_gold"] = table1_gold[column].to_numpy()
+        table1["text_gold"] = gold_text
+        markdown += "\n" + table1_markdown(table1_gold, f"Cross-check: text: {gold_text}. Parser: gold trees.")
+        log(f"syntactic heads on gold trees: {int(roles['is_syntactic_gold'].sum())}, on {info['parser']} parses: "
+            f"{int(roles['is_syntactic'].sum())}")
     tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label),
               "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
               "rare": stats["rare"].assign(text=analysis_label)}
@@ -305,8 +326,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     with atomic_path(out["table1"]) as tmp:
         table1.to_csv(tmp, index=False, float_format="%.1f")
     with atomic_path(out["table1_md"]) as tmp:
-        tmp.write_text(table1_markdown(table1, f"Text: {syntactic_text}. Parser: {info['parser']}."),
-                       encoding="utf-8")
+        tmp.write_text(markdown, encoding="utf-8")
     scores = pd.read_parquet(head_scores_path) if head_scores_path else None
     counts = roles["role"].value_counts().to_dict()
     head_function_map(roles, scores, out["function_map"],
@@ -317,6 +337,18 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     log("roles: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "; with the paper's rules: "
         + ", ".join(f"{k}: {v}" for k, v in sorted(paper.items())))
     return roles, table1
+
+
+def _with_paper_table1(table1):
+    """Table 1 in percent, with the paper's numbers beside it."""
+    table1 = table1.copy()
+    for column, index in (("paper_wmt_best", 0), ("paper_wmt_baseline", 1), ("paper_opensubs_best", 2),
+                          ("paper_opensubs_baseline", 3)):
+        table1[column] = [PAPER_TABLE1.get((r, n), (np.nan,) * 4)[index] for r, n in zip(table1["relation"],
+                                                                                           table1["name"])]
+    table1["best_accuracy"] *= 100
+    table1["baseline_accuracy"] *= 100
+    return table1
 
 
 def table1_markdown(table1, header: str | None = None) -> str:

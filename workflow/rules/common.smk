@@ -113,6 +113,12 @@ def analysis_src(wildcards):
     return f"results/{wildcards.exp}/data/{exp_config(wildcards)['analysis']['set']}.src.txt"
 
 
+def reference_treebanks(wildcards):
+    """Gold treebanks read beside a parser's in-domain parses, as a cross-check (none for gold)."""
+    roles = exp_config(wildcards)["roles"]
+    return [] if roles["parser"] == "gold" else [fetched(t) for t in roles["treebanks"]]
+
+
 def analysis_label(wildcards):
     """How the role tables name the analysis set, e.g. 'dev[:500] of multi30k_en_de'."""
     analysis = exp_config(wildcards)["analysis"]

@@ -47,6 +47,7 @@ rule head_roles:
         parses="results/{exp}/syntax/parses.parquet",
         parses_info="results/{exp}/syntax/parses.json",
         analysis_src=analysis_src,
+        reference_treebanks=reference_treebanks,
         train_src="results/{exp}/data/train.src.txt",
         head_scores="results/{exp}/heads/scores.parquet",
     output:

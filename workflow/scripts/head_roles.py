@@ -11,6 +11,7 @@ with job(snakemake) as log:
         analysis_src=snakemake.input.analysis_src,
         analysis_sentences=snakemake.params.analysis_sentences,
         analysis_label=snakemake.params.analysis_label,
+        reference_treebanks=list(snakemake.input.reference_treebanks),
         train_src=snakemake.input.train_src,
         lowercase=snakemake.params.lowercase,
         settings=snakemake.params.roles,
