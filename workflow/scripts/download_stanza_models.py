@@ -13,5 +13,6 @@ with job(snakemake) as log:
         raise HeadcountError(
             f"could not download stanza models for '{lang}' ({type(error).__name__}: {error}). On a machine "
             f"without a network, download them elsewhere with stanza.download('{lang}', model_dir=DIR), copy DIR "
-            f"here and set roles.stanza_dir to it, or use gold treebanks: roles.parser: gold"
+            f"here and set roles.stanza_dir to it, or parse English with spaCy (roles.parser: spacy), or use gold "
+            f"treebanks (roles.parser: gold)"
         ) from None
