@@ -48,11 +48,11 @@ slurm-down:
 test-cluster: setup
 	$(BIN)/python -m pytest -q -rs tests/test_cluster.py
 
-# The HTML report of what `make run` made, and a check of it in a headless Chromium
+# The HTML report of what `make run` made so far, and a check of it in a headless Chromium
 # (needs chromium, chromium-driver and `pip install selenium`; docs/report/README.md).
 REPORT ?= results/report.html
 report: setup
-	$(BIN)/snakemake --cores 1 --report $(REPORT)
+	$(BIN)/snakemake --report $(REPORT) existing_results
 
 check-report: setup
 	$(BIN)/python tools/check_report.py $(REPORT)

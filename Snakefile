@@ -1,11 +1,26 @@
 # headcount: which attention heads of a Transformer matter, what they do, how many can go.
 # Voita et al. (ACL 2019) as a workflow; the method is in SPEC.md and README.md.
+import sys
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from headcount.config import ConfigError, check_yaml_syntax
 
-configfile: "config/config.yaml"
+DEFAULT_CONFIG = "config/config.yaml"
+# Snakemake's message for a YAML error names no file, line or column: check first. (A file
+# given with --configfile is read by Snakemake before this file; see config/README.md.)
+if Path(DEFAULT_CONFIG).is_file():
+    try:
+        check_yaml_syntax(DEFAULT_CONFIG)
+    except ConfigError as error:
+        raise WorkflowError(str(error)) from None
+
+
+configfile: DEFAULT_CONFIG
 
 
 report: "workflow/report/workflow.rst"
@@ -18,10 +33,17 @@ include: "workflow/rules/translate.smk"
 include: "workflow/rules/heads.smk"
 include: "workflow/rules/syntax.smk"
 include: "workflow/rules/prune.smk"
-include: "workflow/rules/seeds.smk"
 
 
 rule all:
+    """Everything the experiments in `run` produce: scores, head analyses, roles and pruning."""
     default_target: True
     input:
         [final_outputs(exp) for exp in config["run"]],
+
+
+rule existing_results:
+    """Target for the report of a partial run: `snakemake --report report.html existing_results`."""
+    input:
+        existing_report_files,
+    localrule: True

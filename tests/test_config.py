@@ -1,12 +1,13 @@
 """Configuration validation: every problem named by its key, before any job runs."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from headcount.config import ConfigError, deep_merge, load_experiments, resolve_mirror
+from headcount.config import ConfigError, check_yaml_syntax, deep_merge, load_experiments, resolve_mirror
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
@@ -97,25 +98,44 @@ def test_mirror_from_environment_or_config(config, tmp_path, monkeypatch):
         resolve_mirror(copy.deepcopy(config))
 
 
-@pytest.mark.parametrize(
-    "edit,expected",
-    [
-        (lambda c: c["defaults"]["prune"]["lambdas"].update(all=[0.01, 0.1]),
-         "'experiments.multi30k_en_de.prune.lambdas.all': [0.01, 0.1] lacks 0, the lambda = 0 control the pruning "
-         "table, Table 2 and Figure 7 compare against (the cost of fine-tuning alone); add 0 to the grid"),
-        (lambda c: c["defaults"]["prune"].update(from_scratch={"all": [0, 0.1]}),
-         "'experiments.multi30k_en_de.prune.from_scratch.all': 0 is the control, which prunes no head; leave it out"),
-        (lambda c: c["defaults"].update(seeds=[2, 3]),
-         "'experiments.multi30k_en_de.seeds': [2, 3] lacks training.seed (1), the main run; add it"),
-        (lambda c: c["defaults"]["prune"].update(lr_schedule="cosine"),
-         "'defaults.prune.lr_schedule': 'cosine' is not one of ['noam', 'constant', 'continue']"),
-    ],
-)
-def test_pruning_controls_recipes_and_seeds_are_checked(config, edit, expected):
-    edit(config)
-    assert expected in problems(config)
+def readme_example(name: str) -> dict:
+    """The YAML example of config/README.md whose first line names the file `name`."""
+    text = (REPO / "config/README.md").read_text()
+    for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S):
+        if block.startswith(f"# {name}:"):
+            return yaml.safe_load(block)
+    raise AssertionError(f"config/README.md has no example {name}")
 
 
-def test_a_grid_without_its_control_is_fine_when_no_table_asks_for_it(config):
-    config["defaults"]["prune"]["lambdas"] = {"enc": [], "all": []}  # no pruning: no table, no control
-    load_experiments(config, SCHEMA)
+def test_an_override_merges_and_the_documented_pattern_replaces(config):
+    """--configfile merges (snakemake.utils.update_config), so a test set or a setting's grid
+    stays unless the experiment is defined whole under a new name, as config/README.md shows."""
+    from snakemake.utils import update_config
+
+    merged = copy.deepcopy(config)
+    update_config(merged, readme_example("keeps-everything.yaml"))
+    kept = load_experiments(merged, SCHEMA)[merged["run"][0]]
+    assert list(kept["test"]) == ["test_2016_flickr", "test_2017_flickr"]
+    assert kept["prune"]["lambdas"] == {"enc": [0, 0.01, 0.1], "all": config["defaults"]["prune"]["lambdas"]["all"]}
+
+    replaced = copy.deepcopy(config)
+    update_config(replaced, readme_example("one-test-set.yaml"))
+    (name,) = replaced["run"]
+    new = load_experiments(replaced, SCHEMA)[name]
+    assert name != "multi30k_en_de" and list(new["test"]) == ["test_2016_flickr"]
+    assert new["prune"]["lambdas"] == {"enc": [0, 0.01, 0.1], "all": []}
+
+
+@pytest.mark.parametrize("text, line, column, problem", [
+    ("run: [a\nmirror: null\n", 2, 7, "expected ',' or ']'"),
+    ("defaults:\n\tcleaning: {}\n", 2, 1, "found character '\\t' that cannot start any token"),
+    ("a: 1\n b: 2\n", 2, 3, "mapping values are not allowed here"),
+])
+def test_a_yaml_error_names_file_line_and_column(tmp_path, text, line, column, problem):
+    path = tmp_path / "my.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        check_yaml_syntax(path)
+    assert str(error.value).startswith(f"{path}:{line}:{column}: not valid YAML: {problem}")
+    path.write_text("run: [a]\n")
+    check_yaml_syntax(path)

@@ -16,6 +16,8 @@ import yaml
 from .io import HeadcountError
 
 MIRROR_ENV = "HEADCOUNT_MIRROR"
+# Where the workflow keeps each fetched source (a download, or a copy of the mirror's file).
+FETCHED_DIR = "resources/data"
 
 
 class ConfigError(HeadcountError):
@@ -118,23 +120,12 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         for setting, grid in prune["lambdas"].items():
             if len(set(map(lambda_label, grid))) != len(grid):
                 problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} repeats a value")
-        for setting, grid in prune["lambdas"].items():
-            if grid and lambda_label(0) not in map(lambda_label, grid):
-                problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} lacks 0, the "
-                                f"lambda = 0 control the pruning table, Table 2 and Figure 7 compare against "
-                                f"(the cost of fine-tuning alone); add 0 to the grid")
         for setting, choice in prune["from_scratch"].items():
             grid = set(map(lambda_label, prune["lambdas"].get(setting, [])))
             for value in choice if isinstance(choice, list) else []:
                 if lambda_label(value) not in grid:
                     problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': {value} is not "
                                     f"in prune.lambdas.{setting} ({sorted(grid) or 'empty'}); add it there first")
-                elif lambda_label(value) == lambda_label(0):
-                    problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': 0 is the "
-                                    f"control, which prunes no head; leave it out")
-        if exp["training"]["seed"] not in exp["seeds"]:
-            problems.append(f"config key 'experiments.{name}.seeds': {exp['seeds']} lacks training.seed "
-                            f"({exp['training']['seed']}), the main run; add it")
         model = exp["model"]
         if model["d_model"] % model["n_heads"]:
             problems.append(f"config key 'experiments.{name}.model.d_model': {model['d_model']} is not "
@@ -175,6 +166,27 @@ def check_mirror(mirror: str, config: dict, experiments: list[dict]) -> None:
 def _report(problems: list[str]) -> str:
     lines = "\n".join(f"  - {p}" for p in problems)
     return f"the configuration is invalid ({len(problems)} problem{'s' * (len(problems) > 1)}):\n{lines}"
+
+
+def check_yaml_syntax(path: str | os.PathLike) -> None:
+    """Raise ConfigError naming file, line and column if `path` is not valid YAML (Snakemake's
+    own message for a broken config file names none of them)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for _ in yaml.compose_all(f, Loader=yaml.SafeLoader):  # syntax only, nothing constructed
+                pass
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: byte {error.start + 1} is not UTF-8; save the file as UTF-8") from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        context, start = "", error.context_mark
+        if error.context and start and start is not mark:
+            context = f" ({error.context} at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{where}: not valid YAML: {error.problem}{context}. Fix the file at that place "
+                          f"(YAML indents with spaces, never tabs; see config/README.md)") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
 
 
 # The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending

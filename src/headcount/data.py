@@ -7,6 +7,7 @@ where it lies under a mirror directory (`path`, the layout of a data mirror such
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import os
 import random
@@ -53,20 +54,24 @@ def fetch_source(
                 )
             log(f"copying {mirrored} -> {dest}")
             shutil.copyfile(mirrored, tmp)
+            if relpath.endswith(".gz") and not _is_gzip(tmp):
+                raise DataError(_not_gzip(mirrored, tmp, f"fix or replace {mirrored}"))
         else:
             if not url:
                 raise DataError(f"source '{relpath}' has no url and no mirror is set: add 'url' or set 'mirror'")
             _download(url, tmp, retries, timeout, log)
             if relpath.endswith(".gz") and not _is_gzip(tmp):
-                # Mirrors keep text gzipped; the web may serve the same text plain.
+                # Mirrors keep text gzipped; the web may serve the same text plain (but not bytes).
+                if not _starts_as_text(tmp):
+                    raise DataError(_not_gzip(url, tmp, f"check 'url' of source '{relpath}' in the config"))
                 _gzip_in_place(tmp)
         if sha256:
             actual = sha256_file(tmp)
             if actual != sha256:
                 raise DataError(
-                    f"{dest}: sha256 {actual} does not match the expected {sha256} for '{relpath}'. "
-                    f"The file at {'the mirror' if mirror else url} differs from the one the config "
-                    f"names: replace it, or update 'sha256' in the config if the new file is intended."
+                    f"{mirrored if mirror else url}: sha256 {actual} does not match the expected {sha256} for "
+                    f"'{relpath}': the file differs from the one the config names. Replace it, or update "
+                    f"'sha256' in the config if the new file is intended."
                 )
 
 
@@ -99,6 +104,24 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == GZIP_MAGIC
 
 
+def _starts_as_text(path: Path, size: int = 1 << 16) -> bool:
+    """Whether the file's first bytes are UTF-8 text (a multi-byte character may be cut at the end)."""
+    with open(path, "rb") as f:
+        head = f.read(size)
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    return b"\0" not in head
+
+
+def _not_gzip(origin, path: Path, fix: str) -> str:
+    with open(path, "rb") as f:
+        head = f.read(8)
+    return (f"{origin} is not gzip data (first bytes {head.hex(' ')}; gzip starts with 1f 8b), though its "
+            f"name ends in .gz: the file is damaged or not what the config names; {fix}")
+
+
 def _gzip_in_place(path: Path) -> None:
     packed = path.with_name(path.name + ".gz")
     with open(path, "rb") as src, open(packed, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
@@ -129,6 +152,8 @@ def _raw_bytes(path: Path, member: str | None) -> bytes:
             raise DataError(f"{path}: 'member' is set to '{member}' but the file is not a tar or zip archive")
     else:
         data = path.read_bytes()
+        if path.name.endswith(".gz") and data[:2] != GZIP_MAGIC:
+            raise DataError(_not_gzip(path, path, "delete it so that it is fetched again, or fix its source"))
     if data[:2] == GZIP_MAGIC:
         try:
             data = gzip.decompress(data)

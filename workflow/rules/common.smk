@@ -4,9 +4,12 @@ import re
 import sys
 from pathlib import Path
 
+from snakemake.io import strip_wildcard_constraints
+
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from headcount.config import (
     MIRROR_ENV,
+    FETCHED_DIR,
     ConfigError,
     check_mirror,
     lambda_label,
@@ -14,7 +17,6 @@ from headcount.config import (
     resolve_mirror,
     side_source,
 )
-from headcount.config import FINE_TUNING_KEYS, scratch_training
 
 try:
     EXPERIMENTS = load_experiments(
@@ -27,17 +29,23 @@ except ConfigError as error:
     raise WorkflowError(str(error)) from None
 
 # Where a file was fetched from does not change it (checksums guard the content), so the mirror
-# is no job parameter: switching between a mirror and the network reruns nothing. Jobs (local,
-# or on a cluster node, where this file is evaluated again) see it in the environment.
+# is no job parameter. Jobs (local, or on a cluster node, where this file is evaluated again) see
+# it in the environment.
 if MIRROR:
     os.environ[MIRROR_ENV] = MIRROR
+
+
+def mirror_file(wildcards):
+    """The mirror's file that a fetch copies, as the fetch's input: a fixed file in the mirror
+    (newer than its copy) is then copied again, and what was built from it redone."""
+    return [f"{MIRROR}/{wildcards.source}"] if MIRROR else []
 
 
 wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
     kind="enc_self|dec_self|dec_enc",
-    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/(enc|all)/lambda_0)",
+    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?",
     setting="enc|all",
     lam=r"[0-9][0-9.e+-]*",
     score="[a-z_]+",
@@ -52,7 +60,7 @@ def exp_config(wildcards):
 
 
 def fetched(source):
-    return f"resources/data/{source}"
+    return f"{FETCHED_DIR}/{source}"
 
 
 def side_spec(side):
@@ -76,6 +84,44 @@ def test_splits(exp):
 
 
 ENV = "../../envs/headcount.yaml"
+
+
+def all_cores(wildcards):
+    """Threads of a job that uses every core it is given: --cores (on a cluster, per job).
+
+    Read when a job is planned, not when the rules are: commands that run nothing (--unlock,
+    --dag, --summary, --report) then need no --cores, and Snakemake sets 1 for them."""
+    return workflow.resource_settings.cores or workflow.cores
+
+
+# The GPU type to ask a SLURM cluster for (profiles/slurm): only jobs that ask for a GPU name
+# it, since the plugin turns a model with 0 GPUs into --gpus=<model>:0.
+GPU_MODEL_ENV = "HEADCOUNT_SLURM_GPU_MODEL"
+
+
+def gpu_count(wildcards):
+    return exp_config(wildcards)["resources"]["gpu"]
+
+
+def gpu_model(wildcards):
+    """The `gpu_model` resource: $HEADCOUNT_SLURM_GPU_MODEL for a job that asks for a GPU, else none."""
+    model = os.environ.get(GPU_MODEL_ENV)
+    return model if model and gpu_count(wildcards) else None
+
+
+def existing_report_files(wildcards):
+    """Every file that a rule marks with report() and that exists now."""
+    found = []
+    for r in workflow.rules:
+        for pattern in r.output:
+            if "report" in pattern.flags:
+                values = glob_wildcards(str(pattern))._asdict()
+                if values:
+                    plain = strip_wildcard_constraints(str(pattern))
+                    found += expand(plain, zip, **values)
+                elif Path(pattern).exists():
+                    found.append(str(pattern))
+    return sorted(set(found))
 
 
 def log_path(name):
@@ -156,51 +202,16 @@ def pruned_models(exp, setting):
 def scratch_models(exp, setting):
     """The pruned models of a setting that are also trained from scratch."""
     choice = EXPERIMENTS[exp]["prune"]["from_scratch"].get(setting, False)
-    chosen = {lambda_label(lam) for lam in (choice if isinstance(choice, list) else [])}
+    if choice is True:
+        return pruned_models(exp, setting)
+    chosen = {lambda_label(lam) for lam in choice or []}
     return [
-        m
-        for m in pruned_models(exp, setting)
-        if m.rsplit("lambda_", 1)[1] != lambda_label(0)  # the control prunes nothing
-        and (choice is True or m.rsplit("lambda_", 1)[1] in chosen)
+        m for m in pruned_models(exp, setting) if m.rsplit("lambda_", 1)[1] in chosen
     ]
 
 
 def prune_settings(exp):
     return [s for s in ("enc", "all") if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
-
-
-def extra_seeds(exp):
-    """Baseline seeds besides training.seed (the main run, at today's paths): each trains a
-    baseline and its lambda = 0 controls under results/{exp}/seeds/seed_{s}/."""
-    main = EXPERIMENTS[exp]["training"]["seed"]
-    return [s for s in EXPERIMENTS[exp]["seeds"] if s != main]
-
-
-def seed_prefix(exp, seed):
-    """Where a seed's models live under results/{exp}/: the main run's own paths for training.seed."""
-    return "" if seed == EXPERIMENTS[exp]["training"]["seed"] else f"seeds/seed_{seed}/"
-
-
-def seed_training(wildcards):
-    """The baseline's training settings with this seed; no snapshots (the main run has them)."""
-    training = exp_config(wildcards)["training"]
-    return {**training, "seed": int(wildcards.seed), "snapshot_interval": 0}
-
-
-def seed_spread_inputs(wildcards):
-    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
-    seeds = EXPERIMENTS[exp]["seeds"]
-    return {
-        "baselines": [
-            f"results/{exp}/{seed_prefix(exp, s)}baseline/scores/{split}.json"
-            for s in seeds
-        ],
-        "controls": [
-            f"results/{exp}/{seed_prefix(exp, s)}prune/{setting}/lambda_0/scores/{split}.json"
-            for setting in prune_settings(exp)
-            for s in seeds
-        ],
-    }
 
 
 def final_outputs(exp):
@@ -216,14 +227,13 @@ def final_outputs(exp):
             if prune_settings(exp)
             else []
         ),
-        *([f"results/{exp}/seeds/spread.tsv"] if extra_seeds(exp) else []),
     ]
 
 
 def prune_job_settings(wildcards):
     """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
     prune = exp_config(wildcards)["prune"]
-    return {k: prune[k] for k in FINE_TUNING_KEYS}
+    return {k: prune[k] for k in ("gate_lr_scale", "log_alpha_init", "training")}
 
 
 def pruning_report_inputs(wildcards):
@@ -248,23 +258,4 @@ def pruning_report_inputs(wildcards):
             f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
         ],
         "roles": f"results/{exp}/syntax/roles.csv",
-        # for the paired bootstrap intervals and the matched budgets
-        "references": f"results/{exp}/data/{split}.tgt.txt",
-        "baseline_translations": f"results/{exp}/baseline/translations/{split}.txt",
-        "pruned_translations": [
-            f"results/{exp}/{m}/translations/{split}.txt"
-            for s in settings
-            for m in models[s]
-        ],
-        "scratch_translations": [
-            f"results/{exp}/{m}/scratch/translations/{split}.txt"
-            for s in settings
-            for m in scratch_models(exp, s)
-        ],
-        "baseline_training": f"results/{exp}/baseline/training.json",
-        "scratch_training": [
-            f"results/{exp}/{m}/scratch/training.json"
-            for s in settings
-            for m in scratch_models(exp, s)
-        ],
     }

@@ -3,11 +3,16 @@
 
 
 rule fetch_source:
+    """Copy a source file from the data mirror, or download it, into resources/data/ (checksum checked)."""
+    input:
+        mirror_file,
     output:
         "resources/data/{source}",
     log:
         "resources/logs/fetch/{source}.log",
-    retries: 2
+    # Never retried, not even with a profile's `retries`: a wrong checksum or a damaged file fails
+    # the same way again. Downloads retry network errors themselves (headcount.data.fetch_source).
+    retries: 0
     conda:
         ENV
     resources:

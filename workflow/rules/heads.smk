@@ -2,6 +2,7 @@
 
 
 rule score_heads:
+    """Score every head of the baseline: confidence, LRP relevance, Michel importance, ablation."""
     input:
         model="results/{exp}/baseline/model.pt",
         src_spm="results/{exp}/subwords/src.model",
@@ -25,9 +26,10 @@ rule score_heads:
         benchmark_path("score_heads")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=8000,
         runtime=240,
     params:
@@ -40,6 +42,7 @@ rule score_heads:
 
 
 rule plot_head_scores:
+    """One heatmap (layer x head) of one head score for one kind of attention."""
     input:
         "results/{exp}/heads/scores.parquet",
     output:

@@ -1,10 +1,10 @@
 # Pruning heads (paper section 6): fine-tuning with Hard Concrete gates for each lambda of each
 # setting's grid, training each pruned configuration from scratch, Michel et al.'s pruning curve,
 # and the tables and figures. Lambda is a wildcard: a new grid value adds its own jobs only.
-# Lambda 0 is each setting's control (gates pinned open); it has no from-scratch twin.
 
 
 rule prune_heads:
+    """Fine-tune the baseline with Hard Concrete head gates at one lambda: the pruned model."""
     input:
         baseline="results/{exp}/baseline/model.pt",
         train_src="results/{exp}/data/train.src.txt",
@@ -23,24 +23,23 @@ rule prune_heads:
         benchmark_path("prune/{setting}/lambda_{lam}/prune_heads")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
         lam=lambda w: float(w.lam),
         prune=prune_job_settings,
         training=lambda w: exp_config(w)["training"],
-        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
-        # Not an input: train_baseline keeps it without declaring it (prune.resume_optimizer reads it).
-        baseline_checkpoint="results/{exp}/baseline/train/checkpoint.pt",
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/train",
     script:
         "../scripts/prune_heads.py"
 
 
 rule train_from_scratch:
+    """Train the architecture a pruned model kept, from scratch, for comparison."""
     input:
         pruned="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
         train_src="results/{exp}/data/train.src.txt",
@@ -58,19 +57,15 @@ rule train_from_scratch:
         benchmark_path("prune/{setting}/lambda_{lam}/train_from_scratch")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
         model=lambda w: exp_config(w)["model"],
-        # The pruned model's budget (baseline plus fine-tuning steps) and checkpoint selection
-        # (config.scratch_training). No snapshots: the statistics over training are the baseline's.
-        training=lambda w: {
-            **scratch_training(exp_config(w)["training"], exp_config(w)["prune"]),
-            "snapshot_interval": 0,
-        },
+        training=lambda w: exp_config(w)["training"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/scratch/train",
     script:
@@ -78,6 +73,7 @@ rule train_from_scratch:
 
 
 rule michel_curve:
+    """BLEU as heads are removed in order of Michel et al.'s importance."""
     input:
         baseline="results/{exp}/baseline/model.pt",
         head_scores="results/{exp}/heads/scores.parquet",
@@ -93,9 +89,10 @@ rule michel_curve:
         benchmark_path("prune/{setting}/michel_curve")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=4000,
         runtime=240,
     params:
@@ -108,6 +105,7 @@ rule michel_curve:
 
 
 rule plot_gate_trajectory:
+    """How a pruning run's gates opened and closed during training (PNG and GIF)."""
     input:
         "results/{exp}/prune/{setting}/lambda_{lam}/trajectory.csv",
     output:
@@ -130,6 +128,7 @@ rule plot_gate_trajectory:
 
 
 rule pruning_report:
+    """Pruning table, Table 2 beside the paper's, Figures 7-10."""
     input:
         unpack(pruning_report_inputs),
     output:
@@ -179,6 +178,5 @@ rule pruning_report:
         runtime=10,
     params:
         experiment=lambda w: w.exp,
-        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
     script:
         "../scripts/pruning_report.py"

@@ -3,6 +3,7 @@
 
 
 rule download_stanza_models:
+    """Download the stanza models of a language, for parsing when no gold treebank is used."""
     output:
         directory("resources/stanza/{lang}"),
     log:
@@ -17,6 +18,7 @@ rule download_stanza_models:
 
 
 rule parse_analysis_sentences:
+    """Dependency parses for the syntactic heads: gold treebanks, or spaCy's or stanza's parses of the analysis set; parses.json names the text and the parser."""
     input:
         unpack(parse_inputs),
     output:
@@ -41,6 +43,7 @@ rule parse_analysis_sentences:
 
 
 rule head_roles:
+    """Positional, syntactic and rare-token encoder heads; Table 1, function map, relative positions."""
     input:
         model="results/{exp}/baseline/model.pt",
         src_spm="results/{exp}/subwords/src.model",
@@ -80,9 +83,10 @@ rule head_roles:
         benchmark_path("head_roles")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=8000,
         runtime=120,
     params:

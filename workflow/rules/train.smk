@@ -3,6 +3,7 @@
 
 
 rule train_baseline:
+    """Train the baseline Transformer, resuming from its last checkpoint after a stop."""
     input:
         train_src="results/{exp}/data/train.src.txt",
         train_tgt="results/{exp}/data/train.tgt.txt",
@@ -19,9 +20,10 @@ rule train_baseline:
         benchmark_path("train_baseline")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:

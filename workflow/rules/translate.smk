@@ -4,6 +4,7 @@
 
 
 rule translate:
+    """Translate an evaluation set with beam search, with the baseline or a pruned model."""
     input:
         model="results/{exp}/{model}/model.pt",
         src_spm="results/{exp}/subwords/src.model",
@@ -17,9 +18,10 @@ rule translate:
         benchmark_path("{model}/translate_{split}")
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=4000,
         runtime=120,
     params:
@@ -30,6 +32,7 @@ rule translate:
 
 
 rule score:
+    """BLEU and chrF of one model's translations of one evaluation set, with signatures."""
     input:
         hyp="results/{exp}/{model}/translations/{split}.txt",
         ref="results/{exp}/data/{split}.tgt.txt",
@@ -50,6 +53,7 @@ rule score:
 
 
 rule score_table:
+    """The baseline's scores on every test set, one table."""
     input:
         lambda w: expand(
             "results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)

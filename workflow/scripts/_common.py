@@ -43,7 +43,7 @@ def job(snakemake):
         yield log
         write_provenance(snakemake)
     except HeadcountError as error:
-        log(f"ERROR: {error}")
+        log(f"ERROR: {error}{mirror_copy_note(snakemake, str(error))}")
         sys.exit(1)
     except Exception:
         import traceback
@@ -51,6 +51,23 @@ def job(snakemake):
         log("ERROR: unexpected failure\n" + traceback.format_exc())
         raise
     log("done")
+
+
+def mirror_copy_note(snakemake, message: str) -> str:
+    """Where an error names an input that is a copy of a data mirror's file, say so: the fix
+    belongs in the mirror (the copy is made again once the mirror's file is newer)."""
+    import os
+
+    from headcount.config import FETCHED_DIR, MIRROR_ENV
+
+    mirror = os.environ.get(MIRROR_ENV)
+    notes = []
+    for path in map(str, snakemake.input) if mirror else ():
+        if path.startswith(FETCHED_DIR + "/") and path in message:
+            original = Path(mirror) / Path(path).relative_to(FETCHED_DIR)
+            notes.append(f"\n{path} is a copy of {original} from the data mirror: fix or replace the file "
+                         f"there, and the next run copies it again.")
+    return "".join(notes)
 
 
 def provenance_path(log_path) -> Path:
