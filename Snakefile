@@ -33,6 +33,7 @@ include: "workflow/rules/translate.smk"
 include: "workflow/rules/heads.smk"
 include: "workflow/rules/syntax.smk"
 include: "workflow/rules/prune.smk"
+include: "workflow/rules/seeds.smk"
 
 
 rule all:

@@ -134,7 +134,7 @@ def test_a_toy_run_on_slurm(tmp_path, toy_mirror):
     pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
     config = smoke_config(toy_mirror)
     config["defaults"]["heads"].update(ablation=False)
-    config["defaults"]["prune"].update(lambdas={"all": [0.5]}, from_scratch={"all": True})
+    config["defaults"]["prune"].update(lambdas={"all": [0, 0.5]}, from_scratch={"all": True})
     config["defaults"]["resources"].update(train_runtime_min=30, train_mem_mb=3000)
     config_path = write_config(tmp_path / "smoke.yaml", config)
     partition = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()[0]

@@ -98,6 +98,30 @@ def test_mirror_from_environment_or_config(config, tmp_path, monkeypatch):
         resolve_mirror(copy.deepcopy(config))
 
 
+@pytest.mark.parametrize(
+    "edit,expected",
+    [
+        (lambda c: c["defaults"]["prune"]["lambdas"].update(all=[0.01, 0.1]),
+         "'experiments.multi30k_en_de.prune.lambdas.all': [0.01, 0.1] lacks 0, the lambda = 0 control the pruning "
+         "table, Table 2 and Figure 7 compare against (the cost of fine-tuning alone); add 0 to the grid"),
+        (lambda c: c["defaults"]["prune"].update(from_scratch={"all": [0, 0.1]}),
+         "'experiments.multi30k_en_de.prune.from_scratch.all': 0 is the control, which prunes no head; leave it out"),
+        (lambda c: c["defaults"].update(seeds=[2, 3]),
+         "'experiments.multi30k_en_de.seeds': [2, 3] lacks training.seed (1), the main run; add it"),
+        (lambda c: c["defaults"]["prune"].update(lr_schedule="cosine"),
+         "'defaults.prune.lr_schedule': 'cosine' is not one of ['noam', 'constant', 'continue']"),
+    ],
+)
+def test_pruning_controls_recipes_and_seeds_are_checked(config, edit, expected):
+    edit(config)
+    assert expected in problems(config)
+
+
+def test_a_grid_without_its_control_is_fine_when_no_table_asks_for_it(config):
+    config["defaults"]["prune"]["lambdas"] = {"enc": [], "all": []}  # no pruning: no table, no control
+    load_experiments(config, SCHEMA)
+
+
 def readme_example(name: str) -> dict:
     """The YAML example of config/README.md whose first line names the file `name`."""
     text = (REPO / "config/README.md").read_text()

@@ -386,10 +386,92 @@ def test_a_recipe_run_resumes_the_baseline_optimizer_at_its_last_rate(toy_run):
 
 
 def test_from_scratch_budget_matches_the_pruned_models_steps():
-    from headcount.pruning import scratch_training
+    from headcount.config import scratch_training
 
     base = training(3200)
     prune = {**PRUNE, "heal_steps": 100, "select": "best_dev_bleu"}
     assert scratch_training(base, prune) == {**base, "max_steps": 3200 + 12 + 100, "select": "best_dev_bleu"}
     assert scratch_training(base, PRUNE)["select"] == "last"
 
+
+
+def _write_json(path, record):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
+    """A report over made-up runs: every difference carries sacrebleu's paired bootstrap interval,
+    the control is its own row, and the steps the table states are those the runs recorded."""
+    import random
+
+    from headcount.evaluate import paired_bootstrap
+    from headcount.prune_stages import pruning_report
+
+    rng = random.Random(3)
+    words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
+    refs = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(30)]
+
+    def system(p):
+        return [" ".join(w if rng.random() > p else "x" for w in r.split()) for r in refs]
+
+    texts = {"baseline": system(0.1), "prune/all/lambda_0": system(0.1), "prune/all/lambda_0.5": system(0.5),
+             "prune/all/lambda_0.5/scratch": system(0.3)}
+    write_lines(tmp_path / "ref.txt", refs)
+    inputs = {"gates": [], "pruned_scores": [], "scratch_scores": [], "pruned_translations": [],
+              "scratch_translations": [], "scratch_training": []}
+    for model, hyps in texts.items():
+        write_lines(tmp_path / model / "translations/test.txt", hyps)
+        _write_json(tmp_path / model / "scores/test.json", {"bleu": 50.0, "chrf": 60.0, "split": "test",
+                                                              "bleu_signature": "nrefs:1|case:mixed"})
+    heads = [{"type": t, "layer": layer, "head": h, "pruned": False} for t in TYPES_ for layer in range(2)
+             for h in range(4)]
+    for lam, n_pruned in ((0.0, 0), (0.5, 5)):
+        model = f"prune/all/lambda_{lam:g}"
+        table = [dict(h, pruned=i < n_pruned) for i, h in enumerate(heads)]
+        retained = {t: sum(1 for h in table if h["type"] == t and not h["pruned"]) for t in TYPES_}
+        _write_json(tmp_path / model / "gates.json", {
+            "setting": "all", "lambda": lam, "heads": table, "retained": retained, "retained_paper_rule": retained,
+            "summary": {"steps": 12}, "recipe": {"select": "last"},
+            "steps": {"baseline": 20, "fine_tuning": 12, "heal": 0, "total": 32}})
+        inputs["gates"].append(str(tmp_path / model / "gates.json"))
+        inputs["pruned_scores"].append(str(tmp_path / model / "scores/test.json"))
+        inputs["pruned_translations"].append(str(tmp_path / model / "translations/test.txt"))
+    scratch = tmp_path / "prune/all/lambda_0.5/scratch"
+    _write_json(scratch / "training.json", {"steps": 32, "train_config": {"select": "last"}})
+    inputs["scratch_scores"].append(str(scratch / "scores/test.json"))
+    inputs["scratch_translations"].append(str(scratch / "translations/test.txt"))
+    inputs["scratch_training"].append(str(scratch / "training.json"))
+    _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
+    pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
+    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv")}
+    out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
+    table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), michel=[],
+                           roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
+                           references=str(tmp_path / "ref.txt"),
+                           baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
+                           baseline_training=str(tmp_path / "baseline/training.json"), **inputs)
+    saved = pd.read_csv(out["table"], sep="\t")
+    pruned = saved[saved["lam"] == 0.5].iloc[0]
+    control = saved[saved["lam"] == 0].iloc[0]
+    assert bool(control["control"]) and not bool(pruned["control"]) and control["retained_total"] == 24
+    expected = paired_bootstrap(texts["prune/all/lambda_0.5"], texts["baseline"], refs)
+    assert pruned["d_baseline"] == pytest.approx(expected["difference"], abs=0.01)
+    assert (pruned["d_baseline_low"], pruned["d_baseline_high"]) == pytest.approx((expected["low"], expected["high"]),
+                                                                                   abs=0.01)
+    expected = paired_bootstrap(texts["prune/all/lambda_0.5"], texts["prune/all/lambda_0.5/scratch"], refs)
+    assert pruned["d_pruned_scratch_low"] == pytest.approx(expected["low"], abs=0.01)
+    assert pruned["d_control"] < 0 and pd.isna(control["d_control"])
+    # the matched budget: the pruned model's steps in all, its twin's, as the runs recorded them
+    assert pruned["steps"] == 32 and pruned["steps_scratch"] == 32
+    assert saved[saved["setting"] == "baseline"]["steps"].item() == 20
+    markdown = (tmp_path / "report/table2").read_text()
+    assert "| 0 (control) |" in markdown and "32 / 32" in markdown
+    control_line = next(line for line in markdown.splitlines() if "| 0 (control) |" in line)
+    assert "no difference shown" in control_line.split("|")[4]  # same translations as the baseline
+    pruned_line = next(line for line in markdown.splitlines() if "| 0.5 |" in line)
+    assert ", difference |" in pruned_line.split("|")[4] + "|"
+    assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
+
+
+TYPES_ = ("enc_self", "dec_self", "dec_enc")

@@ -36,7 +36,7 @@ def test_a_model_hyperparameter_reruns_training_and_everything_downstream(done):
     changed["defaults"]["model"]["d_ff"] = 48
     jobs = plan(workdir, changed)
     assert set(jobs) == MODEL_DOWNSTREAM, jobs
-    assert jobs["train_baseline"] == 1 and jobs["prune_heads"] == 3 and jobs["train_from_scratch"] == 1
+    assert jobs["train_baseline"] == 1 and jobs["prune_heads"] == 4 and jobs["train_from_scratch"] == 1
     assert not set(jobs) & UPSTREAM
 
 
@@ -79,7 +79,19 @@ def test_forcing_a_rule_reruns_it_and_its_dependents_only(done):
     """The documented remedy after a library edit: -R names the rules whose code changed."""
     workdir, config = done
     jobs = plan(workdir, config, "-R", "plot_gate_trajectory")
-    assert jobs == {"plot_gate_trajectory": 3, "pruning_report": 1, "all": 1}, jobs
+    assert jobs == {"plot_gate_trajectory": 4, "pruning_report": 1, "all": 1}, jobs
+
+
+@pytest.mark.workflow
+def test_adding_a_seed_adds_its_jobs_and_reruns_nothing_else(done):
+    """A second seed: its baseline, its two lambda = 0 controls (one per setting), their
+    translations and scores, and the spread table; the main run's results all stand."""
+    workdir, config = done
+    seeded = copy.deepcopy(config)
+    seeded["defaults"]["seeds"] = [1, 2]
+    jobs = plan(workdir, seeded)
+    assert jobs == {"train_baseline_seed": 1, "prune_control_seed": 2, "translate": 3, "score": 3,
+                    "seed_spread": 1, "all": 1}, jobs
 
 
 def test_scripts_take_settings_from_params_not_the_config():

@@ -118,14 +118,22 @@ def test_smoke_run_end_to_end(smoke_run):
         if "download" not in log.name:
             assert (results / "provenance" / log.relative_to(results / "logs")).with_suffix(".json").exists(), log
 
-    # Pruning: the baseline row, one row per lambda, the from-scratch twin of the all-types run.
+    # Pruning: the baseline row, one row per lambda (0: the control, every head kept), the
+    # from-scratch twin of the all-types run with the pruned model's budget, intervals throughout.
     pruning = pd.read_csv(results / "prune/pruning.tsv", sep="\t")
     assert sorted(zip(pruning["setting"], pruning["lam"].fillna(-1))) == [
-        ("all", 0.5), ("baseline", -1), ("enc", 0.05), ("enc", 2.0)]
+        ("all", 0), ("all", 0.5), ("baseline", -1), ("enc", 0), ("enc", 2.0)]
     enc = pruning[pruning["setting"] == "enc"].set_index("lam")
     assert (enc["retained_dec_self"] == 8).all() and (enc["retained_dec_enc"] == 8).all()  # decoder not gated
-    assert enc.loc[2.0, "retained_enc_self"] <= enc.loc[0.05, "retained_enc_self"]
-    assert pruning.loc[pruning["setting"] == "all", "bleu_scratch"].notna().all()
+    assert enc.loc[2.0, "retained_enc_self"] <= enc.loc[0, "retained_enc_self"] == 8
+    controls = pruning[pruning["control"]]
+    assert len(controls) == 2 and (controls["retained_total"] == 24).all()
+    pruned = pruning[(pruning["setting"] == "all") & ~pruning["control"]].iloc[0]
+    assert pd.notna(pruned["bleu_scratch"]) and pruned["steps"] == pruned["steps_scratch"] == 200 + 40
+    assert pruned["d_baseline_low"] <= pruned["d_baseline"] <= pruned["d_baseline_high"]
+    assert pd.notna(pruned["d_pruned_scratch_low"]) and pd.notna(pruned["d_control_high"])
+    scratch_run = json.loads((results / "prune/all/lambda_0.5/scratch/training.json").read_text())
+    assert scratch_run["train_config"]["max_steps"] == 240 and scratch_run["train_config"]["select"] == "last"
     assert (pruning[[c for c in pruning if c.startswith("role_")]].sum(axis=1)
             == pruning["retained_enc_self"]).all()
     michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")

@@ -47,7 +47,7 @@ def smoke_config(mirror: Path) -> dict:
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["defaults"]["prune"].update(
-        lambdas={"enc": [0.05, 2.0], "all": [0.5]}, from_scratch={"all": True}, michel_step=0.25,
+        lambdas={"enc": [0, 2.0], "all": [0, 0.5]}, from_scratch={"all": True}, michel_step=0.25,
         training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
                   "checkpoint_interval": 10})
     config["experiments"] = {"toy": {

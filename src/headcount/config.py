@@ -120,12 +120,23 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         for setting, grid in prune["lambdas"].items():
             if len(set(map(lambda_label, grid))) != len(grid):
                 problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} repeats a value")
+        for setting, grid in prune["lambdas"].items():
+            if grid and lambda_label(0) not in map(lambda_label, grid):
+                problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} lacks 0, the "
+                                f"lambda = 0 control the pruning table, Table 2 and Figure 7 compare against "
+                                f"(the cost of fine-tuning alone); add 0 to the grid")
         for setting, choice in prune["from_scratch"].items():
             grid = set(map(lambda_label, prune["lambdas"].get(setting, [])))
             for value in choice if isinstance(choice, list) else []:
                 if lambda_label(value) not in grid:
                     problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': {value} is not "
                                     f"in prune.lambdas.{setting} ({sorted(grid) or 'empty'}); add it there first")
+                elif lambda_label(value) == lambda_label(0):
+                    problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': 0 is the "
+                                    f"control, which prunes no head; leave it out")
+        if exp["training"]["seed"] not in exp["seeds"]:
+            problems.append(f"config key 'experiments.{name}.seeds': {exp['seeds']} lacks training.seed "
+                            f"({exp['training']['seed']}), the main run; add it")
         model = exp["model"]
         if model["d_model"] % model["n_heads"]:
             problems.append(f"config key 'experiments.{name}.model.d_model': {model['d_model']} is not "
@@ -166,6 +177,24 @@ def check_mirror(mirror: str, config: dict, experiments: list[dict]) -> None:
 def _report(problems: list[str]) -> str:
     lines = "\n".join(f"  - {p}" for p in problems)
     return f"the configuration is invalid ({len(problems)} problem{'s' * (len(problems) > 1)}):\n{lines}"
+
+
+# The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
+# it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
+FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer", "heal_steps", "select",
+                    "training")
+
+
+def fine_tuning_steps(prune: dict) -> int:
+    """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
+    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
+
+
+def scratch_training(baseline_training: dict, prune: dict) -> dict:
+    """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
+    model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
+    return {**baseline_training, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
+            "select": prune.get("select", "last")}
 
 
 def check_yaml_syntax(path: str | os.PathLike) -> None:

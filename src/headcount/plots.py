@@ -126,31 +126,54 @@ TYPE_COLOURS = {"enc_self": "#1f77b4", "dec_self": "#d62728", "dec_enc": "#2ca02
 def bleu_vs_heads(pruning: pd.DataFrame, michel: pd.DataFrame, baseline_bleu: float, path, title: str) -> None:
     """The paper's Figure 7 and its extension: BLEU against retained heads for the L0 runs (and
     their from-scratch twins) and for Michel et al.'s curve; one panel per setting, the encoder-
-    only setting against retained encoder heads, the all-types setting against all heads."""
+    only setting against retained encoder heads, the all-types setting against all heads.
+
+    Error bars (where the table has them): the 95% paired bootstrap interval of the point's
+    difference from the baseline, drawn around the point. The lambda = 0 control (the same
+    fine-tuning, gates that cannot close) is a dashed line and a marker of its own."""
     settings = [s for s in ("enc", "all") if s in set(pruning["setting"]) | set(michel.get("setting", []))]
     fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(5.2 * max(1, len(settings)), 3.8), squeeze=False)
+    control_flags = pruning["control"] if "control" in pruning else pd.Series(False, index=pruning.index)
     for ax, setting in zip(axes[0], settings):
         x = "retained_enc_self" if setting == "enc" else "retained_total"
-        runs = pruning[pruning["setting"] == setting].sort_values(x)
+        in_setting = pruning["setting"] == setting
+        runs = pruning[in_setting & ~control_flags.astype(bool)].sort_values(x)
+        controls = pruning[in_setting & control_flags.astype(bool)]
         curve = michel[michel["setting"] == setting].copy() if len(michel) else pd.DataFrame()
         if len(curve):
             curve = curve.sort_values(x)
             ax.plot(curve[x], curve["bleu"], "s--", color="#888888", label="Michel et al. ranking, no retraining")
-        ax.plot(runs[x], runs["bleu"], "o-", color="#1f77b4", label="Hard Concrete (L0), pruned")
+        ax.errorbar(runs[x], runs["bleu"], yerr=_difference_bars(runs, "d_baseline"), fmt="o-",
+                    color="#1f77b4", capsize=2, label="Hard Concrete (L0), pruned")
         for row in runs.itertuples():
             ax.annotate(f"λ={row.lam:g}", (getattr(row, x), row.bleu), textcoords="offset points", xytext=(3, 4),
                         fontsize=7)
         if "bleu_scratch" in runs and runs["bleu_scratch"].notna().any():
             done = runs[runs["bleu_scratch"].notna()]
-            ax.plot(done[x], done["bleu_scratch"], "^:", color="#ff7f0e", label="same heads, trained from scratch")
+            ax.errorbar(done[x], done["bleu_scratch"], yerr=_difference_bars(done, "d_scratch_baseline"), fmt="^:",
+                        color="#ff7f0e", capsize=2, label="same heads, trained from scratch")
+        for row in controls.itertuples():
+            ax.axhline(row.bleu, color="#2ca02c", lw=0.9, ls="--", label=f"λ=0 control ({row.bleu:.2f})")
+            ax.errorbar([getattr(row, x)], [row.bleu], yerr=_difference_bars(controls.loc[[row.Index]], "d_baseline"),
+                        fmt="D", color="#2ca02c", capsize=2)
         ax.axhline(baseline_bleu, color="black", lw=0.8, label=f"baseline ({baseline_bleu:.2f})")
         ax.set_xlabel("retained encoder heads" if setting == "enc" else "retained heads, all types")
         ax.set_ylabel("BLEU")
         ax.set_title("encoder self-attention pruned" if setting == "enc" else "all attention types pruned", fontsize=10)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(title + ("\nbars: 95% paired bootstrap interval of the difference from the baseline"
+                          if "d_baseline_low" in pruning else ""), fontsize=10)
     fig.tight_layout()
     save(fig, path)
+
+
+def _difference_bars(rows: pd.DataFrame, difference: str):
+    """Error bars (2, n) placing a difference's interval around the plotted value, or None."""
+    if f"{difference}_low" not in rows or rows[f"{difference}_low"].isna().all():
+        return None
+    below = (rows[difference] - rows[f"{difference}_low"]).clip(lower=0).fillna(0)
+    above = (rows[f"{difference}_high"] - rows[difference]).clip(lower=0).fillna(0)
+    return np.vstack([below.to_numpy(dtype=float), above.to_numpy(dtype=float)])
 
 
 def retained_functions(pruning: pd.DataFrame, path, title: str) -> None:

@@ -24,10 +24,6 @@ from .train import noam_lr
 ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
 SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}
 
-# The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
-# it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
-FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer", "heal_steps", "select",
-                    "training")
 LR_SCHEDULES = ("noam", "constant", "continue")
 SELECTIONS = ("last", "best_dev_bleu")
 
@@ -128,18 +124,6 @@ def optimizer_state_loader(saved: dict, saved_params: list[Tensor], source: str)
                                               for k, v in by_param[id(param)].items()}
 
     return init
-
-
-def fine_tuning_steps(prune: dict) -> int:
-    """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
-    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
-
-
-def scratch_training(baseline_training: dict, prune: dict) -> dict:
-    """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
-    model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
-    return {**baseline_training, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
-            "select": prune.get("select", "last")}
 
 
 def penalty(gates: list, lam: float):

@@ -17,6 +17,7 @@ from headcount.config import (
     resolve_mirror,
     side_source,
 )
+from headcount.config import FINE_TUNING_KEYS, scratch_training
 
 try:
     EXPERIMENTS = load_experiments(
@@ -45,7 +46,7 @@ wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
     kind="enc_self|dec_self|dec_enc",
-    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?",
+    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/(enc|all)/lambda_0)",
     setting="enc|all",
     lam=r"[0-9][0-9.e+-]*",
     score="[a-z_]+",
@@ -202,16 +203,51 @@ def pruned_models(exp, setting):
 def scratch_models(exp, setting):
     """The pruned models of a setting that are also trained from scratch."""
     choice = EXPERIMENTS[exp]["prune"]["from_scratch"].get(setting, False)
-    if choice is True:
-        return pruned_models(exp, setting)
-    chosen = {lambda_label(lam) for lam in choice or []}
+    chosen = {lambda_label(lam) for lam in (choice if isinstance(choice, list) else [])}
     return [
-        m for m in pruned_models(exp, setting) if m.rsplit("lambda_", 1)[1] in chosen
+        m
+        for m in pruned_models(exp, setting)
+        if m.rsplit("lambda_", 1)[1] != lambda_label(0)  # the control prunes nothing
+        and (choice is True or m.rsplit("lambda_", 1)[1] in chosen)
     ]
 
 
 def prune_settings(exp):
     return [s for s in ("enc", "all") if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
+
+
+def extra_seeds(exp):
+    """Baseline seeds besides training.seed (the main run, at today's paths): each trains a
+    baseline and its lambda = 0 controls under results/{exp}/seeds/seed_{s}/."""
+    main = EXPERIMENTS[exp]["training"]["seed"]
+    return [s for s in EXPERIMENTS[exp]["seeds"] if s != main]
+
+
+def seed_prefix(exp, seed):
+    """Where a seed's models live under results/{exp}/: the main run's own paths for training.seed."""
+    return "" if seed == EXPERIMENTS[exp]["training"]["seed"] else f"seeds/seed_{seed}/"
+
+
+def seed_training(wildcards):
+    """The baseline's training settings with this seed; no snapshots (the main run has them)."""
+    training = exp_config(wildcards)["training"]
+    return {**training, "seed": int(wildcards.seed), "snapshot_interval": 0}
+
+
+def seed_spread_inputs(wildcards):
+    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
+    seeds = EXPERIMENTS[exp]["seeds"]
+    return {
+        "baselines": [
+            f"results/{exp}/{seed_prefix(exp, s)}baseline/scores/{split}.json"
+            for s in seeds
+        ],
+        "controls": [
+            f"results/{exp}/{seed_prefix(exp, s)}prune/{setting}/lambda_0/scores/{split}.json"
+            for setting in prune_settings(exp)
+            for s in seeds
+        ],
+    }
 
 
 def final_outputs(exp):
@@ -227,13 +263,14 @@ def final_outputs(exp):
             if prune_settings(exp)
             else []
         ),
+        *([f"results/{exp}/seeds/spread.tsv"] if extra_seeds(exp) else []),
     ]
 
 
 def prune_job_settings(wildcards):
     """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
     prune = exp_config(wildcards)["prune"]
-    return {k: prune[k] for k in ("gate_lr_scale", "log_alpha_init", "training")}
+    return {k: prune[k] for k in FINE_TUNING_KEYS}
 
 
 def pruning_report_inputs(wildcards):
@@ -258,4 +295,23 @@ def pruning_report_inputs(wildcards):
             f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
         ],
         "roles": f"results/{exp}/syntax/roles.csv",
+        # for the paired bootstrap intervals and the matched budgets
+        "references": f"results/{exp}/data/{split}.tgt.txt",
+        "baseline_translations": f"results/{exp}/baseline/translations/{split}.txt",
+        "pruned_translations": [
+            f"results/{exp}/{m}/translations/{split}.txt"
+            for s in settings
+            for m in models[s]
+        ],
+        "scratch_translations": [
+            f"results/{exp}/{m}/scratch/translations/{split}.txt"
+            for s in settings
+            for m in scratch_models(exp, s)
+        ],
+        "baseline_training": f"results/{exp}/baseline/training.json",
+        "scratch_training": [
+            f"results/{exp}/{m}/scratch/training.json"
+            for s in settings
+            for m in scratch_models(exp, s)
+        ],
     }

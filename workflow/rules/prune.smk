@@ -1,6 +1,7 @@
 # Pruning heads (paper section 6): fine-tuning with Hard Concrete gates for each lambda of each
 # setting's grid, training each pruned configuration from scratch, Michel et al.'s pruning curve,
 # and the tables and figures. Lambda is a wildcard: a new grid value adds its own jobs only.
+# Lambda 0 is each setting's control (gates pinned open); it has no from-scratch twin.
 
 
 rule prune_heads:
@@ -33,6 +34,9 @@ rule prune_heads:
         lam=lambda w: float(w.lam),
         prune=prune_job_settings,
         training=lambda w: exp_config(w)["training"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        # Not an input: train_baseline keeps it without declaring it (prune.resume_optimizer reads it).
+        baseline_checkpoint="results/{exp}/baseline/train/checkpoint.pt",
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/train",
     script:
         "../scripts/prune_heads.py"
@@ -65,7 +69,12 @@ rule train_from_scratch:
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
         model=lambda w: exp_config(w)["model"],
-        training=lambda w: exp_config(w)["training"],
+        # The pruned model's budget (baseline plus fine-tuning steps) and checkpoint selection
+        # (config.scratch_training). No snapshots: the statistics over training are the baseline's.
+        training=lambda w: {
+            **scratch_training(exp_config(w)["training"], exp_config(w)["prune"]),
+            "snapshot_interval": 0,
+        },
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/scratch/train",
     script:
@@ -178,5 +187,6 @@ rule pruning_report:
         runtime=10,
     params:
         experiment=lambda w: w.exp,
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
     script:
         "../scripts/pruning_report.py"

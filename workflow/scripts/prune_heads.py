@@ -19,5 +19,7 @@ with job(snakemake) as log:
         model_out=snakemake.output.model,
         gates_out=snakemake.output.gates,
         trajectory_out=snakemake.output.trajectory,
+        lowercase=snakemake.params.lowercase,
+        baseline_checkpoint=snakemake.params.baseline_checkpoint,
         log=log,
     )

@@ -12,5 +12,12 @@ with job(snakemake) as log:
         michel=list(snakemake.input.michel),
         roles=snakemake.input.roles,
         out=dict(snakemake.output.items()),
+        references=snakemake.input.references,
+        baseline_translations=snakemake.input.baseline_translations,
+        pruned_translations=list(snakemake.input.pruned_translations),
+        scratch_translations=list(snakemake.input.scratch_translations),
+        baseline_training=snakemake.input.baseline_training,
+        scratch_training=list(snakemake.input.scratch_training),
+        lowercase=snakemake.params.lowercase,
         log=log,
     )

@@ -1,0 +1,15 @@
+from _common import job
+
+from headcount.prune_stages import seed_spread
+
+with job(snakemake) as log:
+    seed_spread(
+        experiment=snakemake.params.experiment,
+        seeds=list(snakemake.params.seeds),
+        settings=list(snakemake.params.settings),
+        baseline_scores=list(snakemake.input.baselines),
+        control_scores=list(snakemake.input.controls),
+        out_table=snakemake.output.table,
+        out_markdown=snakemake.output.markdown,
+        log=log,
+    )
