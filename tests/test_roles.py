@@ -632,7 +632,7 @@ def test_find_head_roles_names_its_text_and_parser_and_cross_checks_on_gold_tree
     longest = max(len(x) for x in Segmenter(str(tmp_path / "src.model")).encode(toy_corpus(300, 1)[0]))
     assert any(f"20 of 21 parsed sentences (1 longer than {longest} subwords" in line for line in logs)
     for name in ("positional", "rare"):
-        assert tables[name]["text"].eq("dev[:20] of toy").all()
+        assert tables[name]["text"].eq("dev[:20] of toy").all() and tables[name]["parser"].str.startswith("none").all()
     assert tables["positional"]["n_queries"].iloc[0] == sum(
         len(x) for x in Segmenter(str(tmp_path / "src.model")).encode(toy_corpus(30, 2)[0][:20]))
     syntactic_text = f"treebanks tb.conllu, sentences of at most {longest} subwords (the longest training sentence)"

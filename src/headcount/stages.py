@@ -317,9 +317,10 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
         markdown += "\n" + table1_markdown(table1_gold, f"Cross-check: text: {gold_text}. Parser: gold trees.")
         log(f"syntactic heads on gold trees: {int(roles['is_syntactic_gold'].sum())}, on {info['parser']} parses: "
             f"{int(roles['is_syntactic'].sum())}")
-    tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label),
+    no_parse = "none (needs no parse)"
+    tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label, parser=no_parse),
               "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
-              "rare": stats["rare"].assign(text=analysis_label)}
+              "rare": stats["rare"].assign(text=analysis_label, parser=no_parse)}
     for name, frame in tables.items():
         with atomic_path(out[name]) as tmp:
             frame.to_csv(tmp, index=False, float_format="%.4g")
