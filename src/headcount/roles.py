@@ -425,8 +425,9 @@ class RareStats:
         return all(part in self.top for part in self._parts(token))
 
     def update(self, word_attn: np.ndarray, words: Sequence[str], pieces_per_word: Sequence[int] | None = None) -> bool:
-        """word_attn (L, H, W + 1, W + 1) of one sentence, words its W tokens, pieces_per_word (W,)
-        for the uniform reference (optional); True if the sentence was eligible."""
+        """word_attn (L, H, W + 1, W + 1) of one sentence, words its W surface tokens (best the
+        sentence's `frequency_words`; any other token is looked up by its parts, `frequency`),
+        pieces_per_word (W,) for the uniform reference (optional); True if the sentence was eligible."""
         L, H = word_attn.shape[:2]
         W = len(words)
         if self.rarest is None:
