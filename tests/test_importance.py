@@ -288,3 +288,32 @@ def test_rank_correlations_per_layer_and_overall():
     sub = table[table.type == "enc_self"]
     assert row.n == 4
     assert row.spearman == pytest.approx(brute_force_spearman(sub.michel.tolist(), sub.delta_loss.tolist()))
+
+
+def test_spearman_interval_is_the_percentile_interval_of_resampled_heads():
+    """Against a loop of the plain spearman over the same resamples of the heads."""
+    from headcount.importance import spearman_interval
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=24)
+    y = x + rng.normal(scale=1.0, size=24)
+    y[3] = y[4]  # a tie
+    low, high = spearman_interval(x, y, n_samples=300, seed=2)
+    index = np.random.default_rng(2).integers(0, 24, size=(300, 24))
+    loop = np.array([spearman(x[i], y[i]) for i in index])
+    assert (low, high) == pytest.approx(tuple(np.nanpercentile(loop, [2.5, 97.5])), abs=1e-12)
+    assert low < spearman(x, y) < high and low > 0  # a clear positive correlation
+    assert all(np.isnan(spearman_interval([1.0, 2.0], [2.0, 1.0])))  # too few heads to resample
+
+
+def test_rank_correlations_carry_intervals():
+    import pandas as pd
+
+    rows = [{"type": "enc_self", "layer": layer, "head": h, "michel": float(h + layer), "delta_loss": float(h)}
+            for layer in range(2) for h in range(6)]
+    corr = rank_correlations(pd.DataFrame(rows), scores=("michel",), n_samples=200)
+    assert list(corr.columns) == ["type", "layer", "score", "spearman", "spearman_low", "spearman_high", "n"]
+    per_layer = corr[corr["layer"] != "all"]
+    assert (per_layer["spearman"] == 1.0).all() and (per_layer["spearman_low"] == 1.0).all()  # monotone
+    overall = corr[corr["layer"] == "all"].iloc[0]
+    assert overall["spearman_low"] <= overall["spearman"] <= overall["spearman_high"] <= 1.0

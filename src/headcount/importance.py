@@ -256,11 +256,31 @@ def spearman(x, y) -> float:
     return float((rx * ry).sum() / denom) if denom > 0 else float("nan")
 
 
+def spearman_interval(x, y, n_samples: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile bootstrap interval of Spearman's rho, resampling the (x, y) pairs (heads)
+    with replacement; resamples where a side is constant (rho undefined) are left out."""
+    frame = pd.DataFrame({"x": np.asarray(x, dtype=float), "y": np.asarray(y, dtype=float)}).dropna()
+    if len(frame) < 3:
+        return float("nan"), float("nan")
+    index = np.random.default_rng(seed).integers(0, len(frame), size=(n_samples, len(frame)))
+    ranks = [pd.DataFrame(frame[c].to_numpy()[index]).rank(axis=1, method="average").to_numpy() for c in "xy"]
+    rx, ry = (r - r.mean(axis=1, keepdims=True) for r in ranks)
+    denom = np.sqrt((rx**2).sum(axis=1) * (ry**2).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(denom > 0, (rx * ry).sum(axis=1) / denom, np.nan)
+    if np.isnan(rho).all():
+        return float("nan"), float("nan")
+    low, high = np.nanpercentile(rho, [2.5, 97.5])
+    return float(low), float(high)
+
+
 def rank_correlations(table: pd.DataFrame, reference: str = "delta_loss",
-                      scores: Sequence[str] = ("confidence", "lrp", "michel")) -> pd.DataFrame:
+                      scores: Sequence[str] = ("confidence", "lrp", "michel"), n_samples: int = 1000,
+                      seed: int = 0) -> pd.DataFrame:
     """Spearman between each score and the reference, per (type, layer) and per type overall.
 
-    Rows: type, layer ("all" for the pooled heads of a type), score, spearman, n (heads used).
+    Rows: type, layer ("all" for the pooled heads of a type), score, spearman, spearman_low and
+    spearman_high (95% bootstrap interval over heads, spearman_interval), n (heads used).
     """
     rows = []
     for score in (s for s in scores if s in table.columns):
@@ -268,9 +288,11 @@ def rank_correlations(table: pd.DataFrame, reference: str = "delta_loss",
             groups = [(layer, g) for layer, g in by_type.groupby("layer")] + [("all", by_type)]
             for layer, g in groups:
                 pair = g[[score, reference]].dropna()
+                low, high = spearman_interval(pair[score], pair[reference], n_samples, seed)
                 rows.append({"type": kind, "layer": layer, "score": score,
-                             "spearman": spearman(pair[score], pair[reference]), "n": len(pair)})
-    return pd.DataFrame(rows, columns=["type", "layer", "score", "spearman", "n"])
+                             "spearman": spearman(pair[score], pair[reference]), "spearman_low": low,
+                             "spearman_high": high, "n": len(pair)})
+    return pd.DataFrame(rows, columns=["type", "layer", "score", "spearman", "spearman_low", "spearman_high", "n"])
 
 
 # --------------------------------------------------------------------------------------------
