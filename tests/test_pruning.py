@@ -475,3 +475,37 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
 
 
 TYPES_ = ("enc_self", "dec_self", "dec_enc")
+
+
+def test_pruning_and_from_scratch_runs_stop_on_a_signal_like_the_baseline(toy_run):
+    """Both jobs train with headcount.train.train, the baseline's loop: a SIGTERM or SIGINT
+    mid-run writes a checkpoint at the step reached and stops with TrainingStopped (the loop's
+    tests cover resuming to the same weights)."""
+    import os
+    import signal
+
+    from headcount.train import TrainingStopped, load_checkpoint
+
+    tmp_path, files, model = toy_run
+
+    def signal_at_step_6(signum):
+        def log(message):
+            if message.startswith("step 6/"):
+                os.kill(os.getpid(), signum)  # a real signal, as scancel or Ctrl-C sends it
+        return log
+
+    prune = dict(PRUNE, training=dict(PRUNE["training"], log_interval=1))
+    from headcount.prune_stages import prune_heads
+
+    with pytest.raises(TrainingStopped, match="SIGTERM at step 6 of 12"):
+        prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.5, prune_settings=prune,
+                    train_settings=training(20), work_dir=str(tmp_path / "p/train"),
+                    model_out=str(tmp_path / "p/model.pt"), gates_out=str(tmp_path / "p/gates.json"),
+                    trajectory_out=str(tmp_path / "p/trajectory.csv"), log=signal_at_step_6(signal.SIGTERM))
+    with pytest.raises(TrainingStopped, match="SIGINT at step 6 of 10"):
+        train_translation_model(*files, model, dict(training(10), log_interval=1), False, str(tmp_path / "s/train"),
+                                str(tmp_path / "s/model.pt"), str(tmp_path / "s/summary.json"),
+                                head_mask_from=str(tmp_path / "base.pt"), log=signal_at_step_6(signal.SIGINT))
+    for run in ("p", "s"):
+        assert load_checkpoint(tmp_path / run / "train/checkpoint.pt")["step"] == 6  # not the interval's (4, 5)
+        assert not (tmp_path / run / "model.pt").exists()

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -64,6 +65,10 @@ def word_ids(lines, vocab):
 
 @pytest.fixture
 def toy_data():
+    return make_toy_data()
+
+
+def make_toy_data():
     src_vocab, tgt_vocab = {f"<{i}>": i for i in range(4)}, {f"<{i}>": i for i in range(4)}
     src, tgt = toy_corpus(300, seed=1)
     dev_src, dev_tgt = toy_corpus(30, seed=2)
@@ -286,3 +291,152 @@ def test_snapshots_are_kept_every_interval_and_listed(toy_data, tmp_path):
     for snapshot in summary["snapshots"]:
         state = load_checkpoint(snapshot["path"])
         assert state["step"] == snapshot["step"] and "optimizer" not in state
+
+
+# --------------------------------------------------------------------------------------------
+# Untrusted checkpoints
+
+
+class _Payload:
+    """What a malicious checkpoint carries: unpickling it calls Path.touch(marker)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return Path.touch, (Path(self.marker),)
+
+
+def test_a_checkpoint_carrying_a_pickled_payload_is_refused_and_runs_nothing(toy_data, tmp_path):
+    import shutil
+
+    from headcount.train import load_model
+
+    data, dev, *sizes = toy_data
+    model = fresh_model(sizes)
+    marker = tmp_path / "payload_ran"
+    evil = tmp_path / "run/checkpoint.pt"
+    evil.parent.mkdir()
+    torch.save({"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": 3,
+                "extra": _Payload(marker)}, evil)
+    # The payload is real: torch's full unpickler runs it.
+    shutil.copy(evil, tmp_path / "copy.pt")
+    torch.load(tmp_path / "copy.pt", weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    refused = (r"run/checkpoint.pt: refused, not loaded: it holds a pickled Python object \(.+\), and loading it "
+               r"would run code")
+    with pytest.raises(CheckpointError, match=refused):
+        load_checkpoint(evil)
+    with pytest.raises(CheckpointError, match=refused):
+        load_model(evil)
+    with pytest.raises(CheckpointError, match=refused):  # a run never resumes from it either
+        train(fresh_model(sizes), settings(), data, dev, tmp_path / "run", log=quiet)
+    assert not marker.exists()
+
+
+def test_every_checkpoint_a_run_writes_loads_with_the_weights_only_loader(toy_data, tmp_path):
+    """checkpoint.pt (optimizer, RNG state, tuples), best.pt and snapshots hold nothing the
+    weights-only unpickler refuses; model.pt files are covered by the stage tests, which load them."""
+    data, dev, *sizes = toy_data
+    train(fresh_model(sizes), settings(max_steps=12, snapshot_interval=10, select="best_dev_bleu"), data, dev,
+          tmp_path, log=quiet, dev_bleu=lambda model, dev: 1.0)
+    files = sorted(tmp_path.rglob("*.pt"))
+    assert {f.name for f in files} == {"checkpoint.pt", "best.pt", "step_10.pt", "step_12.pt"}
+    for path in files:
+        assert "model" in load_checkpoint(path)
+
+
+def test_checkpoints_are_read_through_one_loader():
+    """Every torch.load in the library and the scripts is load_checkpoint's (weights only)."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    calls = [(str(path.relative_to(repo)), line.strip())
+             for folder in ("src", "workflow/scripts")
+             for path in sorted((repo / folder).rglob("*.py"))
+             for line in path.read_text(encoding="utf-8").splitlines()
+             if re.search(r"torch\.load\(|\bload\(.*weights_only", line)]
+    assert len(calls) == 1 and calls[0][0] == "src/headcount/train.py", calls
+    assert "weights_only=True" in calls[0][1], calls
+
+
+# --------------------------------------------------------------------------------------------
+# A training job stopped by a real signal, in its own process
+
+
+SIGNALLED = dict(max_steps=100, log_interval=1, eval_interval=40, checkpoint_interval=40)
+
+
+def training_job(out: str) -> None:
+    """A workflow job in miniature, for the test below to start as a process and signal: the
+    scripts' job wrapper (log file, one-line errors, exit status) around the training loop."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow/scripts"))
+    from _common import job
+
+    out = Path(out)
+    snakemake = SimpleNamespace(log=[str(out / "job.log")], threads=1, rule="train_baseline", wildcards={},
+                                params={}, input=[], output=[])
+    with job(snakemake) as log:
+        data, dev, *sizes = make_toy_data()
+        train(fresh_model(sizes), settings(**SIGNALLED), data, dev, out / "train", log=log)
+
+
+def test_a_training_job_stopped_by_sigterm_or_sigint_resumes_to_the_same_weights(toy_data, tmp_path):
+    """SIGTERM (a wall-time limit, scancel), then SIGINT (Ctrl-C), each sent to the job's process
+    mid-training: it exits at once with status 1 and a one-line message, its checkpoint holds the
+    step it had reached, and the rerun resumes from there to the uninterrupted run's weights."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data, dev, *sizes = toy_data
+    clean = fresh_model(sizes)
+    train(clean, settings(**SIGNALLED), data, dev, tmp_path / "clean", log=quiet)
+
+    out = tmp_path / "job"
+    here = str(Path(__file__).resolve().parent)
+    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); import test_train; "
+                                     f"test_train.training_job({str(out)!r})"]
+    metrics = out / "train/metrics.jsonl"
+
+    def last_step() -> int:
+        text = metrics.read_text() if metrics.exists() else ""
+        return max(map(int, re.findall(r'"step": (\d+)', text)), default=0)
+
+    reached = 0
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        name = signal.Signals(signum).name
+        with open(tmp_path / f"{name}.err", "w") as err:
+            process = subprocess.Popen(command, stderr=err, start_new_session=True)
+            deadline = time.time() + 240
+            while last_step() < reached + 10 and process.poll() is None and time.time() < deadline:
+                time.sleep(0.02)
+            assert process.poll() is None, "the job ended before the signal"
+            process.send_signal(signum)
+            assert process.wait(timeout=60) == 1
+        log = (out / "job.log").read_text()
+        stopped = re.findall(rf"ERROR: training stopped by {name} at step (\d+) of 100; the checkpoint "
+                             rf"\S+checkpoint.pt holds that step. Run the workflow again", log)
+        assert len(stopped) == 1, log[-2000:]
+        step = int(stopped[0])
+        assert reached + 10 <= step < 100
+        assert load_checkpoint(out / "train/checkpoint.pt")["step"] == step  # not the last interval's (40, 80)
+        assert f"resuming from {out / 'train/checkpoint.pt'} at step {reached}" in log or not reached
+        assert "Traceback" not in (tmp_path / f"{name}.err").read_text()
+        reached = step
+
+    assert subprocess.run(command, stderr=subprocess.DEVNULL, timeout=300).returncode == 0
+    final = load_checkpoint(out / "train/checkpoint.pt")
+    assert final["step"] == 100
+    for name, tensor in clean.state_dict().items():
+        assert torch.equal(tensor, final["model"][name]), name  # bitwise, on CPU with the same seed
