@@ -36,6 +36,15 @@ include: "workflow/rules/prune.smk"
 include: "workflow/rules/seeds.smk"
 
 
+# Snakemake does not pass SIGTERM or SIGINT on to running jobs when it alone receives one: it
+# waited for them (hours of training) and held its lock. Passed on, training saves a checkpoint
+# and every job stops, so the run ends in seconds and `--rerun-incomplete` resumes it.
+onstart:
+    from headcount.signals import pass_on_stop_signals
+
+    pass_on_stop_signals()
+
+
 rule all:
     """Everything the experiments in `run` produce: scores, head analyses, roles and pruning."""
     default_target: True
