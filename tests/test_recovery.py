@@ -166,10 +166,10 @@ def test_a_fixed_mirror_file_is_copied_again_and_a_bad_checksum_fails_at_once(tm
     assert result.returncode != 0
     assert gzip.decompress(stale.read_bytes()) == b"the fixed line\n"
 
+    # No job is tried again, although --retries 2 was given (a retry rewrites the job's log).
+    assert "Trying to restart job" not in result.stdout + result.stderr
     logs = workdir / "resources/logs/fetch/toy"
-    checksum_log = (logs / "val.de.gz.log").read_text()
-    assert checksum_log.count("rule fetch_source") == 1, checksum_log
-    assert f"{mirror / 'toy/val.de.gz'}: sha256" in checksum_log
+    assert f"{mirror / 'toy/val.de.gz'}: sha256" in (logs / "val.de.gz.log").read_text()
     assert not (workdir / "resources/data/toy/val.de.gz").exists()
     random_log = (logs / "test_2016_flickr.en.gz.log").read_text()
     assert f"{mirror / 'toy/test_2016_flickr.en.gz'} is not gzip data (first bytes 07 08 09" in random_log
