@@ -18,7 +18,7 @@ MODEL_DOWNSTREAM = {"train_baseline", "translate", "score", "score_table", "scor
                     "head_roles", "prune_heads", "train_from_scratch", "michel_curve", "plot_gate_trajectory",
                     "pruning_report", "all"}
 UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", "train_subwords",
-            "parse_analysis_sentences"}
+            "fit_training_data", "parse_analysis_sentences"}
 
 
 @pytest.fixture(scope="module")

@@ -197,3 +197,76 @@ def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, sm
             assert heads[0] == heads[1], name
         else:
             assert (resumed / name).read_text() == (clean / name).read_text(), name
+
+
+@pytest.mark.workflow
+def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_resumes(tmp_path, smoke_run):
+    """SIGTERM, then SIGINT, to the Snakemake process alone while the baseline trains (a training
+    that would run for hours): the signal reaches the job, which checkpoints, and Snakemake exits
+    within seconds without leaving its lock. Without passing the signal on, Snakemake waited for
+    the job. The README's resume command then finishes the run with the uninterrupted weights."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    import psutil
+    import torch
+
+    from headcount.train import load_checkpoint
+
+    assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
+    workdir = tmp_path / "wf"
+    shutil.copytree(smoke_run.workdir, workdir, symlinks=True)  # data and subwords done, with their metadata
+    shutil.rmtree(workdir / "results/toy/baseline")
+    config = copy.deepcopy(smoke_run.config)
+    config["defaults"]["training"]["max_steps"] = 100_000  # a resumable change: the weights up to a step stay
+    long_run, config_path = write_config(workdir / "long.yaml", config), workdir / "smoke.yaml"
+    write_config(config_path, smoke_run.config)
+    train_dir = workdir / "results/toy/baseline/train"
+
+    def command(config_file):
+        return [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "results/toy/baseline/model.pt",
+                "--cores", CORES, "--rerun-incomplete", "--configfile", str(config_file)]
+
+    def last_step() -> int:
+        metrics = train_dir / "metrics.jsonl"
+        text = metrics.read_text() if metrics.exists() else ""
+        return max((json.loads(line)["step"] for line in text.splitlines() if line.endswith("}")), default=0)
+
+    reached = 0
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        process = subprocess.Popen(command(long_run), cwd=workdir, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 300
+        while last_step() < reached + 20 and process.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert process.poll() is None, "snakemake ended before the signal"
+        jobs = psutil.Process(process.pid).children(recursive=True)
+        sent = time.time()
+        process.send_signal(signum)
+        try:
+            returncode = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            pytest.fail(f"snakemake still running 60 s after {signum.name}")
+        print(f"{signum.name}: snakemake exited after {time.time() - sent:.1f} s")
+        assert returncode != 0
+        assert not any(job.is_running() and job.status() != psutil.STATUS_ZOMBIE for job in jobs)
+        assert not list((workdir / ".snakemake/locks").glob("*")), "the lock stayed behind"
+        log = (workdir / "results/toy/logs/train_baseline.log").read_text()
+        assert f"{signum.name} received: checkpoint written at step" in log
+        step = load_checkpoint(train_dir / "checkpoint.pt")["step"]
+        assert reached + 20 <= step < 100  # before the first evaluation
+        reached = step
+
+    # What the README says to type after an interruption (here with the test's config and target).
+    result = subprocess.run(command(config_path), cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert f"resuming from results/toy/baseline/train/checkpoint.pt at step {reached}" in (
+        workdir / "results/toy/logs/train_baseline.log").read_text()
+    resumed = load_checkpoint(workdir / "results/toy/baseline/model.pt")["model"]
+    clean = load_checkpoint(smoke_run.results / "baseline/model.pt")["model"]
+    for name, tensor in clean.items():
+        assert torch.equal(tensor, resumed[name]), name
