@@ -9,7 +9,7 @@ Source sentences (words separated by spaces, no punctuation):
 
     [ADV] NP_subj ADV{0..2} VERB NP_obj [ADV]        NP = ADJ{0..max_adjectives} NOUN  |  NAME
 
-Every regular word has a hidden binary "tone"; nouns have one of three agreement classes, verbs one
+Every regular word has a hidden "tone" (one of four); nouns have one of three agreement classes, verbs one
 of three verb classes. Names are drawn from a large pool (so each is rare), start with `q` or `x`
 (their class, readable from the spelling), and replace a noun phrase in `name_rate` of the
 sentences. The gold parse: the verb is the root; nsubj and obj attach the nouns (or names) to it,
@@ -18,8 +18,8 @@ amod each adjective to its noun, advmod each adverb to the verb.
 The target is a deterministic function of the source, built so that each planted function is
 needed to produce it:
 
-    positional  every target word ends in a suffix given by the tones of the PREVIOUS and the NEXT
-                source words (0 at the sentence edges): offsets -1 and +1;
+    positional  every target word ends in two suffixes: one given by the tone of the PREVIOUS source
+                word, one by the tone of the NEXT (0 at the sentence edges): offsets -1 and +1;
     syntactic   the verb agrees with its subject's and its object's class (v->s, v->o), an
                 adjective with its noun's class (adj->noun), an adverb with its verb's class
                 (adv->v); the partners sit at varying distances, so no fixed offset finds them;
@@ -46,11 +46,14 @@ SOURCE_CONSONANTS = "bdfgklmnprstvz"
 TARGET_CONSONANTS = "bcdfghjklmnprstvwz"
 VOWELS = "aeiou"
 # Agreement morphemes: subject / noun class (verbs, adjectives), object class (verbs), verb class
-# (adverbs). Suffixes: one alphabet per register, indexed by 2 * tone(previous) + tone(next).
+# (adverbs). Suffixes: the previous word's tone, in one alphabet per register, then the next word's.
 NOUN_AGREEMENT = ("n", "r", "s")
 OBJECT_AGREEMENT = ("m", "l", "t")
 VERB_AGREEMENT = ("k", "p", "v")
+N_TONES = 4
 SUFFIXES = (("a", "e", "i", "o"), ("ua", "ue", "ui", "uo"), ("ya", "ye", "yi", "yo"))
+NEXT_SUFFIXES = ("x", "y", "z", "q")
+MORPHEME = "-"  # marks agreement morphemes and suffixes in the target text
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,7 @@ class Lexicon:
         counts = {"NOUN": grammar.nouns, "VERB": grammar.verbs, "ADJ": grammar.adjectives, "ADV": grammar.adverbs}
         self.words = {pos: [fresh(SOURCE_CONSONANTS, 2) for _ in range(n)] for pos, n in counts.items()}
         self.pos = {w: pos for pos, forms in self.words.items() for w in forms}
-        self.tone = {w: rng.randrange(2) for w in self.pos}
+        self.tone = {w: rng.randrange(N_TONES) for w in self.pos}
         self.noun_class = {w: i % N_NOUN_CLASSES for i, w in enumerate(self.words["NOUN"])}
         self.verb_class = {w: i % N_VERB_CLASSES for i, w in enumerate(self.words["VERB"])}
         # Target stems are drawn after the source words so their letters cannot collide.
@@ -169,7 +172,9 @@ def sample_sentence(lexicon: Lexicon, rng: random.Random) -> Sentence:
 
 
 def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
-    """The target words of a parsed source sentence (module docstring)."""
+    """The target words of a parsed source sentence (module docstring); a word is its stem and its
+    morphemes, separated by spaces (each morpheme is one token, so a tiny model learns them
+    separately)."""
     words = sentence.words
     name = next((w.form for w in words if w.pos == "PROPN"), None)
     register = 0 if name is None else 1 + lexicon.name_class(name)
@@ -185,15 +190,16 @@ def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
         if w.pos == "PROPN":
             return w.form
         if w.pos == "VERB":
-            agreement = (NOUN_AGREEMENT[lexicon.agreement_class(words[subject].form)]
-                         + OBJECT_AGREEMENT[lexicon.agreement_class(words[obj].form)])
+            agreement = [NOUN_AGREEMENT[lexicon.agreement_class(words[subject].form)],
+                         OBJECT_AGREEMENT[lexicon.agreement_class(words[obj].form)]]
         elif w.pos == "ADJ":
-            agreement = NOUN_AGREEMENT[lexicon.agreement_class(words[w.head - 1].form)]
+            agreement = [NOUN_AGREEMENT[lexicon.agreement_class(words[w.head - 1].form)]]
         elif w.pos == "ADV":
-            agreement = VERB_AGREEMENT[lexicon.verb_class[words[verb].form]]
+            agreement = [VERB_AGREEMENT[lexicon.verb_class[words[verb].form]]]
         else:
-            agreement = ""
-        return lexicon.stem[w.form] + agreement + SUFFIXES[register][2 * tone(i - 1) + tone(i + 1)]
+            agreement = []
+        suffixes = (SUFFIXES[register][tone(i - 1)], NEXT_SUFFIXES[tone(i + 1)])
+        return " ".join([lexicon.stem[w.form], *(MORPHEME + m for m in (*agreement, *suffixes))])
 
     def phrase(noun: int) -> list[int]:
         return [j for j, w in enumerate(words) if w.relation == "amod" and w.head == noun + 1] + [noun]

@@ -1,0 +1,169 @@
+"""Planted against found: what headcount's analyses make of the functions the synthetic
+language plants (headcount.synthetic_language; SPEC section 3, the positive control).
+
+For each planted function the table lists the encoder self-attention heads the role analysis
+found for it and their rates; we cannot know beforehand which head will learn a function, so
+"found" means that at least one head has that role:
+
+    positional k   share of the head's queries whose argmax key is at offset k (EOS excluded)
+                   >= positional_threshold;
+    syntactic      accuracy on the relation and direction >= baseline + syntactic_margin, on
+                   >= min_instances instances (the rate is the accuracy, beside the baseline);
+    rare token     the head's is_rare flag (rate: how often it points to one of the two rarest
+                   words).
+
+Then, for each found head, where LRP relevance and the ablation loss increase rank it within its
+layer (1 = highest), and the smallest lambda of each pruning setting's grid at which its gate is
+closed (evaluation gate 0), or "open" if it survives the whole grid: specialised heads should rank
+high and close last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .synthetic_language import PLANTED_OFFSETS, PLANTED_RELATIONS
+
+ENC = "enc_self"
+
+
+def found_heads(roles: pd.DataFrame, syntactic: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """One row per (planted function, head that has it): function, kind, layer, head, rate,
+    baseline. A function no head has gets one row with layer/head NaN."""
+    rows = []
+    for offset in PLANTED_OFFSETS:
+        function = f"positional {offset:+d}"
+        hits = roles[roles["is_positional"].astype(bool) & (roles["positional_offset"] == offset)]
+        rows += [{"function": function, "kind": "positional", "layer": r.layer, "head": r.head,
+                  "rate": r.positional_fraction, "baseline": np.nan} for r in hits.itertuples()] or [
+            {"function": function, "kind": "positional"}]
+    margin, min_n = settings["syntactic_margin"], settings["min_instances"]
+    for relation, name in PLANTED_RELATIONS:
+        function = f"{relation} {name}"
+        scored = syntactic[(syntactic["relation"] == relation) & (syntactic["name"] == name)]
+        hits = scored[(scored["n"] >= min_n) & (scored["accuracy"] >= scored["baseline_accuracy"] + margin - 1e-12)]
+        hits = hits.sort_values("accuracy", ascending=False, kind="stable")
+        rows += [{"function": function, "kind": "syntactic", "layer": r.layer, "head": r.head,
+                  "rate": r.accuracy, "baseline": r.baseline_accuracy} for r in hits.itertuples()] or [
+            {"function": function, "kind": "syntactic",
+             "baseline": scored["baseline_accuracy"].iloc[0] if len(scored) else np.nan}]
+    hits = roles[roles["is_rare"].astype(bool)]
+    rows += [{"function": "rare token", "kind": "rare", "layer": r.layer, "head": r.head,
+              "rate": r.rate_two_rarest, "baseline": r.rare_uniform_two_rarest if "rare_uniform_two_rarest" in roles
+              else np.nan} for r in hits.itertuples()] or [{"function": "rare token", "kind": "rare"}]
+    table = pd.DataFrame(rows, columns=["function", "kind", "layer", "head", "rate", "baseline"])
+    return table.astype({"layer": "Int64", "head": "Int64"})
+
+
+def layer_ranks(scores: pd.DataFrame, columns: Sequence[str] = ("lrp", "delta_loss")) -> pd.DataFrame:
+    """Encoder self-attention heads' rank within their layer by each score (1 = highest)."""
+    enc = scores[scores["type"] == ENC][["layer", "head", *[c for c in columns if c in scores]]].copy()
+    for column in columns:
+        if column in enc:
+            enc[f"{column}_rank"] = enc.groupby("layer")[column].rank(ascending=False, method="min").astype("Int64")
+    return enc
+
+
+def closing_lambdas(gate_records: Sequence[dict]) -> pd.DataFrame:
+    """Per setting and encoder head: the smallest lambda of the grid at which its gate is closed
+    (NaN if it never is), from the pruning runs' gates.json records."""
+    rows = []
+    for record in gate_records:
+        for h in record["heads"]:
+            if h["type"] == ENC:
+                rows.append({"setting": record["setting"], "lambda": record["lambda"], "layer": h["layer"],
+                             "head": h["head"], "closed": bool(h["pruned"])})
+    if not rows:
+        return pd.DataFrame(columns=["setting", "layer", "head", "closes_at"])
+    runs = pd.DataFrame(rows)
+    closed = runs[runs["closed"]].groupby(["setting", "layer", "head"])["lambda"].min().rename("closes_at")
+    heads = runs[["setting", "layer", "head"]].drop_duplicates()
+    return heads.merge(closed.reset_index(), on=["setting", "layer", "head"], how="left")
+
+
+def planted_vs_found(roles: pd.DataFrame, syntactic: pd.DataFrame, scores: pd.DataFrame,
+                     gate_records: Sequence[dict], settings: dict) -> pd.DataFrame:
+    """The found heads of every planted function with their within-layer LRP and ablation ranks
+    and their gates' closing lambda per pruning setting (`closes_at_<setting>`)."""
+    table = found_heads(roles, syntactic, settings).merge(layer_ranks(scores), on=["layer", "head"], how="left")
+    closing = closing_lambdas(gate_records)
+    for setting, group in closing.groupby("setting", sort=True):
+        table = table.merge(group[["layer", "head", "closes_at"]].rename(columns={"closes_at": f"closes_at_{setting}"}),
+                            on=["layer", "head"], how="left")
+    return table
+
+
+def gate_order(roles: pd.DataFrame, gate_records: Sequence[dict]) -> pd.DataFrame:
+    """Per setting and lambda: how many encoder heads are open, and how many of them are
+    specialised (any role) against the rest: the specialised ones should be kept longest."""
+    special = {(r.layer, r.head) for r in roles.itertuples() if r.role != "none"}
+    rows = []
+    for record in sorted(gate_records, key=lambda r: (r["setting"], r["lambda"])):
+        open_heads = [(h["layer"], h["head"]) for h in record["heads"] if h["type"] == ENC and not h["pruned"]]
+        n = sum(1 for h in record["heads"] if h["type"] == ENC)
+        rows.append({"setting": record["setting"], "lambda": record["lambda"], "open": len(open_heads), "heads": n,
+                     "specialised_open": sum(h in special for h in open_heads), "specialised": len(special),
+                     "other_open": sum(h not in special for h in open_heads), "other": n - len(special)})
+    return pd.DataFrame(rows)
+
+
+def _cell(value, fmt: str = "{:.2f}") -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        return "-"
+    return fmt.format(value)
+
+
+def report_markdown(table: pd.DataFrame, order: pd.DataFrame, n_heads: int) -> str:
+    """The planted/found table and the gate order as Markdown (layers and heads counted from 1)."""
+    settings = [c.removeprefix("closes_at_") for c in table.columns if c.startswith("closes_at_")]
+    head = ["planted function", "found", "head (layer.head)", "rate", "baseline",
+            f"LRP rank in layer (of {n_heads})", f"ablation rank in layer (of {n_heads})",
+            *[f"gate closes at lambda ({s})" for s in settings]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for function, group in table.groupby("function", sort=False):
+        found = group["layer"].notna().any()
+        for i, r in enumerate(group.itertuples()):
+            cells = [function if i == 0 else "", ("yes" if found else "**NO**") if i == 0 else "",
+                     f"{int(r.layer) + 1}.{int(r.head) + 1}" if found else "-", _cell(r.rate), _cell(r.baseline),
+                     _cell(getattr(r, "lrp_rank", np.nan), "{:.0f}"),
+                     _cell(getattr(r, "delta_loss_rank", np.nan), "{:.0f}")]
+            cells += [_cell(getattr(r, f"closes_at_{s}"), "{:g}") if found and not pd.isna(getattr(r, f"closes_at_{s}"))
+                      else ("open" if found else "-") for s in settings]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nRates: share of queries on the offset (positional), accuracy against the positional baseline "
+                 "(syntactic), share of sentences pointing to one of the two rarest words against a head that "
+                 "attends uniformly (rare). Ranks: 1 = the most relevant head of its layer. \"open\": the gate "
+                 "survives every lambda of the grid.\n")
+    if len(order):
+        lines += ["| setting | lambda | encoder heads open | specialised open | other open |", "|---|---|---|---|---|"]
+        for r in order.to_dict(orient="records"):  # "lambda" is no attribute name
+            lines.append(f"| {r['setting']} | {r['lambda']:g} | {r['open']}/{r['heads']} | "
+                         f"{r['specialised_open']}/{r['specialised']} | {r['other_open']}/{r['other']} |")
+    return "\n".join(lines) + "\n"
+
+
+def control_report(roles_path: str, syntactic_path: str, scores_path: str, gates_paths: Sequence[str],
+                   settings: dict, out_csv: str, out_md: str, log=print) -> pd.DataFrame:
+    """The workflow stage: read the role tables, the head scores and the gates, write the table."""
+    from .io import atomic_path
+
+    roles, syntactic = pd.read_csv(roles_path), pd.read_csv(syntactic_path)
+    scores = pd.read_parquet(scores_path)
+    records = []
+    for path in gates_paths:
+        with open(path, encoding="utf-8") as f:
+            records.append(json.load(f))
+    table = planted_vs_found(roles, syntactic, scores, records, settings)
+    order = gate_order(roles, records)
+    n_heads = int(roles["head"].max()) + 1
+    missing = [f for f, g in table.groupby("function", sort=False) if g["layer"].isna().all()]
+    log("planted functions not found: " + (", ".join(missing) if missing else "none"))
+    with atomic_path(out_csv) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.4g")
+    with atomic_path(out_md) as tmp:
+        tmp.write_text(report_markdown(table, order, n_heads), encoding="utf-8")
+    return table
