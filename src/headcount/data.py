@@ -256,7 +256,6 @@ def check_evaluation_pairs(src: list[str], tgt: list[str], max_chars: int, where
                             f"cleaning.max_chars={max_chars}; remove it or raise the limit")
 
 
-
 # --------------------------------------------------------------------------------------------
 # Lengths in subwords: only sentences the model can take reach training, decoding and analyses
 
