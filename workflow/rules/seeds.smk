@@ -25,9 +25,10 @@ rule train_baseline_seed:
         seed="[0-9]+",
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
@@ -61,9 +62,10 @@ rule prune_control_seed:
         seed="[0-9]+",
     conda:
         ENV
-    threads: workflow.cores
+    threads: all_cores
     resources:
-        gpu=lambda w: exp_config(w)["resources"]["gpu"],
+        gpu=gpu_count,
+        gpu_model=gpu_model,
         mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
         runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
     params:
