@@ -179,24 +179,6 @@ def _report(problems: list[str]) -> str:
     return f"the configuration is invalid ({len(problems)} problem{'s' * (len(problems) > 1)}):\n{lines}"
 
 
-# The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
-# it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
-FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer", "heal_steps", "select",
-                    "training")
-
-
-def fine_tuning_steps(prune: dict) -> int:
-    """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
-    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
-
-
-def scratch_training(baseline_training: dict, prune: dict) -> dict:
-    """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
-    model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
-    return {**baseline_training, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
-            "select": prune.get("select", "last")}
-
-
 def check_yaml_syntax(path: str | os.PathLike) -> None:
     """Raise ConfigError naming file, line and column if `path` is not valid YAML (Snakemake's
     own message for a broken config file names none of them)."""
