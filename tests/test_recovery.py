@@ -115,7 +115,8 @@ def test_every_rule_says_what_it_does(commands):
     files = [commands["workdir"] / "Snakefile", *sorted((commands["workdir"] / "workflow/rules").glob("*.smk"))]
     rules = [name for path in files for name in re.findall(r"^rule (\w+):", path.read_text(), flags=re.M)]
     assert len(rules) > 15
-    assert [name for name in rules if not re.search(rf"^{name} \(\S", out + err, flags=re.M)] == []
+    bare = [name for name in rules if not re.search(rf"^{name} \(\S", out + err, flags=re.M)]
+    assert bare == [], "no docstring in `snakemake --list-rules` (or a rules file the Snakefile does not include)"
 
 
 def test_slurm_asks_for_a_gpu_model_only_with_gpus(commands):
