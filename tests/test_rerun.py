@@ -16,7 +16,7 @@ from toyflow import REPO, plan
 # model or what was made from one. Data preparation, subwords and parsing stay.
 MODEL_DOWNSTREAM = {"train_baseline", "translate", "score", "score_table", "score_heads", "plot_head_scores",
                     "head_roles", "prune_heads", "train_from_scratch", "michel_curve", "plot_gate_trajectory",
-                    "pruning_report", "all"}
+                    "pruning_report", "snapshot_statistics", "all"}
 UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", "train_subwords",
             "fit_training_data", "parse_analysis_sentences"}
 

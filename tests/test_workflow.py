@@ -143,6 +143,12 @@ def test_smoke_run_end_to_end(smoke_run):
         assert (results / f"prune/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert (results / "prune/all/lambda_0.5/gates.gif").read_bytes()[:6] == b"GIF89a"
 
+    # Snapshots of the baseline only (not of pruning or from-scratch runs), and their statistics.
+    snapshots = pd.read_csv(results / "heads/snapshots.csv")
+    assert snapshots["step"].tolist() == [100, 200] and snapshots["dev_bleu_from"].eq("metrics").all()
+    assert (results / "heads/figures/specialisation.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(results.glob("prune/**/snapshots")), list(results.glob("prune/**/snapshots"))
+
     # Nothing left to do on a rerun; a new lambda adds its own jobs and reruns nothing else.
     assert plan(tmp_path, config) == {}
     grid = copy.deepcopy(config)

@@ -43,7 +43,7 @@ def smoke_config(mirror: Path) -> dict:
                                        attn_dropout=0.0, max_len=64)
     config["defaults"]["training"].update(max_tokens=300, max_steps=200, warmup_steps=40, lr_scale=0.3,
                                           log_interval=20, eval_interval=100, checkpoint_interval=40,
-                                          dev_bleu_sentences=40)
+                                          snapshot_interval=100, dev_bleu_sentences=40)
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["defaults"]["prune"].update(

@@ -257,6 +257,11 @@ def final_outputs(exp):
         f"results/{exp}/baseline/scores.tsv",
         f"results/{exp}/heads/correlations.tsv",
         *head_figures(exp),
+        *(
+            [f"results/{exp}/heads/figures/specialisation.png"]
+            if EXPERIMENTS[exp]["training"].get("snapshot_interval", 0)
+            else []
+        ),
         *(f"results/{exp}/syntax/{name}" for name in syntax),
         *(
             [f"results/{exp}/prune/pruning.tsv", f"results/{exp}/prune/table2.md"]

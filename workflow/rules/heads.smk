@@ -62,3 +62,48 @@ rule plot_head_scores:
         runtime=10,
     script:
         "../scripts/plot_head_scores.py"
+
+
+rule snapshot_statistics:
+    """Head specialisation over training: per snapshot of the baseline (training.snapshot_interval),
+    the largest positional share, mean confidence and LRP concentration per layer and dev BLEU, and
+    their figure against training steps. The snapshots and metrics.jsonl are in the baseline's
+    training folder, listed by training.json."""
+    input:
+        summary="results/{exp}/baseline/training.json",
+        src_spm="results/{exp}/subwords/src.model",
+        tgt_spm="results/{exp}/subwords/tgt.model",
+        analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
+        analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
+        dev_src="results/{exp}/data/dev.src.txt",
+        dev_tgt="results/{exp}/data/dev.tgt.txt",
+    output:
+        csv="results/{exp}/heads/snapshots.csv",
+        figure=report(
+            "results/{exp}/heads/figures/specialisation.png",
+            caption="../report/specialisation.rst",
+            category="Head importance",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("snapshot_statistics"),
+    benchmark:
+        benchmark_path("snapshot_statistics")
+    conda:
+        ENV
+    threads: all_cores
+    resources:
+        gpu=gpu_count,
+        gpu_model=gpu_model,
+        mem_mb=8000,
+        runtime=240,
+    params:
+        snapshot_interval=lambda w: exp_config(w)["training"]["snapshot_interval"],
+        dev_bleu_sentences=lambda w: exp_config(w)["training"]["dev_bleu_sentences"],
+        max_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
+        lrp_rule=lambda w: exp_config(w)["heads"]["lrp_rule"],
+        max_tokens=lambda w: exp_config(w)["heads"]["max_tokens"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        device=lambda w: exp_config(w)["training"]["device"],
+    script:
+        "../scripts/snapshot_statistics.py"
