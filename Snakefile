@@ -28,6 +28,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/synthetic.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/translate.smk"
 include: "workflow/rules/heads.smk"

@@ -66,8 +66,25 @@ def side_source(side) -> str:
     return side if isinstance(side, str) else side["source"]
 
 
+# The one test set of a synthetic experiment (`synthetic` instead of train/dev/test).
+SYNTHETIC_TEST_SET = "test"
+
+
+def is_synthetic(exp: dict) -> bool:
+    """Whether the experiment generates its data (headcount.synthetic_language) instead of reading corpora."""
+    return "synthetic" in exp
+
+
+def test_sets(exp: dict) -> list[str]:
+    """The names of an experiment's test sets."""
+    return [SYNTHETIC_TEST_SET] if is_synthetic(exp) else list(exp["test"])
+
+
 def experiment_sides(exp: dict):
-    """(dotted key, side) for every corpus side an experiment reads."""
+    """(dotted key, side) for every corpus side an experiment reads (none if it is synthetic: it
+    generates its data and its gold parses)."""
+    if is_synthetic(exp):
+        return
     for i, pair in enumerate(exp["train"]):
         for lang in ("src", "tgt"):
             yield f"train.{i}.{lang}", pair[lang]
@@ -110,13 +127,24 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
                                 f"is not listed under 'sources'; add it with its url")
         if exp["src_lang"] == exp["tgt_lang"]:
             problems.append(f"config key 'experiments.{name}.tgt_lang': same as src_lang ('{exp['src_lang']}')")
-        if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in exp["test"]:
+        tests = test_sets(exp)
+        if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in tests:
             problems.append(f"config key 'experiments.{name}.analysis.set': '{exp['analysis']['set']}' is "
-                            f"neither 'dev' nor one of the test sets ({', '.join(exp['test'])})")
+                            f"neither 'dev' nor one of the test sets ({', '.join(tests)})")
+        for key in ("train", "dev", "test"):
+            if is_synthetic(exp) and key in exp:
+                problems.append(f"config key 'experiments.{name}.{key}': a synthetic experiment generates its data; "
+                                f"remove {key} (or remove synthetic to read corpora)")
+        if is_synthetic(exp) and exp["roles"]["parser"] != "gold":
+            problems.append(f"config key 'experiments.{name}.roles.parser': a synthetic experiment's parses come "
+                            f"from its grammar; set it to gold")
+        if is_synthetic(exp) and exp["roles"]["treebanks"]:
+            problems.append(f"config key 'experiments.{name}.roles.treebanks': a synthetic experiment's gold "
+                            f"parses are generated with its data; set it to []")
         prune = exp["prune"]
-        if prune["eval_split"] is not None and prune["eval_split"] not in exp["test"]:
+        if prune["eval_split"] is not None and prune["eval_split"] not in tests:
             problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "
-                            f"one of the test sets ({', '.join(exp['test'])}); use one of them or null")
+                            f"one of the test sets ({', '.join(tests)}); use one of them or null")
         for setting, grid in prune["lambdas"].items():
             if len(set(map(lambda_label, grid))) != len(grid):
                 problems.append(f"config key 'experiments.{name}.prune.lambdas.{setting}': {grid} repeats a value")

@@ -9,13 +9,16 @@ from snakemake.io import strip_wildcard_constraints
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from headcount.config import (
     MIRROR_ENV,
+    SYNTHETIC_TEST_SET,
     FETCHED_DIR,
     ConfigError,
     check_mirror,
+    is_synthetic,
     lambda_label,
     load_experiments,
     resolve_mirror,
     side_source,
+    test_sets,
 )
 from headcount.config import FINE_TUNING_KEYS, scratch_training
 
@@ -52,8 +55,23 @@ wildcard_constraints:
     score="[a-z_]+",
     split="|".join(
         ["dev"]
-        + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in e["test"]})
+        + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in test_sets(e)})
     ),
+
+
+def experiment_pattern(names):
+    """A wildcard constraint matching exactly these experiments (nothing if there are none)."""
+    return "|".join(re.escape(name) for name in names) or "(?!)"
+
+
+# Experiments that generate their data (the positive control) and those that read corpora: each
+# kind has its own rules for results/{exp}/data/.
+SYNTHETIC_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if is_synthetic(e)
+)
+CORPUS_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if not is_synthetic(e)
+)
 
 
 def exp_config(wildcards):
@@ -81,7 +99,7 @@ def split_pair(exp, split):
 
 
 def test_splits(exp):
-    return list(EXPERIMENTS[exp]["test"])
+    return test_sets(EXPERIMENTS[exp])
 
 
 ENV = "../../envs/headcount.yaml"
@@ -142,6 +160,10 @@ def training_inputs(wildcards):
 
 def parse_inputs(wildcards):
     roles = exp_config(wildcards)["roles"]
+    # A synthetic experiment: the grammar's own parses of the analysis set.
+    if is_synthetic(exp_config(wildcards)):
+        analysis = exp_config(wildcards)["analysis"]["set"]
+        return {"treebanks": [f"results/{wildcards.exp}/data/{analysis}.conllu"]}
     if roles["parser"] == "gold":
         return {"treebanks": [fetched(t) for t in roles["treebanks"]]}
     analysis = exp_config(wildcards)["analysis"]["set"]
@@ -269,6 +291,11 @@ def final_outputs(exp):
             else []
         ),
         *([f"results/{exp}/seeds/spread.tsv"] if extra_seeds(exp) else []),
+        *(
+            [f"results/{exp}/control/planted_vs_found.md"]
+            if is_synthetic(EXPERIMENTS[exp])
+            else []
+        ),
     ]
 
 

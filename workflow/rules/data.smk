@@ -37,6 +37,8 @@ rule prepare_training_data:
         stats="results/{exp}/data/cleaned.stats.json",
     log:
         log_path("prepare_training_data"),
+    wildcard_constraints:
+        exp=CORPUS_EXPERIMENTS,
     conda:
         ENV
     resources:
@@ -90,6 +92,8 @@ rule prepare_evaluation_data:
         tgt="results/{exp}/data/{split}.tgt.txt",
     log:
         log_path("prepare_evaluation_data_{split}"),
+    wildcard_constraints:
+        exp=CORPUS_EXPERIMENTS,
     conda:
         ENV
     resources:
