@@ -240,7 +240,9 @@ def test_a_signal_checkpoints_the_current_step_and_the_run_resumes_to_the_same_w
         assert torch.equal(a, b), name
 
 
-def test_a_signal_during_evaluation_stops_it_and_the_resumed_run_evaluates_that_step(toy_data, tmp_path):
+# Two signals: e.g. a terminal's Ctrl-C reaches the job and Snakemake forwards another one.
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGTERM, signal.SIGINT]])
+def test_a_signal_during_evaluation_stops_it_and_the_resumed_run_evaluates_that_step(toy_data, tmp_path, signals):
     data, dev, *sizes = toy_data
     clean = fresh_model(sizes)
     clean_scores = []
@@ -252,11 +254,12 @@ def test_a_signal_during_evaluation_stops_it_and_the_resumed_run_evaluates_that_
     def bleu_interrupted_at_step_20(model, dev):
         calls.append(1)
         if len(calls) == 2:  # the evaluation at step 20
-            os.kill(os.getpid(), signal.SIGTERM)
+            for signum in signals:
+                os.kill(os.getpid(), signum)
         return float(len(calls))
 
     stopped = fresh_model(sizes)
-    with pytest.raises(TrainingStopped, match="SIGTERM at step 20"):
+    with pytest.raises(TrainingStopped, match="at step 20"):
         train(stopped, settings(), data, dev, tmp_path / "stopped", log=quiet, dev_bleu=bleu_interrupted_at_step_20)
     state = load_checkpoint(tmp_path / "stopped/checkpoint.pt")
     assert state["step"] == 20 and state["eval_pending"]

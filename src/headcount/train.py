@@ -168,7 +168,7 @@ class TrainingStopped(HeadcountError):
 
 
 class _StopRequests:
-    """SIGTERM and SIGINT handlers for the length of a training run.
+    """SIGTERM, SIGINT and SIGHUP handlers for the length of a training run.
 
     A signal during a training step only raises a flag, checked once the step is done (a step takes
     about a second). A signal during an evaluation (which can take minutes: greedy dev BLEU) stops
@@ -183,7 +183,7 @@ class _StopRequests:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():  # handlers only install there
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -194,6 +194,9 @@ class _StopRequests:
     def _handle(self, signum, frame):
         self.signal_name = signal.Signals(signum).name
         if self.in_evaluation:
+            # Cleared first: a second copy of the signal (Ctrl-C reaches the whole process group and
+            # Snakemake forwards one too) must not interrupt the checkpoint that follows.
+            self.in_evaluation = False
             raise _EvaluationInterrupted
 
 

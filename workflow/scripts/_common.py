@@ -25,7 +25,10 @@ class Log:
     def __call__(self, message: str) -> None:
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}"
         self.file.write(line + "\n")
-        print(line, file=sys.stderr, flush=True)
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except OSError:  # the terminal went away (a closed ssh session): the log file still has it
+            pass
 
 
 @contextmanager
