@@ -467,6 +467,9 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert saved[saved["setting"] == "baseline"]["steps"].item() == 20
     markdown = (tmp_path / "report/table2").read_text()
     assert "| 0 (control) |" in markdown and "32 / 32" in markdown
+    rows = [line.split("|")[2].strip() for line in markdown.split("### Voita")[0].splitlines()[4:]
+            if line.startswith("|")]
+    assert rows == ["baseline", "0 (control)", "0.5"]
     control_line = next(line for line in markdown.splitlines() if "| 0 (control) |" in line)
     assert "no difference shown" in control_line.split("|")[4]  # same translations as the baseline
     pruned_line = next(line for line in markdown.splitlines() if "| 0.5 |" in line)

@@ -335,8 +335,10 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     with atomic_path(out["table"]) as tmp:
         pruning.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
 
-    table2 = pruning[pruning["setting"].isin(["baseline", "all"])].sort_values(
-        ["retained_total", "control"], ascending=[False, True], kind="stable")
+    table2 = pruning[pruning["setting"].isin(["baseline", "all"])]
+    order = (table2["setting"] != "baseline").astype(int) * (2 - table2["control"].astype(bool).astype(int))
+    table2 = table2.assign(_order=order).sort_values(["_order", "retained_total"], ascending=[True, False],
+                                                      kind="stable").drop(columns="_order")
     with atomic_path(out["table2_csv"]) as tmp:
         table2.reindex(columns=TABLE2_COLUMNS).to_csv(tmp, index=False, float_format="%.2f")
     with atomic_path(out["table2"]) as tmp:
