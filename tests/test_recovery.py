@@ -156,8 +156,10 @@ def test_a_fixed_mirror_file_is_copied_again_and_a_bad_checksum_fails_at_once(tm
     stale = workdir / "resources/data/toy/val.en.gz"
     write_gz(stale, ["the copy made before the fix"])
     write_gz(mirror / "toy/val.en.gz", ["the fixed line"])
-    later = stale.stat().st_mtime + 10
-    os.utime(mirror / "toy/val.en.gz", (later, later))
+    # The copy is older than the fixed mirror file (both in the past: a mirror file dated in the
+    # future would make Snakemake report clock skew on the fresh copy).
+    earlier = (mirror / "toy/val.en.gz").stat().st_mtime - 10
+    os.utime(stale, (earlier, earlier))
     (mirror / "toy/test_2016_flickr.en.gz").write_bytes(bytes(range(7, 207)))
 
     targets = ["resources/data/toy/val.en.gz", "resources/data/toy/val.de.gz",
