@@ -1,0 +1,138 @@
+"""What every analysis needs from a model: an encoder-decoder Transformer with heads.
+
+Confidence, LRP, Michel importance, ablation, head roles, Hard Concrete gates, the Michel curve,
+beam search and physical pruning see a model only through this interface, so they run on any
+model that implements it: headcount's own Transformer (model.py) and adapters over pretrained
+models (hf_models.py). Nothing here knows a model's module names, its layout or its token ids.
+
+Shapes: B batch, S source length, T target length, D model width, H heads, Dh head size,
+V target vocabulary.
+
+The contract, in short:
+
+- `special`: the ids an analysis needs (padding, the decoder's start token, end of sentence).
+  Source tensors are subword ids followed by EOS, padded with `special.pad`; decoder inputs start
+  with `special.bos` (Marian starts from its pad id: that is fine, the adapter says so here).
+- `encode(src, need_weights)` -> (memory (B, S, D), src_pad (B, S) True at padding,
+  [per encoder layer (B, H, S, S) or None]).
+- `decode(tgt_in, memory, src_pad, need_weights, cache, start)` -> (hidden (B, T, D),
+  [per layer self probs (B, H, T, T)], [per layer cross probs (B, H, T, S)]); with a cache from
+  `new_cache()`, tgt_in holds only the new tokens and `start` is the position of the first.
+- `logits(hidden)` -> (B, T, V), every bias included.
+- `forward(src, tgt_in, need_weights)` -> (logits, {attention type: [per layer probs]} or None).
+- `reorder_cache(cache, rows)` keeps the given batch rows of a cache, in place (beam search).
+- `attention_modules()` -> {attention type: [one `HeadSlots` per layer]}, in layer order.
+- `set_head_mask` / `head_mask`: the fixed 0/1 gates, {type: (layers, H)}.
+- `max_positions`: the longest sequence the model accepts.
+- `lrp_forward()`: the `LRPForward` that re-runs this architecture with LRP rules (lrp.py).
+- `save(path)` writes a checkpoint that `load_model` reads back, whatever the family.
+
+Every `HeadSlots` (one attention module) multiplies head i's context by `gates()[i]` before the
+output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh) through the
+`head_context` identity module first (hook point for Michel importance), has a fixed 0/1
+`head_mask` buffer (H,), an optional `hard_concrete` gate module (gates.attach_gates), and
+`keep_heads(indices)` to remove the other heads physically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+# The three kinds of attention the paper analyses and prunes; defined here once.
+ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    """The token ids an analysis needs; each model says its own."""
+
+    pad: int
+    bos: int  # what the decoder input starts with (Marian: its pad id)
+    eos: int
+    unk: int | None = None
+
+    def never_generated(self) -> tuple[int, ...]:
+        """Ids that search and LRP never pick as an output token."""
+        return tuple(sorted({self.pad, self.bos} - {self.eos}))
+
+
+@runtime_checkable
+class HeadSlots(Protocol):
+    """One attention module as the analyses see it."""
+
+    n_heads: int
+    head_dim: int
+    head_mask: Tensor  # (H,) fixed 0/1 gates
+    hard_concrete: nn.Module | None  # HardConcreteGates while pruning
+    head_context: nn.Module  # identity on (B, H, Tq, Dh), before the gates
+
+    def gates(self) -> Tensor: ...  # (H,) head_mask times the Hard Concrete gates, if any
+
+    def keep_heads(self, heads: list[int]) -> None: ...  # physical pruning
+
+
+@runtime_checkable
+class Seq2SeqWithHeads(Protocol):
+    special: SpecialIds
+    max_positions: int
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]: ...
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, need_weights: bool = False,
+               cache: Any = None, start: int = 0) -> tuple[Tensor, list, list]: ...
+
+    def logits(self, hidden: Tensor) -> Tensor: ...
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, dict | None]: ...
+
+    def new_cache(self) -> Any: ...
+
+    def reorder_cache(self, cache: Any, rows: Tensor) -> None: ...
+
+    def attention_modules(self) -> dict[str, list[HeadSlots]]: ...
+
+    def set_head_mask(self, masks: dict[str, Tensor]) -> None: ...
+
+    def head_mask(self) -> dict[str, Tensor]: ...
+
+    def lrp_forward(self) -> LRPForward: ...
+
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None: ...
+
+
+class LRPForward(Protocol):
+    """An architecture's forward pass re-written with LRP rules (see lrp.py for the rules and for
+    the traces returned; lrp.py drives the backward passes)."""
+
+    def encode(self, src: Tensor, rules) -> Any: ...  # -> lrp.EncoderTrace
+
+    def decode(self, encoded: Any, tgt_in: Tensor, rules, target: Tensor | None = None) -> Any: ...  # -> lrp.Trace
+
+
+class Tokenizer(Protocol):
+    """Text <-> subword ids for one side of a model (no EOS added: batching adds it)."""
+
+    def __len__(self) -> int: ...
+
+    def encode(self, lines: list[str]) -> list[list[int]]: ...
+
+    def pieces(self, line: str) -> list[str]: ...  # the subword strings, as the model sees them
+
+    def decode(self, ids: list[list[int]]) -> list[str]: ...
+
+
+# Model families: a checkpoint names its family; the family's loader builds the model.
+MODEL_FAMILIES: dict[str, Callable[[dict], Seq2SeqWithHeads]] = {}
+
+
+def register_family(name: str):
+    def register(loader: Callable[[dict], Seq2SeqWithHeads]):
+        MODEL_FAMILIES[name] = loader
+        return loader
+
+    return register
