@@ -23,9 +23,14 @@ The contract, in short:
 - `reorder_cache(cache, rows)` keeps the given batch rows of a cache, in place (beam search).
 - `attention_modules()` -> {attention type: [one `HeadSlots` per layer]}, in layer order.
 - `set_head_mask` / `head_mask`: the fixed 0/1 gates, {type: (layers, H)}.
-- `max_positions`: the longest sequence the model accepts.
+- `max_positions`: the longest sequence the model accepts; `d_model`: its width D (learning-rate
+  schedules scale with it).
+- `encoder_parameters()`: the parameters of the source side (embeddings, encoder layers, final
+  encoder norm): what the encoder-only pruning setting trains.
 - `lrp_forward()`: the `LRPForward` that re-runs this architecture with LRP rules (lrp.py).
-- `save(path)` writes a checkpoint that `load_model` reads back, whatever the family.
+- `save(path, extra)` writes a checkpoint, {"family", "model" (state dict), "model_config", **extra},
+  that `load_model` reads back, whatever the family. A checkpoint without "family" (written before
+  families existed) is headcount's own.
 
 Every `HeadSlots` (one attention module) multiplies head i's context by `gates()[i]` before the
 output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh) through the
@@ -37,7 +42,7 @@ output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -80,6 +85,7 @@ class HeadSlots(Protocol):
 class Seq2SeqWithHeads(Protocol):
     special: SpecialIds
     max_positions: int
+    d_model: int
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]: ...
 
@@ -90,7 +96,7 @@ class Seq2SeqWithHeads(Protocol):
 
     def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, dict | None]: ...
 
-    def new_cache(self) -> Any: ...
+    def new_cache(self) -> Any: ...  # an empty incremental-decoding state for `decode`
 
     def reorder_cache(self, cache: Any, rows: Tensor) -> None: ...
 
@@ -100,6 +106,8 @@ class Seq2SeqWithHeads(Protocol):
 
     def head_mask(self) -> dict[str, Tensor]: ...
 
+    def encoder_parameters(self) -> Iterator[nn.Parameter]: ...
+
     def lrp_forward(self) -> LRPForward: ...
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None: ...
@@ -107,7 +115,11 @@ class Seq2SeqWithHeads(Protocol):
 
 class LRPForward(Protocol):
     """An architecture's forward pass re-written with LRP rules (see lrp.py for the rules and for
-    the traces returned; lrp.py drives the backward passes)."""
+    the traces returned; lrp.py drives the backward passes). Evaluation mode, no cache.
+
+    `decode`'s target (B, T): the token whose logit each step explains; where it is -1 the top-1
+    token, never one of `special.never_generated()` (lrp.top1_targets does this).
+    headcount_lrp.py is headcount's own implementation."""
 
     def encode(self, src: Tensor, rules) -> Any: ...  # -> lrp.EncoderTrace
 
@@ -126,8 +138,13 @@ class Tokenizer(Protocol):
     def decode(self, ids: list[list[int]]) -> list[str]: ...
 
 
-# Model families: a checkpoint names its family; the family's loader builds the model.
+# Model families: a checkpoint names its family; the family's loader builds the model from the
+# checkpoint (the dict `save` wrote) with its weights loaded.
 MODEL_FAMILIES: dict[str, Callable[[dict], Seq2SeqWithHeads]] = {}
+DEFAULT_FAMILY = "headcount"  # checkpoints written before families existed
+# Where the families register themselves (imported on demand, so that loading headcount's own
+# checkpoints never imports transformers).
+FAMILY_MODULES = ("headcount.model", "headcount.hf_models")
 
 
 def register_family(name: str):
@@ -136,3 +153,29 @@ def register_family(name: str):
         return loader
 
     return register
+
+
+def model_from_checkpoint(state: dict) -> Seq2SeqWithHeads:
+    """The model a loaded checkpoint holds (train.load_checkpoint's dict), by its family."""
+    import importlib
+
+    family = state.get("family", DEFAULT_FAMILY)
+    for module in FAMILY_MODULES:
+        if family in MODEL_FAMILIES:
+            break
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # the module exists but needs something missing: say so
+                raise
+    if family not in MODEL_FAMILIES:
+        raise ValueError(f"checkpoint of model family {family!r}, which no module registers; known: "
+                         f"{sorted(MODEL_FAMILIES)}")
+    return MODEL_FAMILIES[family](state)
+
+
+def load_model(path: str | os.PathLike, map_location="cpu") -> Seq2SeqWithHeads:
+    """One loader for every family: read the checkpoint (weights only) and build its model."""
+    from .train import load_checkpoint
+
+    return model_from_checkpoint(load_checkpoint(path, map_location))
