@@ -11,18 +11,19 @@ from conftest import tiny_config
 
 from headcount.batching import source_tensor, target_tensors
 from headcount.importance import (
+    ScoringInputs,
     confidence_masks,
     confidence_sums,
     dev_batches,
     head_ablation,
     head_confidence,
-    head_scores,
     mean_nll,
     michel_importance,
     rank_correlations,
+    score_table,
     spearman,
 )
-from headcount.model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from headcount.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, Transformer
 
 torch.set_num_threads(1)
 
@@ -66,7 +67,7 @@ def test_confidence_on_hand_made_maps():
     probs[0, 1, 0] = torch.tensor([0.0, 0.0, 1.0, 0.0])  # everything on EOS: max over the rest is 0
     probs[0, 1, 1] = torch.tensor([0.1, 0.8, 0.1, 0.0])  # 0.8
     probs[0, 1, 2:] = 0.25
-    query_keep, key_keep = confidence_masks(src, torch.tensor([[BOS_ID]]))["enc_self"]
+    query_keep, key_keep = confidence_masks(src, torch.tensor([[BOS_ID]]), SPECIAL_IDS)["enc_self"]
     sums, n = confidence_sums(probs, query_keep, key_keep)
     assert n == 2
     torch.testing.assert_close(sums / n, torch.tensor([(0.2 + 0.5) / 2, (0.0 + 0.8) / 2]))
@@ -79,7 +80,7 @@ def test_confidence_pools_tokens_not_sentences():
     probs = torch.zeros(2, 1, 4, 4)
     probs[0, 0, 0, 0] = 1.0
     probs[1, 0, :3, :3] = torch.tensor([0.4, 0.3, 0.3])
-    q, k = confidence_masks(src, torch.tensor([[BOS_ID], [BOS_ID]]))["enc_self"]
+    q, k = confidence_masks(src, torch.tensor([[BOS_ID], [BOS_ID]]), SPECIAL_IDS)["enc_self"]
     sums, n = confidence_sums(probs, q, k)
     assert n == 4
     assert float(sums[0] / n) == pytest.approx(0.55)
@@ -88,12 +89,12 @@ def test_confidence_pools_tokens_not_sentences():
 def test_decoder_self_attention_bos_option():
     tgt_in = torch.tensor([[BOS_ID, 5, 6], [BOS_ID, 7, PAD_ID]])
     src = torch.tensor([[5, EOS_ID], [6, EOS_ID]])
-    q, k = confidence_masks(src, tgt_in)["dec_self"]
+    q, k = confidence_masks(src, tgt_in, SPECIAL_IDS)["dec_self"]
     assert q.tolist() == [[True, True, True], [True, True, False]] and k.tolist() == q.tolist()
-    q, k = confidence_masks(src, tgt_in, exclude_bos_in_dec_self=True)["dec_self"]
+    q, k = confidence_masks(src, tgt_in, SPECIAL_IDS, exclude_bos_in_dec_self=True)["dec_self"]
     assert q.tolist() == [[False, True, True], [False, True, False]]
     assert k.tolist() == [[False, True, True], [False, True, False]]
-    q, k = confidence_masks(src, tgt_in)["dec_enc"]
+    q, k = confidence_masks(src, tgt_in, SPECIAL_IDS)["dec_enc"]
     assert q.tolist() == [[True, True, True], [True, True, False]] and k.tolist() == [[True, False], [True, False]]
 
 
@@ -280,7 +281,7 @@ def test_spearman_edge_cases():
 
 def test_rank_correlations_per_layer_and_overall():
     model = tiny_model(seed=4)
-    table = head_scores(model, padded_batches(), translation_batches=[b[:2] for b in padded_batches()])
+    table = score_table(ScoringInputs(model, padded_batches(), [b[:2] for b in padded_batches()]))
     assert {"confidence", "michel", "lrp", "delta_loss", "delta_bleu"} <= set(table.columns)
     corr = rank_correlations(table)
     assert len(corr) == 3 * 3 * (2 + 1)  # scores x types x (layers + all)

@@ -234,7 +234,7 @@ def test_positional_accepts_layer_list_and_merges_batches_of_different_size():
 
 def test_source_lengths_counts_eos_not_padding():
     src = torch.tensor([[5, 6, EOS_ID, 0], [7, EOS_ID, 0, 0]])
-    assert source_lengths(src).tolist() == [3, 2]
+    assert source_lengths(src, 0).tolist() == [3, 2]
 
 
 # --------------------------------------------------------------------------------------------
@@ -597,7 +597,7 @@ def test_find_head_roles_names_its_text_and_parser_and_cross_checks_on_gold_tree
 
     from conftest import NOUNS, tiny_config, toy_conllu, toy_corpus
 
-    from headcount.stages import find_head_roles, parse_analysis_sentences
+    from headcount.role_finding import find_head_roles, parse_analysis_sentences
     from headcount.subwords import Segmenter, train_bpe
     from headcount.train import save_checkpoint
 

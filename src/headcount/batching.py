@@ -1,4 +1,8 @@
-"""Batches: token-count budgets with length bucketing, and padded tensors."""
+"""Batches: token-count budgets with length bucketing, and padded tensors.
+
+The tensors take a model's special ids (`model.special`, a seq2seq.SpecialIds); headcount's own
+are the default.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ import random
 import torch
 from torch import Tensor
 
-from .model import BOS_ID, EOS_ID, PAD_ID
+from .model import SPECIAL_IDS
+from .seq2seq import SpecialIds
 
 
 def make_batches(
@@ -46,18 +51,19 @@ def positions(n_subwords: int) -> int:
     return n_subwords + 1
 
 
-def pad(sequences: list[list[int]]) -> Tensor:
-    out = torch.full((len(sequences), max(len(s) for s in sequences)), PAD_ID, dtype=torch.long)
+def pad(sequences: list[list[int]], pad_id: int = SPECIAL_IDS.pad) -> Tensor:
+    out = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
     for row, seq in enumerate(sequences):
         out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     return out
 
 
-def source_tensor(src_ids: list[list[int]]) -> Tensor:
+def source_tensor(src_ids: list[list[int]], special: SpecialIds = SPECIAL_IDS) -> Tensor:
     """(B, S): subwords then EOS."""
-    return pad([s + [EOS_ID] for s in src_ids])
+    return pad([s + [special.eos] for s in src_ids], special.pad)
 
 
-def target_tensors(tgt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+def target_tensors(tgt_ids: list[list[int]], special: SpecialIds = SPECIAL_IDS) -> tuple[Tensor, Tensor]:
     """Decoder input (BOS + y) and output (y + EOS), both (B, T)."""
-    return pad([[BOS_ID] + t for t in tgt_ids]), pad([t + [EOS_ID] for t in tgt_ids])
+    return (pad([[special.bos] + t for t in tgt_ids], special.pad),
+            pad([t + [special.eos] for t in tgt_ids], special.pad))

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .batching import source_tensor
-from .model import BOS_ID, EOS_ID, PAD_ID, Transformer
+from .seq2seq import Seq2SeqWithHeads, SpecialIds
 
 
 def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
@@ -19,45 +19,43 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _max_lengths(src: Tensor, a: float, b: int, cap: int) -> Tensor:
-    src_len = src.ne(PAD_ID).sum(dim=1)
+def _max_lengths(src: Tensor, pad: int, a: float, b: int, cap: int) -> Tensor:
+    src_len = src.ne(pad).sum(dim=1)
     return (src_len.float() * a + b).long().clamp(max=cap - 1)  # (B,) target tokens incl. EOS
 
 
-def _select_cache(cache: list[dict], rows: Tensor) -> None:
-    """Keep the given rows (batch entries) of every cached key/value tensor, in place."""
-    for layer in cache:
-        for part in layer.values():
-            for key in ("k", "v"):
-                if key in part:
-                    part[key] = part[key].index_select(0, rows)
+def _never_generated(scores: Tensor, special: SpecialIds) -> None:
+    """Padding and the start token are never output (in place)."""
+    scores[:, list(special.never_generated())] = float("-inf")
 
 
-def _only_eos(scores: Tensor, rows: Tensor) -> None:
+def _only_eos(scores: Tensor, rows: Tensor, eos: int) -> None:
     """At the length limit only EOS may follow; it keeps its own score (no free ending)."""
     not_eos = torch.ones(scores.shape[-1], dtype=torch.bool, device=scores.device)
-    not_eos[EOS_ID] = False
+    not_eos[eos] = False
     scores[rows] = scores[rows].masked_fill(not_eos, float("-inf"))
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[int]]:
+def greedy_search(model: Seq2SeqWithHeads, src: Tensor, max_len_a: float = 1.5,
+                  max_len_b: int = 10) -> list[list[int]]:
     """src (B, S) -> best-first token ids per sentence, without BOS/EOS."""
     model.eval()
+    special = model.special
     B = src.shape[0]
     memory, src_pad, _ = model.encode(src)
-    max_len = _max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
-    cache = [{} for _ in model.decoder_layers]
+    max_len = _max_lengths(src, special.pad, max_len_a, max_len_b, model.max_positions)
+    cache = model.new_cache()
     alive = torch.arange(B, device=src.device)  # original indices of the sentences still decoding
-    last = torch.full((B, 1), BOS_ID, dtype=torch.long, device=src.device)
+    last = torch.full((B, 1), special.bos, dtype=torch.long, device=src.device)
     outputs: list[list[int]] = [[] for _ in range(B)]
     for t in range(int(max_len.max())):
         hidden, _, _ = model.decode(last, memory, src_pad, cache=cache, start=t)
-        logits = model.generator(hidden[:, -1]).float()  # (B_alive, V)
-        logits[:, PAD_ID] = logits[:, BOS_ID] = float("-inf")
-        _only_eos(logits, t + 1 >= max_len[alive])
+        logits = model.logits(hidden[:, -1]).float()  # (B_alive, V)
+        _never_generated(logits, special)
+        _only_eos(logits, t + 1 >= max_len[alive], special.eos)
         next_tok = logits.argmax(dim=-1)  # (B_alive,)
-        done = next_tok.eq(EOS_ID)
+        done = next_tok.eq(special.eos)
         for row, (i, tok) in enumerate(zip(alive.tolist(), next_tok.tolist())):
             if not done[row]:
                 outputs[i].append(tok)
@@ -67,14 +65,14 @@ def greedy_search(model: Transformer, src: Tensor, max_len_a: float = 1.5, max_l
             keep = (~done).nonzero().squeeze(1)
             alive, memory, src_pad = alive[keep], memory[keep], src_pad[keep]
             next_tok = next_tok[keep]
-            _select_cache(cache, keep)
+            model.reorder_cache(cache, keep)
         last = next_tok[:, None]
     return outputs
 
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     src: Tensor,  # (B, S)
     beam: int = 4,
     alpha: float = 0.6,
@@ -87,14 +85,15 @@ def beam_search(
     length); finished sentences leave the batch.
     """
     model.eval()
+    special = model.special
     B, K = src.shape[0], beam
     device = src.device
     memory, src_pad, _ = model.encode(src)
     memory, src_pad = memory.repeat_interleave(K, 0), src_pad.repeat_interleave(K, 0)  # (B*K, ...)
-    max_len = _max_lengths(src, max_len_a, max_len_b, model.cfg.max_len)
-    cache = [{} for _ in model.decoder_layers]
+    max_len = _max_lengths(src, special.pad, max_len_a, max_len_b, model.max_positions)
+    cache = model.new_cache()
     alive = torch.arange(B, device=device)  # original sentence index of each row group
-    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=device)  # (rows, t+1)
+    tokens = torch.full((B * K, 1), special.bos, dtype=torch.long, device=device)  # (rows, t+1)
     scores = torch.full((B, K), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: only one may expand at the first step
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
@@ -102,15 +101,15 @@ def beam_search(
     for t in range(int(max_len.max())):
         n = alive.numel()
         hidden, _, _ = model.decode(tokens[:, -1:], memory, src_pad, cache=cache, start=t)
-        logp = model.generator(hidden[:, -1]).float().log_softmax(dim=-1)  # (n*K, V)
+        logp = model.logits(hidden[:, -1]).float().log_softmax(dim=-1)  # (n*K, V)
         V = logp.shape[-1]
-        logp[:, PAD_ID] = logp[:, BOS_ID] = float("-inf")
+        _never_generated(logp, special)
         force_eos = (t + 1 >= max_len[alive]).repeat_interleave(K)
-        _only_eos(logp, force_eos)
+        _only_eos(logp, force_eos, special.eos)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = candidates.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V
-        is_eos = top_tok.eq(EOS_ID) & torch.isfinite(top_scores)
+        is_eos = top_tok.eq(special.eos) & torch.isfinite(top_scores)
 
         # Hypotheses ending here: EOS among the first K candidates (the others would not be kept).
         eos_rows, eos_cols = (is_eos[:, :K]).nonzero(as_tuple=True)
@@ -129,7 +128,7 @@ def beam_search(
         rows = (torch.arange(n, device=device)[:, None] * K + new_beam).view(-1)  # (n*K,)
         tokens = torch.cat([tokens[rows], new_tok.view(-1, 1)], dim=1)
         scores = new_scores
-        _select_cache(cache, rows)
+        model.reorder_cache(cache, rows)
 
         done = torch.tensor([len(finished[int(i)]) >= K for i in alive], device=device)
         done |= torch.isinf(scores).all(dim=1)
@@ -140,13 +139,13 @@ def beam_search(
             keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).view(-1)
             alive, scores, tokens = alive[keep], scores[keep], tokens[keep_rows]
             memory, src_pad = memory[keep_rows], src_pad[keep_rows]
-            _select_cache(cache, keep_rows)
+            model.reorder_cache(cache, keep_rows)
 
     return [max(hyps, key=lambda h: h[0])[1] if hyps else [] for hyps in finished]
 
 
 def translate(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     src_ids: list[list[int]],
     beam: int = 4,
     alpha: float = 0.6,
@@ -171,7 +170,7 @@ def translate(
         batches.append(batch)
     out: list[list[int]] = [[] for _ in src_ids]
     for number, batch in enumerate(batches, start=1):
-        src = source_tensor([src_ids[i] for i in batch]).to(device)
+        src = source_tensor([src_ids[i] for i in batch], model.special).to(device)
         if beam > 1:
             hyps = beam_search(model, src, beam, alpha, max_len_a, max_len_b)
         else:

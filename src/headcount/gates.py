@@ -18,6 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+
 BETA, LOW, HIGH = 0.33, -0.1, 1.1
 
 
@@ -71,7 +73,7 @@ def pin_open(gates: list[HardConcreteGates]) -> None:
             g.log_alpha.requires_grad_(False)
 
 
-def attach_gates(model, types=("enc_self", "dec_self", "dec_enc"), init: float | None = None) -> list:
+def attach_gates(model: Seq2SeqWithHeads, types=ATTENTION_TYPES, init: float | None = None) -> list:
     """Give every attention module of the given types Hard Concrete gates; returns them.
 
     The module's fixed 0/1 mask still applies on top (a head masked out stays out).

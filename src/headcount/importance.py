@@ -2,7 +2,11 @@
 
 SPEC.md section 1.3 (confidence, Voita et al. 2019 section 4.1), section 2 (EOS and padding) and
 section 3 (Michel et al. 2019 importance; single-head ablation as the causal reference against
-which the other scores are ranked). LRP relevance lives in `lrp.py`; `head_scores` joins them.
+which the other scores are ranked). LRP relevance lives in `lrp.py`.
+
+`MEASURES` is the one registry of importance measures: each names its columns in the score table
+and how it is computed; `score_table` (the head-scores stage's table), the rank correlations and
+the workflow's heatmaps iterate it. A new measure is one `register_measure` here.
 
 Every score is a pandas DataFrame with one row per (type, layer, head), so they merge on those
 keys. Batches are (src, tgt_in, tgt_out) tensors as `batching.source_tensor/target_tensors` make
@@ -13,7 +17,9 @@ Shapes: B batch, S source length, T target length, H heads, L layers, Dh head si
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -21,20 +27,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .batching import make_batches, source_tensor, target_tensors
-from .model import ATTENTION_TYPES, BOS_ID, EOS_ID, PAD_ID, Transformer
+from .batching import SPECIAL_IDS, make_batches, source_tensor, target_tensors
 from .progress import Progress
+from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, SpecialIds
 
 KEYS = ["type", "layer", "head"]
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
 
 
-def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000) -> list[Batch]:
-    """Deterministic padded batches of a set (the order does not change any score here)."""
+def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000,
+                special: SpecialIds = SPECIAL_IDS) -> list[Batch]:
+    """Deterministic padded batches of a set (the order does not change any score here), with the
+    model's special ids (`model.special`)."""
     out = []
     for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens, seed=0):
-        tgt_in, tgt_out = target_tensors([tgt_ids[i] for i in batch])
-        out.append((source_tensor([src_ids[i] for i in batch]), tgt_in, tgt_out))
+        tgt_in, tgt_out = target_tensors([tgt_ids[i] for i in batch], special)
+        out.append((source_tensor([src_ids[i] for i in batch], special), tgt_in, tgt_out))
     return out
 
 
@@ -47,7 +55,7 @@ def _rows(scores: dict[str, Tensor], column: str) -> pd.DataFrame:
     )
 
 
-def _on_device(batch, model: Transformer):
+def _on_device(batch, model: Seq2SeqWithHeads):
     device = next(model.parameters()).device
     return [x.to(device) for x in batch]
 
@@ -69,8 +77,8 @@ def confidence_sums(probs: Tensor, query_keep: Tensor, key_keep: Tensor) -> tupl
     return (row_max * mask).sum(dim=(0, 2)), int(query_keep.sum())
 
 
-def confidence_masks(src: Tensor, tgt_in: Tensor, exclude_bos_in_dec_self: bool = False):
-    """(query_keep, key_keep) per attention type.
+def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_bos_in_dec_self: bool = False):
+    """(query_keep, key_keep) per attention type; `special`: the model's ids.
 
     Encoder self-attention: the EOS query row and the EOS key column are left out (the paper).
     Decoder-encoder attention: every decoder input position is a query (the decoder input holds
@@ -80,19 +88,19 @@ def confidence_masks(src: Tensor, tgt_in: Tensor, exclude_bos_in_dec_self: bool 
     `exclude_bos_in_dec_self` the BOS key column (the decoder's counterpart of the EOS "no-op"
     sink) is left out instead, and with it the first query row, which would see no key.
     """
-    src_real = src.ne(PAD_ID)
-    src_keep = src_real & src.ne(EOS_ID)
-    tgt_real = tgt_in.ne(PAD_ID)
+    src_real = src.ne(special.pad)
+    src_keep = src_real & src.ne(special.eos)
+    tgt_real = tgt_in.ne(special.pad)
     dec_query, dec_key = tgt_real, tgt_real
     if exclude_bos_in_dec_self:
-        dec_key = tgt_real & tgt_in.ne(BOS_ID)
+        dec_key = tgt_real & tgt_in.ne(special.bos)
         dec_query = tgt_real.clone()
         dec_query[:, 0] = False
     return {"enc_self": (src_keep, src_keep), "dec_self": (dec_query, dec_key), "dec_enc": (tgt_real, src_keep)}
 
 
 @torch.no_grad()
-def head_confidence(model: Transformer, batches: Iterable[Sequence[Tensor]],
+def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]],
                     exclude_bos_in_dec_self: bool = False) -> pd.DataFrame:
     """Mean over query tokens of a head's maximum attention weight, pooled over the whole set."""
     model.eval()
@@ -101,7 +109,8 @@ def head_confidence(model: Transformer, batches: Iterable[Sequence[Tensor]],
     for batch in batches:
         src, tgt_in = _on_device(batch[:2], model)
         _, attentions = model(src, tgt_in, need_weights=True)
-        for kind, (query_keep, key_keep) in confidence_masks(src, tgt_in, exclude_bos_in_dec_self).items():
+        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self)
+        for kind, (query_keep, key_keep) in masks.items():
             per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
             sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
             counts[kind] = counts.get(kind, 0) + per_layer[0][1]
@@ -112,10 +121,10 @@ def head_confidence(model: Transformer, batches: Iterable[Sequence[Tensor]],
 # Michel et al. (2019) importance
 
 
-def summed_nll(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, int]:
+def summed_nll(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, int]:
     """Teacher-forced NLL summed over the real target tokens (a sentence's loss, not a mean)."""
     logits, _ = model(src, tgt_in)
-    real = tgt_out.ne(PAD_ID)
+    real = tgt_out.ne(model.special.pad)
     logits = logits[real].to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
     return F.cross_entropy(logits, tgt_out[real], reduction="sum"), int(real.sum())
 
@@ -123,7 +132,7 @@ def summed_nll(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor)
 class HeadContexts:
     """Forward hooks that keep every head's context vector (B, H, Tq, Dh), by type and layer."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Seq2SeqWithHeads):
         self.modules = model.attention_modules()
         self.tensors: dict[str, list[Tensor | None]] = {k: [None] * len(m) for k, m in self.modules.items()}
         self.handles = []
@@ -146,7 +155,7 @@ class HeadContexts:
 
 
 @torch.enable_grad()
-def michel_importance(model: Transformer, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
+def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
     """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
 
     L is the teacher-forced NLL summed over each sentence's tokens, so a token's gradient is that
@@ -165,7 +174,8 @@ def michel_importance(model: Transformer, batches: Iterable[Sequence[Tensor]]) -
         kinds = list(hooked.tensors)
         contexts = [c for kind in kinds for c in hooked.tensors[kind]]
         grads = torch.autograd.grad(loss, contexts)
-        queries = {"enc_self": src.ne(PAD_ID), "dec_self": tgt_in.ne(PAD_ID), "dec_enc": tgt_in.ne(PAD_ID)}
+        pad = model.special.pad
+        queries = {"enc_self": src.ne(pad), "dec_self": tgt_in.ne(pad), "dec_enc": tgt_in.ne(pad)}
         i = 0
         for kind in kinds:
             per_layer = []
@@ -185,7 +195,7 @@ def michel_importance(model: Transformer, batches: Iterable[Sequence[Tensor]]) -
 
 
 @torch.no_grad()
-def mean_nll(model: Transformer, batches: Iterable[Sequence[Tensor]]) -> float:
+def mean_nll(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> float:
     """Dev loss: mean per-token NLL (nats) over the real target tokens of the set."""
     model.eval()
     total, tokens = 0.0, 0
@@ -196,9 +206,9 @@ def mean_nll(model: Transformer, batches: Iterable[Sequence[Tensor]]) -> float:
 
 
 def head_ablation(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     batches: Sequence[Sequence[Tensor]],
-    bleu_fn: Callable[[Transformer], float] | None = None,
+    bleu_fn: Callable[[Seq2SeqWithHeads], float] | None = None,
     bleu_types: Sequence[str] = ("enc_self",),
     types: Sequence[str] = ATTENTION_TYPES,
     log: Callable[[str], None] | None = None,
@@ -274,14 +284,18 @@ def spearman_interval(x, y, n_samples: int = 1000, seed: int = 0) -> tuple[float
     return float(low), float(high)
 
 
-def rank_correlations(table: pd.DataFrame, reference: str = "delta_loss",
-                      scores: Sequence[str] = ("confidence", "lrp", "michel"), n_samples: int = 1000,
-                      seed: int = 0) -> pd.DataFrame:
+def rank_correlations(table: pd.DataFrame, reference: str | None = None, scores: Sequence[str] | None = None,
+                      n_samples: int = 1000, seed: int = 0) -> pd.DataFrame:
     """Spearman between each score and the reference, per (type, layer) and per type overall.
+
+    By default the reference is the reference measure's score (ablation's delta_loss) and the
+    scores are every ranked measure's, in name order (`ranked_scores`).
 
     Rows: type, layer ("all" for the pooled heads of a type), score, spearman, spearman_low and
     spearman_high (95% bootstrap interval over heads, spearman_interval), n (heads used).
     """
+    reference = reference_score() if reference is None else reference
+    scores = ranked_scores() if scores is None else scores
     rows = []
     for score in (s for s in scores if s in table.columns):
         for kind, by_type in table.groupby("type", sort=False):
@@ -296,30 +310,89 @@ def rank_correlations(table: pd.DataFrame, reference: str = "delta_loss",
 
 
 # --------------------------------------------------------------------------------------------
-# All scores
+# The registry of measures, and the score table
 
 
-def head_scores(
-    model: Transformer,
-    batches: Sequence[Sequence[Tensor]],
-    translation_batches: Sequence[Sequence[Tensor]] | None = None,
-    bleu_fn: Callable[[Transformer], float] | None = None,
-    lrp_rule: str = "ding",
-    ablation: bool = True,
-    log=None,
-) -> pd.DataFrame:
-    """Every score of every head in one table: confidence, michel, lrp, delta_loss, delta_bleu.
+@dataclass
+class ScoringInputs:
+    """What the measures read."""
 
-    `batches` hold the reference translations (confidence, Michel, ablation);
-    `translation_batches` (src, BOS + the model's own translation) feed LRP, skipped if None.
-    """
+    model: Seq2SeqWithHeads
+    batches: Sequence[Sequence[Tensor]]  # (src, tgt_in, tgt_out) with the reference translations
+    translation_batches: Sequence[Sequence[Tensor]] | None = None  # (src, BOS + the model's own translation)
+    lrp_rule: str = "ding"
+    bleu_fn: Callable[[Seq2SeqWithHeads], float] | None = None  # BLEU of a model, for ablation's delta_bleu
+    log: Callable[[str], None] | None = None
+    notes: dict = field(default_factory=dict)  # what measures report beside their columns (LRP's conservation)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One importance measure: its columns in the score table (the first is its score, the one
+    plotted and ranked) and how it is computed (-> one row per (type, layer, head): KEYS + columns)."""
+
+    name: str
+    columns: tuple[str, ...]
+    compute: Callable[[ScoringInputs], pd.DataFrame]
+    ranked: bool = True  # ranked against the reference in the correlation table
+    reference: bool = False  # the causal reference the ranked scores are compared with (ablation)
+    optional: bool = False  # computed only when the settings ask (heads.ablation)
+
+    @property
+    def score(self) -> str:
+        return self.columns[0]
+
+
+MEASURES: dict[str, Measure] = {}  # in the score table's column order
+
+
+def register_measure(measure: Measure) -> Measure:
+    MEASURES[measure.name] = measure
+    return measure
+
+
+def ranked_scores() -> tuple[str, ...]:
+    """The scores compared with the reference, in name order."""
+    return tuple(sorted(m.score for m in MEASURES.values() if m.ranked))
+
+
+def reference_score() -> str:
+    return next(m.score for m in MEASURES.values() if m.reference)
+
+
+def score_names(optional: bool = True) -> list[str]:
+    """Every measure's score (the heatmaps' names), the optional measures' only if asked."""
+    return [m.score for m in MEASURES.values() if optional or not m.optional]
+
+
+def _lrp(inputs: ScoringInputs) -> pd.DataFrame:
     from .lrp import head_relevance
 
-    table = head_confidence(model, batches).merge(michel_importance(model, batches), on=KEYS)
-    if translation_batches is not None:
-        relevance = head_relevance(model, translation_batches, rule=lrp_rule, log=log)
-        table = table.merge(relevance.table.drop(columns="n_steps"), on=KEYS)
-        table.attrs["lrp_conservation"] = relevance.conservation
-    if ablation:
-        table = table.merge(head_ablation(model, batches, bleu_fn), on=KEYS)
+    start = time.perf_counter()
+    relevance = head_relevance(inputs.model, inputs.translation_batches, rule=inputs.lrp_rule, log=inputs.log)
+    inputs.notes.update(lrp_conservation=relevance.conservation, lrp_seconds=time.perf_counter() - start)
+    return relevance.table.drop(columns="n_steps")
+
+
+register_measure(Measure("confidence", ("confidence",), lambda i: head_confidence(i.model, i.batches)))
+register_measure(Measure("michel", ("michel", "michel_raw"), lambda i: michel_importance(i.model, i.batches)))
+register_measure(Measure("lrp", ("lrp",), _lrp))
+register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), ranked=False, reference=True, optional=True,
+                         compute=lambda i: head_ablation(i.model, i.batches, i.bleu_fn, log=i.log)))
+
+
+def score_table(inputs: ScoringInputs, measures: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every head's scores: the given measures (default all), in the registry's order, joined on
+    (type, layer, head). Measures' reports beside their columns land in `inputs.notes`."""
+    names = list(MEASURES) if measures is None else [n for n in MEASURES if n in measures]
+    unknown = set(measures or ()) - set(MEASURES)
+    if unknown:
+        raise ValueError(f"unknown importance measures {sorted(unknown)}; known: {list(MEASURES)}")
+    table = None
+    for name in names:
+        start = time.perf_counter()
+        part = MEASURES[name].compute(inputs)
+        if inputs.log is not None:
+            inputs.log(f"{name} took {time.perf_counter() - start:.1f} s")
+        table = part if table is None else table.merge(part, on=KEYS)
     return table

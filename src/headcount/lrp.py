@@ -8,9 +8,10 @@ value, normalised over the heads of a layer, and averaged over all generation st
 How it is computed. Every LRP rule used here can be written as "Gradient x Input" through a
 forward pass whose backward pass has been modified (Ancona et al. 2018; Achtibat et al. 2024): if
 the gradient arriving at a neuron z is c_z = R_z / z, then x * dz/dx-propagated gradient is the
-rule's relevance at the inputs x. So this module re-implements the Transformer's forward pass
-from the model's own weights (model.py is not touched) with `detach` tricks that give each
-operation its rule's backward, while leaving every forward value unchanged:
+rule's relevance at the inputs x. So each architecture's forward pass is re-implemented from the
+model's own weights (its `lrp_forward()`, seq2seq.LRPForward: headcount_lrp.py for headcount's
+Transformer) with this module's rules: `detach` tricks that give each operation its rule's
+backward, while leaving every forward value unchanged:
 
 - "ding" (the paper's rule, default): linear maps plain (the z-rule, LRP-0, biases absorb their
   share); ReLU and residual sums plain (ReLU passes relevance through; sums split in proportion
@@ -52,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import ATTENTION_TYPES, BOS_ID, PAD_ID, MultiHeadAttention, Transformer
 from .progress import Progress
+from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
 
 RULES = ("ding", "attnlrp")
 
@@ -150,7 +151,8 @@ def _probabilities(scores: Tensor, allowed: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# The Transformer's forward pass, re-implemented with the rules (mirrors model.py, eval mode)
+# What an architecture's LRP forward pass returns (seq2seq.LRPForward; headcount_lrp.py for
+# headcount's own Transformer)
 
 
 @dataclass
@@ -175,95 +177,25 @@ class Trace:
     memories: list[Tensor]  # per decoder layer, its own view of the encoder output (B, S, D)
 
 
-def _attention_block(rules, m: MultiHeadAttention, x: Tensor, kv: Tensor, allowed: Tensor):
-    """-> output (B, Tq, D) and the head contexts (B, H, Tq, Dh) before the gates."""
-    B, Tq, D = x.shape
-    q = m._split_heads(rules.linear(x, m.q_proj))  # (B, H, Tq, Dh)
-    k = m._split_heads(rules.linear(kv, m.k_proj))  # (B, H, Tk, Dh)
-    v = m._split_heads(rules.linear(kv, m.v_proj))
-    ctx = rules.attention(q, k, v, allowed)  # (B, H, Tq, Dh)
-    # The head gates are constant factors, so gating a head's context is the same linear map as
-    # scaling its columns of W^O; folded into the weight, the backward pass needs no element-wise
-    # product over the seed-batched gradients.
-    w_out = m.out_proj.weight * m.gates().to(ctx.dtype).repeat_interleave(m.head_dim)  # (D, H*Dh)
-    out = rules.linear(ctx.transpose(1, 2).reshape(B, Tq, D), m.out_proj, w_out)
-    return out, ctx
-
-
-def _feed_forward(rules, layer, x: Tensor) -> Tensor:
-    pre = rules.linear(rules.layer_norm(x, layer.ffn_norm), layer.ffn.w_in)  # (B, T, F)
-    # ReLU, relevance passing plain, written as a product with its constant 0/1 mask: the same value
-    # and gradient as F.relu, but the vmapped backward is a broadcast multiply, 2.5x faster on CPU
-    # than relu's threshold_backward with a seed dimension.
-    hidden = pre * (pre > 0).to(pre.dtype)
-    return rules.add(x, rules.linear(hidden, layer.ffn.w_out))
-
-
-def _embed(model: Transformer, embed: nn.Embedding, tokens: Tensor) -> Tensor:
-    T = tokens.shape[1]
-    return F.embedding(tokens, embed.weight) * math.sqrt(model.cfg.d_model) + model.positions[:T].to(
-        embed.weight.dtype
-    )
-
-
-def lrp_encode(model: Transformer, src: Tensor, rules) -> EncoderTrace:
-    """The encoder's forward pass with LRP backward rules."""
-    allowed = ~src.eq(PAD_ID)[:, None, None, :]  # (B, 1, 1, S)
-    x = _embed(model, model.src_embed, src)  # (B, S, D)
-    inputs, contexts = [x], []
-    for layer in model.encoder_layers:
-        normed = rules.layer_norm(x, layer.self_attn_norm)
-        h, ctx = _attention_block(rules, layer.self_attn, normed, normed, allowed)
-        contexts.append(ctx)
-        x = _feed_forward(rules, layer, rules.add(x, h))
-        inputs.append(x)
-    memory = rules.layer_norm(x, model.encoder_norm)  # (B, S, D)
-    return EncoderTrace(memory, allowed, contexts, inputs)
-
-
-def lrp_decode(model: Transformer, encoded: EncoderTrace, tgt_in: Tensor, rules,
-               target: Tensor | None = None) -> Trace:
-    """The decoder's teacher-forced forward pass with LRP backward rules, on top of `encoded`.
-
-    The decoder is causal, so running it on a prefix tgt_in[:, :t] gives the same values at those
-    steps as running it on the whole target; a step's relevance never reaches later positions.
-    target (B, T): the token whose logit is explained at each step; where it is -1 (everywhere by
-    default) the top-1 token (PAD and BOS excluded, as in greedy search).
-    """
-    T = tgt_in.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
-    contexts = {"enc_self": encoded.contexts, "dec_self": [], "dec_enc": []}
-    y = _embed(model, model.tgt_embed, tgt_in)  # (B, T, D)
-    dec_inputs, memories = [y], []
-    for layer in model.decoder_layers:
-        normed = rules.layer_norm(y, layer.self_attn_norm)
-        h, ctx = _attention_block(rules, layer.self_attn, normed, normed, causal)
-        contexts["dec_self"].append(ctx)
-        y = rules.add(y, h)
-        mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
-        memories.append(mem)
-        h, ctx = _attention_block(rules, layer.cross_attn, rules.layer_norm(y, layer.cross_attn_norm), mem,
-                                  encoded.allowed)
-        contexts["dec_enc"].append(ctx)
-        y = _feed_forward(rules, layer, rules.add(y, h))
-        dec_inputs.append(y)
-    hidden = rules.layer_norm(y, model.decoder_norm)  # (B, T, D)
-
-    weight = model.generator.weight  # (V, D)
+def top1_targets(logits_of, hidden: Tensor, tgt_in: Tensor, target: Tensor | None, special) -> Tensor:
+    """The token whose logit each step explains, (B, T): `target` where it is >= 0, elsewhere the
+    top-1 token of logits_of(hidden) (B, T, D) -> (..., V), never one of special.never_generated()
+    (as in greedy search). Only the missing steps are projected onto the vocabulary."""
     target = torch.full_like(tgt_in, -1) if target is None else target
     missing = target < 0  # (B, T) steps whose top-1 token is not known yet
     if missing.any():
         with torch.no_grad():
-            logits = F.linear(hidden[missing], weight)  # (M, V): only where the token is missing
-            logits[:, PAD_ID] = logits[:, BOS_ID] = float("-inf")
+            logits = logits_of(hidden[missing])  # (M, V)
+            logits[:, list(special.never_generated())] = float("-inf")
             target = target.masked_scatter(missing, logits.argmax(dim=-1))
-    top_logit = rules.stabilise((hidden * weight[target]).sum(dim=-1))  # (B, T): one row of W
-    return Trace(top_logit, target, contexts, encoded.inputs, dec_inputs, memories)
+    return target
 
 
-def lrp_forward(model: Transformer, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
-    """Teacher-forced forward pass with LRP backward rules; the top-1 logit of every step."""
-    return lrp_decode(model, lrp_encode(model, src, rules), tgt_in, rules, target)
+def lrp_forward(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
+    """Teacher-forced forward pass with LRP backward rules (the model's own `lrp_forward()`); the
+    top-1 logit of every step."""
+    forward = model.lrp_forward()
+    return forward.decode(forward.encode(src, rules), tgt_in, rules, target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +227,7 @@ def _relevance(tensor: Tensor, grad: Tensor) -> Tensor:
 
 @torch.enable_grad()
 def step_relevance(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     src: Tensor,  # (B, S) subwords + EOS, padded
     tgt_in: Tensor,  # (B, T) BOS + the translation being explained, padded
     rule: str = "ding",
@@ -309,9 +241,11 @@ def step_relevance(
     `max_seeds` steps share one vmapped backward pass (memory grows with it).
     """
     rules = make_rules(rule, eps)
+    forward = model.lrp_forward()
+    pad = model.special.pad
     B, T = tgt_in.shape
-    valid = tgt_in.ne(PAD_ID).T  # (T, B)
-    steps_per_sentence, src_lengths = valid.sum(dim=0), src.ne(PAD_ID).sum(dim=1)  # (B,), (B,)
+    valid = tgt_in.ne(pad).T  # (T, B)
+    steps_per_sentence, src_lengths = valid.sum(dim=0), src.ne(pad).sum(dim=1)  # (B,), (B,)
     top1 = torch.full_like(tgt_in, -1) if target is None else target.clone()  # (B, T); -1: not known yet
     was_training = model.training
     model.eval()
@@ -328,11 +262,11 @@ def step_relevance(
             # step x source work was padding). Their encoder pass is rebuilt when the set grows.
             rows = (steps_per_sentence > first).nonzero().squeeze(1)  # (B',)
             if encoded_rows is None or not torch.equal(rows, encoded_rows):
-                encoded = lrp_encode(model, src[rows, : int(src_lengths[rows].max())], rules)
+                encoded = forward.encode(src[rows, : int(src_lengths[rows].max())], rules)
                 encoded_rows = rows
             # Steps first..last-1 only reach decoder positions < last: decode that prefix alone, so
             # the backward passes skip the later positions (half the decoder's work on average).
-            trace = lrp_decode(model, encoded, tgt_in[rows, :last], rules, top1[rows, :last])
+            trace = forward.decode(encoded, tgt_in[rows, :last], rules, top1[rows, :last])
             top1[rows, :last] = trace.target
             ctx_list = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
             streams = trace.enc_inputs + trace.dec_inputs + trace.memories
@@ -395,7 +329,7 @@ class HeadRelevance:
 
 
 def head_relevance(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     batches: Iterable[tuple[Tensor, ...]],  # (src, tgt_in, ...) with tgt_in = BOS + model's translation
     rule: str = "ding",
     eps: float = 1e-6,

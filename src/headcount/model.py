@@ -9,12 +9,18 @@ a fixed 0/1 mask (`head_mask`); the pruning stage swaps in Hard Concrete gates b
 `MultiHeadAttention.gates`. The per-head context passes through an `nn.Identity` named
 `head_context` so that analyses (LRP, Michel importance) can hook it without touching this file.
 
+`Transformer` implements seq2seq.Seq2SeqWithHeads (family "headcount"): the analyses see it only
+through that interface; its LRP forward pass is headcount_lrp.py.
+
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh = D / H, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
@@ -23,10 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+from .seq2seq import ATTENTION_TYPES, SpecialIds, register_family  # noqa: F401 (ATTENTION_TYPES re-exported)
 
-# The three kinds of attention the paper analyses and prunes.
-ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
+# headcount's own token ids (its sentencepiece models are trained with them: subwords.py).
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_IDS = SpecialIds(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, unk=UNK_ID)
+FAMILY = "headcount"
 DROPOUT_MASKS = ("torch", "fast")
 
 
@@ -160,6 +168,41 @@ class MultiHeadAttention(nn.Module):
         out = self.out_proj(ctx.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))  # (B, Tq, D)
         return out, probs
 
+    @torch.no_grad()
+    def keep_heads(self, heads: list[int]) -> None:
+        """Physical pruning, in place: keep only `heads` (their rows of W^Q, W^K, W^V and columns
+        of W^O, each kept head's fixed gate folded into its columns), so the module computes only
+        them; the same outputs as masking the others."""
+        if self.hard_concrete is not None:
+            raise ValueError("fold the Hard Concrete gates (pruning.fold_gates) before removing heads")
+        heads = sorted(int(h) for h in heads)
+        if heads == list(range(self.n_heads)) and bool((self.head_mask == 1).all()):
+            return
+        dh = self.head_dim
+        index = torch.tensor([h * dh + i for h in heads for i in range(dh)], dtype=torch.long)
+        scale = torch.repeat_interleave(self.head_mask[heads], dh) if heads else torch.ones(0)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(self, name)
+            new = _uninitialised_linear(old.in_features, len(index), like=old.weight)
+            new.weight.copy_(old.weight[index])
+            new.bias.copy_(old.bias[index])
+            setattr(self, name, new)
+        old = self.out_proj
+        new = _uninitialised_linear(len(index), old.out_features, like=old.weight)
+        new.weight.copy_(old.weight[:, index] * scale[None, :])
+        new.bias.copy_(old.bias)
+        self.out_proj = new
+        self.n_heads = len(heads)
+        self.head_mask = torch.ones(len(heads), device=self.head_mask.device)
+
+
+def _uninitialised_linear(in_features: int, out_features: int, like: Tensor) -> nn.Linear:
+    """A Linear whose weights the caller copies in: no random init, and no torch warning when a
+    layer loses all its heads (zero-size weights)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+        return nn.utils.skip_init(nn.Linear, in_features, out_features, device=like.device, dtype=like.dtype)
+
 
 class Dropout(nn.Module):
     """Inverted dropout with a choice of where the masks come from (`ModelConfig.dropout_masks`).
@@ -252,6 +295,10 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(nn.Module):
+    """headcount's encoder-decoder Transformer, a seq2seq.Seq2SeqWithHeads."""
+
+    special = SPECIAL_IDS
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -319,7 +366,7 @@ class Transformer(nn.Module):
         """Teacher-forced pass: logits (B, T, V) and, on request, attention probabilities by type."""
         memory, src_pad, enc_probs = self.encode(src, need_weights)
         hidden, dec_self, dec_enc = self.decode(tgt_in, memory, src_pad, need_weights)
-        logits = self.generator(hidden)
+        logits = self.logits(hidden)
         attentions = None
         if need_weights:
             attentions = {"enc_self": enc_probs, "dec_self": dec_self, "dec_enc": dec_enc}
@@ -346,3 +393,56 @@ class Transformer(nn.Module):
 
     def head_mask(self) -> dict[str, Tensor]:
         return {kind: torch.stack([m.head_mask for m in mods]) for kind, mods in self.attention_modules().items()}
+
+    # ----------------------------------------------------------------------------------------
+    # The rest of seq2seq.Seq2SeqWithHeads
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_len
+
+    @property
+    def d_model(self) -> int:
+        return self.cfg.d_model
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(..., D) decoder output -> (..., V) target vocabulary logits (the generator, no bias)."""
+        return self.generator(hidden)
+
+    def new_cache(self) -> list[dict]:
+        """An empty incremental-decoding cache: one dict per decoder layer."""
+        return [{} for _ in self.decoder_layers]
+
+    def reorder_cache(self, cache: list[dict], rows: Tensor) -> None:
+        """Keep the given rows (batch entries) of every cached key/value tensor, in place."""
+        for layer in cache:
+            for part in layer.values():
+                for key in ("k", "v"):
+                    if key in part:
+                        part[key] = part[key].index_select(0, rows)
+
+    def encoder_parameters(self) -> Iterator[nn.Parameter]:
+        yield from self.src_embed.parameters()
+        for layer in self.encoder_layers:
+            yield from layer.parameters()
+        yield from self.encoder_norm.parameters()
+
+    def lrp_forward(self):
+        from .headcount_lrp import PreNormLRPForward
+
+        return PreNormLRPForward(self)
+
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
+        """An atomic checkpoint that seq2seq.load_model reads back."""
+        from .train import save_checkpoint
+
+        save_checkpoint(path, {"family": FAMILY, "model": self.state_dict(), "model_config": self.cfg.to_dict(),
+                               **(extra or {})})
+
+
+@register_family(FAMILY)
+def from_checkpoint(state: dict) -> Transformer:
+    """The family's loader: a Transformer with the checkpoint's configuration and weights."""
+    model = Transformer(ModelConfig(**state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model

@@ -3,13 +3,13 @@
 Two settings: "enc" gates encoder self-attention only and trains the source embeddings, the
 encoder and the gates (decoder and target embeddings frozen); "all" gates all three attention
 types and trains everything. After fine-tuning, the evaluation gates are folded into the output
-projections, so a pruned model is a plain Transformer with a fixed 0/1 head mask that translates
-exactly as the gated model does in evaluation mode.
+projections, so a pruned model is a plain model with a fixed 0/1 head mask that translates
+exactly as the gated model does in evaluation mode. Everything here goes through the
+seq2seq.Seq2SeqWithHeads interface.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import pandas as pd
@@ -18,10 +18,9 @@ from torch import Tensor
 
 from .gates import attach_gates, l0_penalty, pin_open
 from .io import CheckpointError, HeadcountError
-from .model import Transformer
+from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
 from .train import noam_lr
 
-ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
 SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}
 
 LR_SCHEDULES = ("noam", "constant", "continue")
@@ -39,7 +38,7 @@ def setting_types(setting: str) -> tuple[str, ...]:
     return SETTINGS[setting]
 
 
-def prepare_for_pruning(model: Transformer, setting: str, log_alpha_init: float | None,
+def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: float | None,
                         gate_lr_scale: float, control: bool = False) -> tuple[list, list[dict]]:
     """Attach Hard Concrete gates for a setting and freeze what it does not train.
 
@@ -52,9 +51,7 @@ def prepare_for_pruning(model: Transformer, setting: str, log_alpha_init: float 
         pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}
     if setting == "enc":
-        trained = {id(p) for p in model.src_embed.parameters()}
-        trained |= {id(p) for layer in model.encoder_layers for p in layer.parameters()}
-        trained |= {id(p) for p in model.encoder_norm.parameters()}
+        trained = {id(p) for p in model.encoder_parameters()} | gate_params
         for p in model.parameters():
             p.requires_grad_(id(p) in trained)
     weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]
@@ -131,7 +128,7 @@ def penalty(gates: list, lam: float):
     return lambda model: lam * l0_penalty(gates)
 
 
-def gate_snapshot(model: Transformer) -> dict:
+def gate_snapshot(model: Seq2SeqWithHeads) -> dict:
     """P(gate closed) per gated head, {type: [[p per head] per layer]}, for the trajectory."""
     out = {}
     for kind, modules in model.attention_modules().items():
@@ -141,7 +138,7 @@ def gate_snapshot(model: Transformer) -> dict:
 
 
 @torch.no_grad()
-def gate_table(model: Transformer) -> pd.DataFrame:
+def gate_table(model: Seq2SeqWithHeads) -> pd.DataFrame:
     """One row per head: its gate (if gated) and whether each rule prunes it.
 
     pruned: the evaluation gate is exactly 0 (the rule used for the pruned model);
@@ -167,7 +164,7 @@ def gate_table(model: Transformer) -> pd.DataFrame:
 
 
 @torch.no_grad()
-def fold_gates(model: Transformer) -> Transformer:
+def fold_gates(model: Seq2SeqWithHeads) -> Seq2SeqWithHeads:
     """Replace Hard Concrete gates by their evaluation values, in place: each head's gate scales
     its columns of W^O, and the fixed mask is 0 where the gate is 0. Same outputs in eval mode."""
     for modules in model.attention_modules().values():
@@ -183,6 +180,12 @@ def fold_gates(model: Transformer) -> Transformer:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
+
+
+def heads_layout(model: Seq2SeqWithHeads) -> tuple[dict[str, int], int]:
+    """Layers per attention type, and heads per layer (of the full model, before any removal)."""
+    masks = model.head_mask()
+    return {kind: int(mask.shape[0]) for kind, mask in masks.items()}, int(masks["enc_self"].shape[1])
 
 
 def masks_from_table(table: pd.DataFrame, n_layers: dict[str, int], n_heads: int,
@@ -221,48 +224,22 @@ def michel_masks(scores: pd.DataFrame, types: tuple[str, ...], n_layers: dict[st
     return out
 
 
-def _uninitialised_linear(in_features: int, out_features: int, like: Tensor) -> torch.nn.Linear:
-    """A Linear whose weights the caller copies in: no random init, and no torch warning when a
-    layer loses all its heads (zero-size weights)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
-        return torch.nn.utils.skip_init(torch.nn.Linear, in_features, out_features, device=like.device,
-                                        dtype=like.dtype)
-
-
 @torch.no_grad()
-def remove_pruned_heads(model: Transformer) -> Transformer:
-    """Physical pruning, in place: drop every masked head's rows of W^Q, W^K, W^V and its columns
-    of W^O, so the model computes only the heads it keeps. Same outputs as the masked model."""
+def remove_pruned_heads(model: Seq2SeqWithHeads) -> Seq2SeqWithHeads:
+    """Physical pruning, in place: every attention module keeps only its unmasked heads
+    (HeadSlots.keep_heads), so the model computes only them. Same outputs as the masked model."""
     for modules in model.attention_modules().values():
         for module in modules:
-            mask = module.head_mask
-            keep = [h for h in range(module.n_heads) if mask[h] != 0]
-            if len(keep) == module.n_heads:
-                continue
-            dh = module.head_dim
-            index = torch.tensor([h * dh + i for h in keep for i in range(dh)], dtype=torch.long)
-            scale = torch.repeat_interleave(mask[keep], dh) if keep else torch.ones(0)
-            for name in ("q_proj", "k_proj", "v_proj"):
-                old = getattr(module, name)
-                new = _uninitialised_linear(old.in_features, len(index), like=old.weight)
-                new.weight.copy_(old.weight[index])
-                new.bias.copy_(old.bias[index])
-                setattr(module, name, new)
-            old = module.out_proj
-            new = _uninitialised_linear(len(index), old.out_features, like=old.weight)
-            new.weight.copy_(old.weight[:, index] * scale[None, :])
-            new.bias.copy_(old.bias)
-            module.out_proj = new
-            module.n_heads = len(keep)
-            module.head_mask = torch.ones(len(keep), device=mask.device)
+            keep = [h for h in range(module.n_heads) if module.head_mask[h] != 0]
+            if len(keep) < module.n_heads:
+                module.keep_heads(keep)
     return model
 
 
-def attention_flops(model: Transformer, src_len: int, tgt_len: int) -> float:
+def attention_flops(model: Seq2SeqWithHeads, src_len: int, tgt_len: int) -> float:
     """Multiply-adds of all attention modules for one sentence pair (projections and the two
     attention products), counting only the heads each module computes."""
-    d = model.cfg.d_model
+    d = model.d_model
     total = 0.0
     for kind, modules in model.attention_modules().items():
         tq = src_len if kind == "enc_self" else tgt_len

@@ -55,7 +55,6 @@ import pandas as pd
 import torch
 
 from .batching import source_tensor
-from .model import PAD_ID
 from .parses import simple_tokenize
 
 RELATIONS = ("nsubj", "obj", "amod", "advmod")
@@ -189,9 +188,9 @@ def _stack_layers(probs) -> torch.Tensor:
     return probs
 
 
-def source_lengths(src: torch.Tensor) -> torch.Tensor:
-    """(B, S) source ids -> (B,) number of real tokens, EOS included."""
-    return src.ne(PAD_ID).sum(dim=1)
+def source_lengths(src: torch.Tensor, pad: int) -> torch.Tensor:
+    """(B, S) source ids -> (B,) number of real tokens, EOS included; `pad`: the model's padding id."""
+    return src.ne(pad).sum(dim=1)
 
 
 class PositionalStats:
@@ -565,8 +564,8 @@ def _encoder_attention(model, segmenter, texts: Sequence[str], keep: Sequence[in
     ids = segmenter.encode([texts[i] for i in keep])
     for start in range(0, len(keep), batch_size):
         chunk = list(keep[start:start + batch_size])
-        src = source_tensor(ids[start:start + batch_size]).to(device)  # (B, S): pieces, EOS, padding
-        lengths = source_lengths(src).tolist()
+        src = source_tensor(ids[start:start + batch_size], model.special).to(device)  # (B, S): pieces, EOS, padding
+        lengths = source_lengths(src, model.special.pad).tolist()
         _, _, probs = model.encode(src, need_weights=True)
         yield chunk, torch.stack(probs), lengths
 
@@ -576,7 +575,7 @@ def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> 
     within the model's positions; and how many were too long for each reason."""
     lengths = [len(x) for x in segmenter.encode(list(texts))]
     too_long = {i for i, n in enumerate(lengths) if max_pieces is not None and n > max_pieces}
-    no_room = {i for i, n in enumerate(lengths) if n + 1 > model.cfg.max_len} - too_long
+    no_room = {i for i, n in enumerate(lengths) if n + 1 > model.max_positions} - too_long
     return [i for i in range(len(texts)) if i not in too_long | no_room], len(too_long), len(no_room)
 
 

@@ -46,8 +46,8 @@ import torch
 from .importance import dev_batches, head_confidence
 from .io import HeadcountError, atomic_path, read_lines
 from .lrp import head_relevance
-from .model import ATTENTION_TYPES, ModelConfig, Transformer
 from .roles import PositionalStats, source_lengths
+from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, model_from_checkpoint
 from .train import load_checkpoint
 
 STATISTICS = ("positional_share", "confidence", "lrp_concentration")
@@ -66,7 +66,7 @@ def layer_columns(table: pd.DataFrame, statistic: str, kind: str) -> dict[int, s
 
 
 @torch.no_grad()
-def encoder_positional_shares(model, batches: Sequence[Sequence[torch.Tensor]]) -> np.ndarray:
+def encoder_positional_shares(model: Seq2SeqWithHeads, batches: Sequence[Sequence[torch.Tensor]]) -> np.ndarray:
     """Per encoder layer, the largest positional share of any of its self-attention heads: (L,)."""
     model.eval()
     device = next(model.parameters()).device
@@ -74,20 +74,21 @@ def encoder_positional_shares(model, batches: Sequence[Sequence[torch.Tensor]]) 
     for batch in batches:
         src = batch[0].to(device)
         _, _, probs = model.encode(src, need_weights=True)
-        stats.update(probs, source_lengths(src))
+        stats.update(probs, source_lengths(src, model.special.pad))
     table = stats.table()
     return table.groupby("layer")["fraction"].max().sort_index().to_numpy(float)
 
 
-def model_statistics(model, batches: Sequence[Sequence[torch.Tensor]], lrp_batches: Sequence[Sequence[torch.Tensor]],
-                     lrp_rule: str = "ding") -> dict[str, float]:
+def model_statistics(model: Seq2SeqWithHeads, batches: Sequence[Sequence[torch.Tensor]],
+                     lrp_batches: Sequence[Sequence[torch.Tensor]], lrp_rule: str = "ding") -> dict[str, float]:
     """One model's specialisation statistics as one flat row (see the module docstring).
 
     batches: (src, tgt_in, tgt_out) of the analysis set with its reference translations;
     lrp_batches: the same sources with the model's own translations (tgt_in = BOS + translation).
     """
     shares = encoder_positional_shares(model, batches)
-    row: dict[str, float] = {"positional_share": float(shares.max()), "n_heads": model.cfg.n_heads}
+    n_heads = int(model.head_mask()["enc_self"].shape[1])
+    row: dict[str, float] = {"positional_share": float(shares.max()), "n_heads": n_heads}
     row.update({layer_column("positional_share", "enc_self", layer): float(s) for layer, s in enumerate(shares)})
     confidence = head_confidence(model, batches).groupby(["type", "layer"])["confidence"].mean()
     relevance = head_relevance(model, lrp_batches, rule=lrp_rule)
@@ -134,7 +135,7 @@ def snapshot_statistics(
 ) -> pd.DataFrame:
     """model_statistics of every snapshot, with its dev BLEU: one row per snapshot, by step."""
     evaluated = dev_bleu_by_step(metrics_path)
-    batches = [[x.to(device) for x in b] for b in dev_batches(analysis_src, analysis_ref, max_tokens)]
+    batches = None  # built with the first snapshot's special ids
     rows = []
     for snapshot in sorted(snapshots, key=lambda s: int(s["step"])):
         path, step = Path(snapshot["path"]), int(snapshot["step"])
@@ -145,11 +146,13 @@ def snapshot_statistics(
         if int(state.get("step", step)) != step:
             raise HeadcountError(f"{path}: holds step {state['step']}, not step {step} as the training summary "
                                  f"says; delete the snapshots folder and training.json and rerun train_baseline")
-        model = Transformer(ModelConfig(**state["model_config"]))
-        model.load_state_dict(state["model"])
+        model = model_from_checkpoint(state)
         model.to(device).eval()
+        if batches is None:
+            batches = [[x.to(device) for x in b]
+                       for b in dev_batches(analysis_src, analysis_ref, max_tokens, model.special)]
         hyps = greedy(model, analysis_src)
-        lrp_batches = [[x.to(device) for x in b] for b in dev_batches(analysis_src, hyps, max_tokens)]
+        lrp_batches = [[x.to(device) for x in b] for b in dev_batches(analysis_src, hyps, max_tokens, model.special)]
         row = {"step": step, **model_statistics(model, batches, lrp_batches, lrp_rule)}
         if step in evaluated:
             row["dev_bleu"], row["dev_bleu_from"] = evaluated[step], "metrics"

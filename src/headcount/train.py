@@ -25,8 +25,10 @@ from torch import Tensor
 
 from .batching import make_batches, source_tensor, target_tensors
 from .io import CheckpointError, HeadcountError, atomic_path, config_hash
-from .model import PAD_ID, ModelConfig, Transformer
+from .model import Transformer
 from .progress import Progress
+from .seq2seq import Seq2SeqWithHeads
+from .seq2seq import load_model as load_model  # re-exported: one loader for every model family
 
 
 @dataclass
@@ -65,15 +67,15 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float) -> float:
 # Loss
 
 
-def sequence_loss(model: Transformer, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float):
+def sequence_loss(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float):
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding target tokens.
 
     The output layer runs on real tokens only: padding costs no vocabulary projection.
     """
     memory, src_pad, _ = model.encode(src)
     hidden, _, _ = model.decode(tgt_in, memory, src_pad)  # (B, T, D)
-    real = tgt_out.ne(PAD_ID)
-    logits = model.generator(hidden[real]).float()  # (N, V)
+    real = tgt_out.ne(model.special.pad)
+    logits = model.logits(hidden[real]).float()  # (N, V)
     target = tgt_out[real]
     # F.cross_entropy's own label-smoothing formula, spelled out so that the loss and the plain NLL
     # share one log-softmax over the vocabulary (bitwise the same values and gradients; the second
@@ -204,13 +206,6 @@ class _EvaluationInterrupted(Exception):
     pass
 
 
-def load_model(path: str | os.PathLike, map_location="cpu") -> Transformer:
-    state = load_checkpoint(path, map_location)
-    model = Transformer(ModelConfig(**state["model_config"]))
-    model.load_state_dict(state["model"])
-    return model
-
-
 @dataclass
 class Corpus:
     src: list[list[int]]
@@ -231,8 +226,8 @@ def evaluate_loss(model: Transformer, data: Corpus, max_tokens: int, device, aut
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                          enabled=autocast_dtype is not None):
         for batch in make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], max_tokens, seed=0):
-            src = source_tensor([data.src[i] for i in batch]).to(device)
-            tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
+            src = source_tensor([data.src[i] for i in batch], model.special).to(device)
+            tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch], model.special))
             _, nll, n = sequence_loss(model, src, tgt_in, tgt_out, 0.0)
             total, tokens = total + float(nll), tokens + n
     return total / max(tokens, 1)
@@ -362,9 +357,10 @@ def train(
                     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
                 batch = batches[batch_in_epoch]
                 model.train()
-                src = source_tensor([data.src[i] for i in batch]).to(device)
-                tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch]))
-                lr = lr_at(step + 1) if lr_at else noam_lr(step + 1, model.cfg.d_model, cfg.warmup_steps, cfg.lr_scale)
+                src = source_tensor([data.src[i] for i in batch], model.special).to(device)
+                tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch],
+                                                                        model.special))
+                lr = lr_at(step + 1) if lr_at else noam_lr(step + 1, model.d_model, cfg.warmup_steps, cfg.lr_scale)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]
                 with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
@@ -387,7 +383,7 @@ def train(
                 window["loss"] += float(loss_sum.detach())
                 window["nll"] += float(nll_sum)
                 window["tokens"] += n_tokens
-                window["src_tokens"] += int(src.ne(PAD_ID).sum())
+                window["src_tokens"] += int(src.ne(model.special.pad).sum())
 
                 if step % cfg.log_interval == 0 or step == cfg.max_steps:
                     now = time.perf_counter()
