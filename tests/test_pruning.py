@@ -19,9 +19,9 @@ from headcount.pruning import (
     prepare_for_pruning,
     retained_counts,
 )
-from headcount.stages import train_translation_model
 from headcount.subwords import train_bpe
 from headcount.train import load_model
+from headcount.training_runs import train_translation_model
 
 PRUNE = dict(gate_lr_scale=10.0, log_alpha_init=None,
              training=dict(max_steps=12, warmup_steps=4, lr_scale=0.5, checkpoint_interval=4))
@@ -94,7 +94,7 @@ def toy_run(tmp_path):
 
 
 def run_pruning(tmp_path, files, setting, lam, name, log=lambda m: None):
-    from headcount.prune_stages import prune_heads
+    from headcount.pruning_runs import prune_heads
 
     return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=PRUNE,
                        train_settings=training(20), work_dir=str(tmp_path / name / "train"),
@@ -124,7 +124,7 @@ def test_encoder_only_pruning_leaves_the_decoder_unchanged(toy_run):
 def test_a_larger_lambda_closes_more_gates(toy_run):
     tmp_path, files, _ = toy_run
     settings = dict(PRUNE, training=dict(PRUNE["training"], max_steps=40))
-    from headcount.prune_stages import prune_heads
+    from headcount.pruning_runs import prune_heads
 
     closed = []
     for lam in (0.0, 20.0):
@@ -165,8 +165,8 @@ def test_from_scratch_model_keeps_the_pruned_mask(toy_run):
 KILLABLE = """
 import sys
 sys.path.insert(0, {src!r})
-from headcount.prune_stages import prune_heads
-from headcount.stages import train_translation_model
+from headcount.pruning_runs import prune_heads
+from headcount.training_runs import train_translation_model
 files, kind, out = {files!r}, {kind!r}, {out!r}
 if kind == "prune":
     prune_heads({base!r}, *files, setting="all", lam=0.5, prune_settings={prune!r}, train_settings={train!r},
@@ -245,7 +245,7 @@ Q0 = "encoder_layers.0.self_attn.q_proj.weight"  # a weight every setting trains
 
 
 def prune_with(tmp_path, files, setting, lam, name, **recipe):
-    from headcount.prune_stages import prune_heads
+    from headcount.pruning_runs import prune_heads
 
     settings = {**PRUNE, **recipe}
     return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=settings,
@@ -317,7 +317,7 @@ def test_the_frozen_gate_phase_changes_no_gate(toy_run):
 
 def test_best_dev_bleu_selection_picks_among_checkpoints_with_the_final_heads(toy_run):
     tmp_path, files, _ = toy_run
-    from headcount.prune_stages import prune_heads
+    from headcount.pruning_runs import prune_heads
 
     settings = {**PRUNE, "select": "best_dev_bleu", "training": {**PRUNE["training"], "eval_interval": 4}}
     record = prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.0, prune_settings=settings,
@@ -406,7 +406,7 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     import random
 
     from headcount.evaluate import paired_bootstrap
-    from headcount.prune_stages import pruning_report
+    from headcount.pruning_report import pruning_report
 
     rng = random.Random(3)
     words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
@@ -498,7 +498,7 @@ def test_pruning_and_from_scratch_runs_stop_on_a_signal_like_the_baseline(toy_ru
         return log
 
     prune = dict(PRUNE, training=dict(PRUNE["training"], log_interval=1))
-    from headcount.prune_stages import prune_heads
+    from headcount.pruning_runs import prune_heads
 
     with pytest.raises(TrainingStopped, match="SIGTERM at step 6 of 12"):
         prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.5, prune_settings=prune,

@@ -101,7 +101,7 @@ def test_statistics_of_a_model_with_planted_heads_match_an_explicit_computation(
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny baseline trained with snapshots every 5 steps, evaluated every 10, to step 15."""
-    from headcount.stages import train_translation_model
+    from headcount.training_runs import train_translation_model
 
     root = tmp_path_factory.mktemp("snapshots")
     src, tgt = toy_corpus(200, seed=1)

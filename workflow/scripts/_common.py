@@ -88,7 +88,7 @@ def write_provenance(snakemake) -> None:
     hold every config value it depends on, seeds included), its inputs and outputs with their
     checksums, and the software versions and headcount commit. One file per job, beside the logs."""
     from headcount.io import sha256_file, write_json
-    from headcount.stages import provenance
+    from headcount.provenance import provenance
 
     def files(paths):
         out = {}

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.prune_stages import michel_curve
+from headcount.pruning_runs import michel_curve
 
 with job(snakemake) as log:
     michel_curve(

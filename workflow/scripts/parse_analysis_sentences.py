@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.stages import parse_analysis_sentences
+from headcount.role_finding import parse_analysis_sentences
 
 with job(snakemake) as log:
     parse_analysis_sentences(

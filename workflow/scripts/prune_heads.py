@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.prune_stages import prune_heads
+from headcount.pruning_runs import prune_heads
 
 with job(snakemake) as log:
     prune_heads(

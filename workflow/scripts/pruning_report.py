@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.prune_stages import pruning_report
+from headcount.pruning_report import pruning_report
 
 with job(snakemake) as log:
     pruning_report(

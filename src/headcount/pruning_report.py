@@ -1,0 +1,237 @@
+"""The pruning report: the pruning table, Table 2 beside the paper's with paired bootstrap
+intervals, Figures 7 to 10, and the BLEU spread across seeds. What pruning_report.py and
+seed_spread.py call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
+from .io import HeadcountError, atomic_path, read_lines
+from .pruning import is_control
+from .seq2seq import ATTENTION_TYPES
+
+# Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
+PAPER_TABLE2 = {
+    "WMT 2.5M": [((48, 48, 48), 29.6, None), ((14, 31, 30), 29.62, 29.47), ((12, 21, 25), 29.36, 28.95),
+                 ((8, 13, 15), 29.06, 28.56), ((5, 9, 12), 28.90, 28.41)],
+    "OpenSubtitles 6M": [((48, 48, 48), 32.4, None), ((27, 31, 46), 32.24, 32.23), ((13, 17, 31), 32.23, 31.98),
+                         ((6, 9, 13), 32.27, 31.84)],
+}
+
+
+def pruning_report(experiment: str, baseline_scores: str, gates: list[str], pruned_scores: list[str],
+                   scratch_scores: list[str], michel: list[str], roles: str, out: dict, log=print,
+                   references: str | None = None, baseline_translations: str | None = None,
+                   pruned_translations: list[str] = (), scratch_translations: list[str] = (),
+                   baseline_training: str | None = None, scratch_training: list[str] = (),
+                   lowercase: bool = False) -> pd.DataFrame:
+    """The pruning table, Table 2 beside the paper's, and Figures 7 to 10.
+
+    Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
+    pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
+    sentences (evaluate.paired_bootstrap), given the translations and references. Each row states
+    its training steps in all and its checkpoint selection, for the pruned model and its twin.
+    """
+    from . import plots
+
+    baseline = _read_json(baseline_scores)
+    scores = {_model_dir(p): _read_json(p) for p in pruned_scores}
+    scratch = {str(Path(_model_dir(p)).parent): _read_json(p) for p in scratch_scores}
+    scratch_runs = {str(Path(p).parent.parent): _read_json(p) for p in scratch_training}
+    refs = read_lines(references) if references else None
+    hyps = {_model_dir(p): read_lines(p) for p in pruned_translations}
+    scratch_hyps = {str(Path(_model_dir(p)).parent): read_lines(p) for p in scratch_translations}
+    baseline_hyps = read_lines(baseline_translations) if baseline_translations else None
+    baseline_run = _read_json(baseline_training) if baseline_training else {}
+    role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
+    first = _read_json(gates[0]) if gates else None
+    n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in ATTENTION_TYPES} if first else {}
+    rows, heads = [], []
+    baseline_row = {"experiment": experiment, "setting": "baseline", "lam": float("nan"), "control": False,
+                    **{f"retained_{k}": n for k, n in n_heads.items()},
+                    "bleu": baseline["bleu"], "chrf": baseline["chrf"],
+                    "steps": baseline_run.get("steps", float("nan")),
+                    "selection": baseline_run.get("train_config", {}).get("select", "")}
+    baseline_row.update(_role_counts([(layer, head) for layer, head in role_of], role_of))
+    rows.append(baseline_row)
+    records = {str(Path(p).parent): _read_json(p) for p in gates}
+    controls = {r["setting"]: folder for folder, r in records.items() if is_control(r["lambda"])}
+
+    def interval(name: str, system: list[str] | None, reference: list[str] | None) -> dict:
+        if refs is None or system is None or reference is None:
+            return {name: float("nan"), f"{name}_low": float("nan"), f"{name}_high": float("nan")}
+        result = paired_bootstrap(system, reference, refs, lowercase=lowercase)
+        return {name: result["difference"], f"{name}_low": result["low"], f"{name}_high": result["high"]}
+
+    for folder, record in records.items():
+        table = pd.DataFrame(record["heads"])
+        kept_enc = [(r.layer, r.head) for r in table[(table["type"] == "enc_self") & ~table["pruned"]].itertuples()]
+        twin = scratch_runs.get(folder, {})
+        steps = record.get("steps") or {"total": baseline_run.get("steps", 0) + record["summary"]["steps"]}
+        row = {"experiment": experiment, "setting": record["setting"], "lam": record["lambda"],
+               "control": is_control(record["lambda"]),
+               **{f"retained_{k}": v for k, v in record["retained"].items()},
+               **{f"retained_paper_rule_{k}": v for k, v in record["retained_paper_rule"].items()},
+               "bleu": scores[folder]["bleu"], "chrf": scores[folder]["chrf"],
+               "bleu_scratch": scratch[folder]["bleu"] if folder in scratch else float("nan"),
+               "chrf_scratch": scratch[folder]["chrf"] if folder in scratch else float("nan"),
+               "steps": steps["total"], "selection": record.get("recipe", {}).get("select", "last"),
+               "steps_scratch": twin.get("steps", float("nan")),
+               "selection_scratch": twin.get("train_config", {}).get("select", ""),
+               **_role_counts(kept_enc, role_of)}
+        control = controls.get(record["setting"])
+        row.update(interval("d_baseline", hyps.get(folder), baseline_hyps))
+        row.update(interval("d_control", hyps.get(folder) if control != folder else None, hyps.get(control)))
+        row.update(interval("d_scratch_baseline", scratch_hyps.get(folder), baseline_hyps))
+        row.update(interval("d_pruned_scratch", hyps.get(folder), scratch_hyps.get(folder)))
+        rows.append(row)
+        heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
+    pruning = pd.DataFrame(rows)
+    for column in ("bleu_scratch", "chrf_scratch"):
+        if column not in pruning:
+            pruning[column] = float("nan")
+    pruning["retained_total"] = pruning[[f"retained_{k}" for k in ATTENTION_TYPES]].sum(axis=1)
+    pruning["bleu_signature"] = baseline["bleu_signature"]
+    pruning = pruning.sort_values(["setting", "lam"], kind="stable")
+    with atomic_path(out["table"]) as tmp:
+        pruning.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+
+    table2 = pruning[pruning["setting"].isin(["baseline", "all"])]
+    order = (table2["setting"] != "baseline").astype(int) * (2 - table2["control"].astype(bool).astype(int))
+    table2 = table2.assign(_order=order).sort_values(["_order", "retained_total"], ascending=[True, False],
+                                                      kind="stable").drop(columns="_order")
+    with atomic_path(out["table2_csv"]) as tmp:
+        table2.reindex(columns=TABLE2_COLUMNS).to_csv(tmp, index=False, float_format="%.2f")
+    with atomic_path(out["table2"]) as tmp:
+        tmp.write_text(table2_markdown(experiment, table2, baseline["bleu_signature"]), encoding="utf-8")
+
+    curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
+    plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
+                        f"{experiment}: BLEU ({baseline.get('split', '')}) against retained heads")
+    enc_runs = pruning[pruning["setting"].isin(["baseline", "enc"])]
+    plots.retained_functions(enc_runs if (enc_runs["setting"] == "enc").any() else pruning, out["figure8"],
+                             f"{experiment}: functions of the retained encoder heads")
+    plots.retained_by_type(pruning, out["figure9"],
+                           f"{experiment}: retained heads by attention type (all types pruned)")
+    all_heads = pd.concat(heads) if heads else pd.DataFrame(columns=["setting", "type", "lam", "layer", "retained"])
+    plots.decoder_heads_per_layer(all_heads[all_heads["setting"] == "all"], out["figure10"],
+                                  f"{experiment}: retained decoder heads per layer (all types pruned)")
+    shown = ["setting", "lam", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline_low", "d_baseline_high",
+             "bleu_scratch", "steps", "steps_scratch"]
+    log("\n" + pruning.reindex(columns=shown).to_string(index=False))
+    return pruning
+
+
+TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline",
+                  "d_baseline_low", "d_baseline_high", "d_control", "d_control_low", "d_control_high", "bleu_scratch",
+                  "d_scratch_baseline", "d_scratch_baseline_low", "d_scratch_baseline_high", "d_pruned_scratch",
+                  "d_pruned_scratch_low", "d_pruned_scratch_high", "steps", "selection", "steps_scratch",
+                  "selection_scratch"]
+
+
+def _read_json(path: str) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _model_dir(path: str) -> str:
+    """results/.../{model}/scores/x.json or .../translations/x.txt -> results/.../{model}"""
+    return str(Path(path).parent.parent)
+
+
+def _role_counts(kept: list[tuple[int, int]], role_of: dict) -> dict:
+    counts = {f"role_{r}": 0 for r in ("positional", "syntactic", "rare", "none")}
+    for key in kept:
+        counts[f"role_{role_of.get(key, 'none')}"] += 1
+    return counts
+
+
+def describe_difference(diff: float, low: float, high: float) -> str:
+    """A BLEU difference with its interval; called a difference only when the interval excludes 0."""
+    if pd.isna(diff):
+        return ""
+    verdict = "difference" if interval_excludes_zero(low, high) else "no difference shown"
+    return f"{diff:+.2f} [{low:+.2f}, {high:+.2f}], {verdict}"
+
+
+def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> str:
+    def bleu(value) -> str:
+        return "" if value is None or pd.isna(value) else f"{value:.2f}"
+
+    def steps(value) -> str:
+        return "" if value is None or pd.isna(value) else f"{int(value)}"
+
+    def row_value(r, name):
+        return getattr(r, name, float("nan"))
+
+    lines = [f"### {experiment}", "",
+             "| heads (enc-self/dec-self/dec-enc) | lambda | BLEU pruned | pruned - baseline | pruned - control | "
+             "BLEU from scratch | from scratch - baseline | pruned - from scratch | steps pruned / from scratch | "
+             "selection |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table2.itertuples():
+        counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in ATTENTION_TYPES)
+        lam = "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
+        cells = [describe_difference(row_value(r, d), row_value(r, f"{d}_low"), row_value(r, f"{d}_high"))
+                 for d in ("d_baseline", "d_control", "d_scratch_baseline", "d_pruned_scratch")]
+        budget = steps(r.steps) + (f" / {steps(row_value(r, 'steps_scratch'))}"
+                                   if not pd.isna(row_value(r, "steps_scratch")) else "")
+        selection = str(row_value(r, "selection") or "")
+        if isinstance(row_value(r, "selection_scratch"), str) and row_value(r, "selection_scratch"):
+            selection += f" / {r.selection_scratch}"
+        lines.append(f"| {counts} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | "
+                     f"{bleu(row_value(r, 'bleu_scratch'))} | {cells[2]} | {cells[3]} | {budget} | {selection} |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences: BLEU points with a 95% interval from paired "
+              f"bootstrap resampling of the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a "
+              f"\"difference\" is one whose interval excludes 0. The control (lambda 0) is the same fine-tuning "
+              f"with gates that cannot close: pruned - control is the cost of pruning alone. Steps: training "
+              f"steps in all (baseline plus fine-tuning for a pruned model; the same number for its "
+              f"from-scratch twin). Selection: which checkpoint each kept (last, or best dev BLEU among those "
+              f"with the final heads).",
+              "", "### Voita et al. (2019), EN-RU", "",
+              "| data | heads (enc-self/dec-self/dec-enc) | BLEU pruned | BLEU from scratch |", "|---|---|---|---|"]
+    for data, entries in PAPER_TABLE2.items():
+        for i, (counts, pruned, scratch_bleu) in enumerate(entries):
+            lines.append(f"| {data if i == 0 else ''} | {'/'.join(map(str, counts))} | {bleu(pruned)} | "
+                         f"{bleu(scratch_bleu)} |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline_scores: list[str],
+                control_scores: list[str], out_table: str, out_markdown: str, log=print) -> pd.DataFrame:
+    """BLEU of the baseline and of each setting's lambda = 0 control for every seed, with the mean,
+    sample standard deviation, minimum and maximum across seeds; "control - baseline" rows give
+    the cost of fine-tuning seed by seed. `control_scores` lists, per setting, one file per seed."""
+    if len(baseline_scores) != len(seeds) or len(control_scores) != len(seeds) * len(settings):
+        raise HeadcountError(f"seed spread: {len(baseline_scores)} baseline and {len(control_scores)} control "
+                             f"scores for seeds {seeds} and settings {settings}; the rule's inputs are wrong")
+    baseline = [_read_json(p)["bleu"] for p in baseline_scores]
+    systems = {"baseline": baseline}
+    for i, setting in enumerate(settings):
+        control = [_read_json(p)["bleu"] for p in control_scores[i * len(seeds):(i + 1) * len(seeds)]]
+        systems[f"control {setting}"] = control
+        systems[f"control {setting} - baseline"] = [c - b for c, b in zip(control, baseline)]
+    rows = []
+    for system, values in systems.items():
+        series = pd.Series(values, dtype=float)
+        rows.append({"experiment": experiment, "system": system,
+                     **{f"seed_{s}": v for s, v in zip(seeds, values)}, "seeds": len(values),
+                     "mean": series.mean(), "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
+    table = pd.DataFrame(rows)
+    with atomic_path(out_table) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+    signature = _read_json(baseline_scores[0]).get("bleu_signature", "")
+    lines = [f"### {experiment}: BLEU across {len(seeds)} baseline seeds", "",
+             "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | sd | min | max |",
+             "|---|" + "---|" * (len(seeds) + 4)]
+    for r in rows:
+        cells = [f"{r[f'seed_{s}']:.2f}" for s in seeds] + [f"{r[k]:.2f}" for k in ("mean", "sd", "min", "max")]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. sd: sample standard deviation across seeds. Each seed's "
+              f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."]
+    with atomic_path(out_markdown) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    log("\n" + table.to_string(index=False))
+    return table

@@ -1,0 +1,67 @@
+"""Training a translation model from files: the baseline (and each seed's), and the from-scratch
+twin of a pruned model (its head mask, random initialisation). What train_baseline.py calls."""
+
+from __future__ import annotations
+
+import torch
+
+from .decode import translate
+from .evaluate import corpus_bleu
+from .io import read_lines, sha256_file, write_json
+from .model import ModelConfig, Transformer
+from .provenance import provenance
+from .seq2seq import Seq2SeqWithHeads, load_model
+from .subwords import Segmenter
+from .train import Corpus, DevSet, TrainConfig, train
+
+
+def train_translation_model(
+    train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
+    model_settings: dict, train_settings: dict, lowercase: bool, work_dir: str, model_out: str,
+    summary_out: str, head_mask_from: str | None = None, log=print,
+) -> dict:
+    """Train a Transformer on subword-encoded text; resumable from `work_dir/checkpoint.pt`.
+
+    With `head_mask_from` (a pruned model), the new model gets that model's fixed 0/1 head mask
+    and is trained from random initialisation: the paper's "from scratch" models.
+    """
+    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    log("encoding the training and dev data")
+    data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
+    dev_references = read_lines(dev_tgt)
+    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
+    model_cfg = ModelConfig(src_vocab=len(src_seg), tgt_vocab=len(tgt_seg), **model_settings)
+    cfg = TrainConfig(**{**train_settings, "adam_betas": tuple(train_settings["adam_betas"])})
+    torch.manual_seed(cfg.seed)
+    model = Transformer(model_cfg)
+    fingerprint = {"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
+                   "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)}
+    if head_mask_from is not None:
+        masks = load_model(head_mask_from).head_mask()
+        model.set_head_mask({kind: (mask > 0).float() for kind, mask in masks.items()})
+        fingerprint["head_mask"] = {kind: mask.tolist() for kind, mask in model.head_mask().items()}
+        log("retained heads: " + ", ".join(f"{k} {int(m.sum())}/{m.numel()}" for k, m in model.head_mask().items()))
+
+    def dev_bleu(model: Seq2SeqWithHeads, dev: DevSet) -> float:
+        return greedy_dev_bleu(model, dev, tgt_seg, cfg.dev_bleu_sentences, lowercase)
+
+    summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
+                    run_fingerprint=fingerprint, log=log)
+    model.to("cpu")
+    model.save(model_out, {"train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
+    summary = {**summary, "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
+               "parameters": sum(p.numel() for p in model.parameters()), "provenance": provenance()}
+    write_json(summary_out, summary)
+    return summary
+
+
+def greedy_dev_bleu(model: Seq2SeqWithHeads, dev: DevSet, tgt_seg: Segmenter, n: int, lowercase: bool) -> float:
+    """Dev BLEU of greedy translations of the first n dev sentences: checkpoint selection."""
+    device = next(model.parameters()).device
+    hyps = translate(model, dev.src[:n], beam=1, max_tokens=8000, device=device)
+    return corpus_bleu(tgt_seg.decode(hyps), dev.references[:n], lowercase=lowercase)
+
+
+def _file_id(path: str) -> str:
+    """A file's identity for resuming: its content, so results moved or copied still resume."""
+    return sha256_file(path)

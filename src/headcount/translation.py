@@ -1,0 +1,47 @@
+"""Translating a file with a trained model and scoring translations: what translate.py and
+score.py call."""
+
+from __future__ import annotations
+
+import time
+
+from .decode import translate
+from .evaluate import score_translations
+from .io import read_lines, write_json, write_lines
+from .progress import Progress
+from .provenance import provenance
+from .seq2seq import load_model
+from .subwords import Segmenter
+from .train import pick_device
+
+
+def translate_file(
+    model_path: str, src_spm: str, tgt_spm: str, src_text: str, out_path: str, decoding: dict,
+    device: str = "auto", log=print,
+) -> None:
+    model = load_model(model_path)
+    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src_ids = src_seg.encode(read_lines(src_text))
+    dev = pick_device(device)
+    start = time.perf_counter()
+    bar = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total, "translating", log, unit="batch")
+        bar.update(done - bar.n)
+
+    hyps = translate(model, src_ids, beam=decoding["beam"], alpha=decoding["alpha"],
+                     max_tokens=decoding["max_tokens"], max_len_a=decoding["max_len_a"],
+                     max_len_b=decoding["max_len_b"], device=dev, progress=progress)
+    seconds = time.perf_counter() - start
+    log(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s) on {dev}")
+    write_lines(out_path, tgt_seg.decode(hyps))
+
+
+def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, extra: dict | None = None) -> dict:
+    scores = score_translations(read_lines(hyp_path), read_lines(ref_path), lowercase=lowercase)
+    scores = {**scores, **(extra or {}), "provenance": provenance()}
+    write_json(out_path, scores)
+    return scores
