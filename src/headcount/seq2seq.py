@@ -44,9 +44,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from torch import Tensor, nn
+if TYPE_CHECKING:  # annotations only: the workflow's rule files import this module, torch-free
+    from torch import Tensor, nn
 
 # The three kinds of attention the paper analyses and prunes; defined here once.
 ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
