@@ -11,7 +11,6 @@ from conftest import tiny_config
 
 from headcount.batching import source_tensor, target_tensors
 from headcount.importance import (
-    ScoringInputs,
     confidence_masks,
     confidence_sums,
     dev_batches,
@@ -20,9 +19,9 @@ from headcount.importance import (
     mean_nll,
     michel_importance,
     rank_correlations,
-    score_table,
     spearman,
 )
+from headcount.measures import ScoringInputs, score_table
 from headcount.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, Transformer
 
 torch.set_num_threads(1)

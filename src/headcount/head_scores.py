@@ -8,8 +8,9 @@ import pandas as pd
 
 from .decode import translate
 from .evaluate import corpus_bleu
-from .importance import MEASURES, ScoringInputs, dev_batches, rank_correlations, reference_score, score_table
+from .importance import dev_batches, rank_correlations
 from .io import atomic_path, read_lines
+from .measures import MEASURES, ScoringInputs, reference_score, score_table
 from .seq2seq import load_model
 from .subwords import Segmenter
 from .train import pick_device

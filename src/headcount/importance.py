@@ -2,11 +2,8 @@
 
 SPEC.md section 1.3 (confidence, Voita et al. 2019 section 4.1), section 2 (EOS and padding) and
 section 3 (Michel et al. 2019 importance; single-head ablation as the causal reference against
-which the other scores are ranked). LRP relevance lives in `lrp.py`.
-
-`MEASURES` is the one registry of importance measures: each names its columns in the score table
-and how it is computed; `score_table` (the head-scores stage's table), the rank correlations and
-the workflow's heatmaps iterate it. A new measure is one `register_measure` here.
+which the other scores are ranked). LRP relevance lives in `lrp.py`; measures.py registers them
+all and joins them into the score table.
 
 Every score is a pandas DataFrame with one row per (type, layer, head), so they merge on those
 keys. Batches are (src, tgt_in, tgt_out) tensors as `batching.source_tensor/target_tensors` make
@@ -17,9 +14,7 @@ Shapes: B batch, S source length, T target length, H heads, L layers, Dh head si
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -28,10 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .batching import SPECIAL_IDS, make_batches, source_tensor, target_tensors
+from .measures import KEYS, ranked_scores, reference_score
 from .progress import Progress
 from .seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, SpecialIds
 
-KEYS = ["type", "layer", "head"]
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
 
 
@@ -307,92 +302,3 @@ def rank_correlations(table: pd.DataFrame, reference: str | None = None, scores:
                              "spearman": spearman(pair[score], pair[reference]), "spearman_low": low,
                              "spearman_high": high, "n": len(pair)})
     return pd.DataFrame(rows, columns=["type", "layer", "score", "spearman", "spearman_low", "spearman_high", "n"])
-
-
-# --------------------------------------------------------------------------------------------
-# The registry of measures, and the score table
-
-
-@dataclass
-class ScoringInputs:
-    """What the measures read."""
-
-    model: Seq2SeqWithHeads
-    batches: Sequence[Sequence[Tensor]]  # (src, tgt_in, tgt_out) with the reference translations
-    translation_batches: Sequence[Sequence[Tensor]] | None = None  # (src, BOS + the model's own translation)
-    lrp_rule: str = "ding"
-    bleu_fn: Callable[[Seq2SeqWithHeads], float] | None = None  # BLEU of a model, for ablation's delta_bleu
-    log: Callable[[str], None] | None = None
-    notes: dict = field(default_factory=dict)  # what measures report beside their columns (LRP's conservation)
-
-
-@dataclass(frozen=True)
-class Measure:
-    """One importance measure: its columns in the score table (the first is its score, the one
-    plotted and ranked) and how it is computed (-> one row per (type, layer, head): KEYS + columns)."""
-
-    name: str
-    columns: tuple[str, ...]
-    compute: Callable[[ScoringInputs], pd.DataFrame]
-    ranked: bool = True  # ranked against the reference in the correlation table
-    reference: bool = False  # the causal reference the ranked scores are compared with (ablation)
-    optional: bool = False  # computed only when the settings ask (heads.ablation)
-
-    @property
-    def score(self) -> str:
-        return self.columns[0]
-
-
-MEASURES: dict[str, Measure] = {}  # in the score table's column order
-
-
-def register_measure(measure: Measure) -> Measure:
-    MEASURES[measure.name] = measure
-    return measure
-
-
-def ranked_scores() -> tuple[str, ...]:
-    """The scores compared with the reference, in name order."""
-    return tuple(sorted(m.score for m in MEASURES.values() if m.ranked))
-
-
-def reference_score() -> str:
-    return next(m.score for m in MEASURES.values() if m.reference)
-
-
-def score_names(optional: bool = True) -> list[str]:
-    """Every measure's score (the heatmaps' names), the optional measures' only if asked."""
-    return [m.score for m in MEASURES.values() if optional or not m.optional]
-
-
-def _lrp(inputs: ScoringInputs) -> pd.DataFrame:
-    from .lrp import head_relevance
-
-    start = time.perf_counter()
-    relevance = head_relevance(inputs.model, inputs.translation_batches, rule=inputs.lrp_rule, log=inputs.log)
-    inputs.notes.update(lrp_conservation=relevance.conservation, lrp_seconds=time.perf_counter() - start)
-    return relevance.table.drop(columns="n_steps")
-
-
-register_measure(Measure("confidence", ("confidence",), lambda i: head_confidence(i.model, i.batches)))
-register_measure(Measure("michel", ("michel", "michel_raw"), lambda i: michel_importance(i.model, i.batches)))
-register_measure(Measure("lrp", ("lrp",), _lrp))
-register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), ranked=False, reference=True, optional=True,
-                         compute=lambda i: head_ablation(i.model, i.batches, i.bleu_fn, log=i.log)))
-
-
-def score_table(inputs: ScoringInputs, measures: Sequence[str] | None = None) -> pd.DataFrame:
-    """Every head's scores: the given measures (default all), in the registry's order, joined on
-    (type, layer, head). Measures' reports beside their columns land in `inputs.notes`."""
-    names = list(MEASURES) if measures is None else [n for n in MEASURES if n in measures]
-    unknown = set(measures or ()) - set(MEASURES)
-    if unknown:
-        raise ValueError(f"unknown importance measures {sorted(unknown)}; known: {list(MEASURES)}")
-    table = None
-    for name in names:
-        start = time.perf_counter()
-        part = MEASURES[name].compute(inputs)
-        if inputs.log is not None:
-            inputs.log(f"{name} took {time.perf_counter() - start:.1f} s")
-        table = part if table is None else table.merge(part, on=KEYS)
-    return table

@@ -10,6 +10,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .io import atomic_path  # noqa: E402
+from .measures import order_score  # noqa: E402
+from .roles import role_colour, role_label, role_names  # noqa: E402
 
 TYPE_NAMES = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
               "dec_enc": "decoder-encoder attention"}
@@ -29,11 +31,12 @@ def sorted_head_matrix(table: pd.DataFrame, column: str, order_by: str) -> tuple
     return np.array(values), np.array(order)
 
 
-def head_heatmap(table: pd.DataFrame, column: str, kind: str, path, order_by: str = "lrp",
+def head_heatmap(table: pd.DataFrame, column: str, kind: str, path, order_by: str | None = None,
                  title: str | None = None, fmt: str = "{:.2f}") -> None:
     """Heatmap of one score over one attention type's heads: rows layers (1 at the top),
-    columns heads sorted within each layer by `order_by`; each cell shows the value and the
-    head's index."""
+    columns heads sorted within each layer by `order_by` (default: measures.order_score(), LRP);
+    each cell shows the value and the head's index."""
+    order_by = order_by or order_score()
     part = table[table["type"] == kind]
     values, order = sorted_head_matrix(part, column, order_by if order_by in part else column)
     L, H = values.shape
@@ -64,36 +67,34 @@ def save(fig, path) -> None:
     plt.close(fig)
 
 
-ROLE_COLOURS = {"positional": "#7b3fa0", "syntactic": "#2e8b57", "rare": "#f28e1c", "none": "#bdbdbd"}
-
-
 def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, title: str) -> None:
-    """The paper's Figures 1c/2: encoder heads coloured by function, positional purple,
-    syntactic green, rare-token orange, other grey; within each layer ordered by LRP relevance
-    (when head scores exist), each cell labelled with the head and its LRP share."""
+    """The paper's Figures 1c/2: encoder heads coloured by function (roles.ROLES' colours:
+    positional purple, syntactic green, rare-token orange, other grey); within each layer ordered
+    by LRP relevance (when head scores exist), each cell labelled with the head and its LRP share."""
+    order = order_score()
     table = roles.copy()
     if scores is not None:
-        lrp = scores[scores["type"] == "enc_self"][["layer", "head", "lrp"]]
-        table = table.merge(lrp, on=["layer", "head"], how="left")
+        table = table.merge(scores[scores["type"] == "enc_self"][["layer", "head", order]], on=["layer", "head"],
+                            how="left")
     else:
-        table["lrp"] = np.nan
+        table[order] = np.nan
     layers = sorted(table["layer"].unique())
     n_heads = int(table["head"].max()) + 1
     fig, ax = plt.subplots(figsize=(1.0 + 0.8 * n_heads, 0.9 + 0.6 * len(layers)))
     for i, layer in enumerate(layers):
-        rows = table[table["layer"] == layer].sort_values("lrp", ascending=False, kind="stable", na_position="last")
-        for j, row in enumerate(rows.itertuples()):
-            ax.add_patch(plt.Rectangle((j - 0.45, i - 0.4), 0.9, 0.8, color=ROLE_COLOURS.get(row.role, "#bdbdbd")))
-            label = f"h{row.head + 1}" + ("" if np.isnan(row.lrp) else f"\n{row.lrp:.2f}")
+        rows = table[table["layer"] == layer].sort_values(order, ascending=False, kind="stable", na_position="last")
+        for j, (row, value) in enumerate(zip(rows.itertuples(), rows[order])):
+            ax.add_patch(plt.Rectangle((j - 0.45, i - 0.4), 0.9, 0.8, color=role_colour(row.role)))
+            label = f"h{row.head + 1}" + ("" if np.isnan(value) else f"\n{value:.2f}")
             ax.text(j, i, label, ha="center", va="center", fontsize=7)
     ax.set_xlim(-0.6, n_heads - 0.4)
     ax.set_ylim(len(layers) - 0.5, -0.5)
     ax.set_yticks(range(len(layers)), [f"layer {layer + 1}" for layer in layers])
     ax.set_xticks([])
     ax.set_xlabel("heads, most LRP-relevant first" if scores is not None else "heads")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ROLE_COLOURS.values()]
-    ax.legend(handles, ["positional", "syntactic", "rare tokens", "other"], loc="upper center",
-              bbox_to_anchor=(0.5, -0.08), ncol=4, fontsize=8, frameon=False)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=role_colour(r)) for r in role_names()]
+    ax.legend(handles, [role_label(r) for r in role_names()], loc="upper center",
+              bbox_to_anchor=(0.5, -0.08), ncol=len(role_names()), fontsize=8, frameon=False)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)
@@ -182,14 +183,13 @@ def retained_functions(pruning: pd.DataFrame, path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(1, len(runs)), 3.6))
     labels = [f"{r.setting}\nλ={r.lam:g}" if r.setting != "baseline" else "baseline" for r in runs.itertuples()]
     bottom = np.zeros(len(runs))
-    for role, name in (("positional", "positional"), ("syntactic", "syntactic"), ("rare", "rare tokens"),
-                       ("none", "other")):
+    for role in role_names():
         counts = runs[f"role_{role}"].to_numpy(dtype=float)
-        ax.bar(range(len(runs)), counts, bottom=bottom, color=ROLE_COLOURS[role], label=name)
+        ax.bar(range(len(runs)), counts, bottom=bottom, color=role_colour(role), label=role_label(role))
         bottom += counts
     ax.set_xticks(range(len(runs)), labels, fontsize=7)
     ax.set_ylabel("retained encoder heads")
-    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    ax.legend(fontsize=7, ncol=len(role_names()), loc="upper right")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)

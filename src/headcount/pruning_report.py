@@ -12,6 +12,7 @@ import pandas as pd
 from .evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 from .io import HeadcountError, atomic_path, read_lines
 from .pruning import is_control
+from .roles import NO_ROLE, role_names
 from .seq2seq import ATTENTION_TYPES
 
 # Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
@@ -143,9 +144,10 @@ def _model_dir(path: str) -> str:
 
 
 def _role_counts(kept: list[tuple[int, int]], role_of: dict) -> dict:
-    counts = {f"role_{r}": 0 for r in ("positional", "syntactic", "rare", "none")}
+    """role_<role> columns: how many of the kept encoder heads have each role (roles.ROLES)."""
+    counts = {f"role_{r}": 0 for r in role_names()}
     for key in kept:
-        counts[f"role_{role_of.get(key, 'none')}"] += 1
+        counts[f"role_{role_of.get(key, NO_ROLE)}"] += 1
     return counts
 
 

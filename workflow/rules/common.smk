@@ -21,6 +21,8 @@ from headcount.config import (
     test_sets,
 )
 from headcount.config import FINE_TUNING_KEYS, scratch_training
+from headcount.measures import MEASURES, score_names
+from headcount.seq2seq import ATTENTION_TYPES
 
 try:
     EXPERIMENTS = load_experiments(
@@ -48,7 +50,7 @@ def mirror_file(wildcards):
 wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
-    kind="enc_self|dec_self|dec_enc",
+    kind="|".join(ATTENTION_TYPES),
     model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/(enc|all)/lambda_0)",
     setting="enc|all",
     lam=r"[0-9][0-9.e+-]*",
@@ -196,18 +198,18 @@ def analysis_label(wildcards):
 
 
 def head_figures(exp):
-    """The head-score heatmaps an experiment's settings produce (ablation ones only if run)."""
+    """The head-score heatmaps an experiment's settings produce: every registered measure's score
+    (headcount.measures; ablation's only if run) for every attention type, and ablation's BLEU
+    impact for encoder heads."""
     settings = EXPERIMENTS[exp]["heads"]
-    scores = ["lrp", "confidence", "michel"] + (
-        ["delta_loss"] if settings["ablation"] else []
-    )
     figures = [
         f"results/{exp}/heads/figures/{score}.{kind}.png"
-        for score in scores
-        for kind in ("enc_self", "dec_self", "dec_enc")
+        for score in score_names(optional=settings["ablation"])
+        for kind in ATTENTION_TYPES
     ]
     if settings["ablation"] and settings["ablation_bleu_sentences"]:
-        figures.append(f"results/{exp}/heads/figures/delta_bleu.enc_self.png")
+        bleu_impact = MEASURES["ablation"].columns[1]
+        figures.append(f"results/{exp}/heads/figures/{bleu_impact}.enc_self.png")
     return figures
 
 
