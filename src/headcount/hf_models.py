@@ -1,0 +1,512 @@
+"""Pretrained encoder-decoder models from HuggingFace transformers, as `Seq2SeqWithHeads` (seq2seq.py).
+
+`HFSeq2Seq` wraps a transformers model so that every headcount analysis runs on it: MarianMT
+(Helsinki-NLP's opus-mt models, the architecture of Voita et al. 2019), BART/mBART, M2M100/NLLB and
+T5. The transformers model runs as it is (its own forward pass, eager attention so that it can
+return attention probabilities); the adapter only replaces each attention's output projection by
+`HeadGates`, which receives the concatenated per-head contexts (B, T, H * Dh) and applies, per head,
+the `head_context` hook, the fixed 0/1 `head_mask` and the Hard Concrete gates before the original
+projection: MultiHead = Concat_i(g_i head_i) W^O (Voita et al. 2019, eq. 2).
+
+Loading: `load_pretrained(name_or_dir)` reads a hub id or a local directory written by
+`save_pretrained` / `hf download`; `load_tokenizers(name_or_dir)` gives the source and target
+`Tokenizer`s. `HFSeq2Seq.save(path)` writes a headcount checkpoint (family = the transformers
+model type) that seq2seq's family registry loads back, pruned heads included.
+
+What differs between families (`Family` below): module names, how logits are formed (Marian and
+BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 when its output layer is
+tied), and what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically:
+its relative position bias is computed once, in the first layer, for all heads of every layer.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .io import HeadcountError, atomic_path
+from .seq2seq import ATTENTION_TYPES, SpecialIds, register_family
+
+# --------------------------------------------------------------------------------------------
+# Gate slots on an attention's output projection
+
+
+class HeadGates(nn.Module):
+    """An attention module's output projection with per-head gates in front; satisfies `HeadSlots`.
+
+    Replaces the transformers attention's output projection (out_proj, or T5's o). Its input is the
+    concatenation of the head contexts, (B, T, H * Dh); the original projection is `proj`.
+    """
+
+    def __init__(self, attention: nn.Module, family: Family):
+        super().__init__()
+        self.proj = getattr(attention, family.out_name)
+        self.family = family.name
+        self.n_heads = int(getattr(attention, family.heads_attr))
+        self.head_dim = int(getattr(attention, family.head_dim_attr))
+        self.register_buffer("head_mask", torch.ones(self.n_heads))
+        self.hard_concrete = None  # HardConcreteGates while pruning (gates.attach_gates)
+        self.head_context = nn.Identity()  # hook point: (B, H, T, Dh), before the gates
+        # The attention this projection belongs to, kept out of the module tree (no cycle).
+        self._owner = [attention, family]
+
+    @property
+    def attention(self) -> nn.Module:
+        return self._owner[0]
+
+    def gates(self) -> Tensor:
+        """(H,): the fixed 0/1 mask, times the Hard Concrete gates if any."""
+        if self.hard_concrete is None:
+            return self.head_mask
+        return self.head_mask * self.hard_concrete()
+
+    def forward(self, x: Tensor) -> Tensor:  # x (B, T, H * Dh)
+        B, T, _ = x.shape
+        ctx = self.head_context(x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2))  # (B, H, T, Dh)
+        ctx = ctx * self.gates().to(ctx.dtype).view(1, -1, 1, 1)
+        return self.proj(ctx.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def keep_heads(self, heads: list[int]) -> None:
+        """Remove every other head physically: rows of Q, K, V and columns of W^O."""
+        attention, family = self._owner
+        if not family.can_remove_heads:
+            raise NotImplementedError(
+                f"{family.name}: heads cannot be removed physically (its relative position bias is computed "
+                f"once for all heads of every layer); mask them with set_head_mask instead"
+            )
+        heads = sorted(int(h) for h in heads)
+        if any(h < 0 or h >= self.n_heads for h in heads) or len(set(heads)) != len(heads):
+            raise ValueError(f"keep_heads: {heads} are not distinct heads of 0..{self.n_heads - 1}")
+        Dh = self.head_dim
+        idx = torch.tensor([h * Dh + d for h in heads for d in range(Dh)], dtype=torch.long,
+                           device=self.proj.weight.device)
+        for name in family.qkv_names:
+            setattr(attention, name, _linear_rows(getattr(attention, name), idx))
+        self.proj = _linear_columns(self.proj, idx)
+        keep = torch.tensor(heads, dtype=torch.long, device=self.head_mask.device)
+        self.head_mask = self.head_mask[keep].clone()
+        if self.hard_concrete is not None:
+            self.hard_concrete.log_alpha = nn.Parameter(self.hard_concrete.log_alpha.detach()[keep].clone(),
+                                                        requires_grad=self.hard_concrete.log_alpha.requires_grad)
+        self.n_heads = len(heads)
+        setattr(attention, family.heads_attr, len(heads))
+        if len(heads) == 0:
+            _silence(attention, self)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, head_dim={self.head_dim}"
+
+
+def _linear_rows(layer: nn.Linear, idx: Tensor) -> nn.Linear:
+    new = nn.Linear(layer.in_features, len(idx), bias=layer.bias is not None,
+                    device=layer.weight.device, dtype=layer.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(layer.weight[idx])
+        if layer.bias is not None:
+            new.bias.copy_(layer.bias[idx])
+    return new
+
+
+def _linear_columns(layer: nn.Linear, idx: Tensor) -> nn.Linear:
+    new = nn.Linear(len(idx), layer.out_features, bias=layer.bias is not None,
+                    device=layer.weight.device, dtype=layer.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(layer.weight[:, idx])
+        if layer.bias is not None:
+            new.bias.copy_(layer.bias)
+    return new
+
+
+def _silence(attention: nn.Module, gates: HeadGates) -> None:
+    """An attention with no heads left: its output is W^O's bias. transformers cannot run it (a
+    (B, T, 0) projection has no head count to reshape to), so its forward is replaced. The
+    self-attention cache still gets one all-zero head per step: transformers reads the decoded
+    length off the first layer's cache."""
+
+    def forward(hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+        B, T, D = hidden_states.shape
+        out = hidden_states.new_zeros(B, T, D)
+        if gates.proj.bias is not None:
+            out = out + gates.proj.bias
+        Tk = T if key_value_states is None else key_value_states.shape[1]
+        if past_key_values is not None and key_value_states is None:
+            layers = getattr(past_key_values, "self_attention_cache", past_key_values)
+            dummy = hidden_states.new_zeros(B, 1, T, gates.head_dim)
+            keys, _ = layers.update(dummy, dummy, attention.layer_idx)
+            Tk = keys.shape[2]
+        return out, hidden_states.new_zeros(B, 0, T, Tk)
+
+    attention.forward = forward
+
+
+# --------------------------------------------------------------------------------------------
+# Families
+
+
+@dataclass(frozen=True)
+class Family:
+    """Where a transformers family keeps what the adapter needs."""
+
+    name: str  # transformers' model_type
+    out_name: str = "out_proj"
+    qkv_names: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
+    heads_attr: str = "num_heads"
+    head_dim_attr: str = "head_dim"
+    can_remove_heads: bool = True
+    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
+    lrp: bool = True  # hf_lrp.py re-creates its forward pass
+
+    def stacks(self, hf: nn.Module) -> tuple[nn.Module, nn.Module]:
+        if self.name == "t5":
+            return hf.encoder, hf.decoder
+        return hf.model.encoder, hf.model.decoder
+
+    def attentions(self, hf: nn.Module) -> dict[str, list[nn.Module]]:
+        encoder, decoder = self.stacks(hf)
+        if self.name == "t5":
+            return {"enc_self": [b.layer[0].SelfAttention for b in encoder.block],
+                    "dec_self": [b.layer[0].SelfAttention for b in decoder.block],
+                    "dec_enc": [b.layer[1].EncDecAttention for b in decoder.block]}
+        return {"enc_self": [layer.self_attn for layer in encoder.layers],
+                "dec_self": [layer.self_attn for layer in decoder.layers],
+                "dec_enc": [layer.encoder_attn for layer in decoder.layers]}
+
+
+FAMILIES = {
+    "marian": Family("marian"),
+    "bart": Family("bart"),
+    "mbart": Family("mbart", pre_norm=True),
+    "m2m_100": Family("m2m_100", pre_norm=True),  # NLLB checkpoints use this architecture too
+    "t5": Family("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
+                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True, lrp=False),
+}
+
+
+def family_of(config) -> Family:
+    try:
+        return FAMILIES[config.model_type]
+    except KeyError:
+        raise HeadcountError(
+            f"transformers model type {config.model_type!r} is not supported; headcount supports "
+            f"{', '.join(sorted(FAMILIES))} (encoder-decoder models)"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+
+
+class HFSeq2Seq(nn.Module):
+    """A transformers encoder-decoder model as `Seq2SeqWithHeads`."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.family = family_of(hf.config)
+        if hasattr(hf, "set_attn_implementation"):
+            hf.set_attn_implementation("eager")  # the only one that returns probabilities
+        else:  # pragma: no cover - older transformers
+            hf.config._attn_implementation = "eager"
+        self.hf = hf
+        config = hf.config
+        eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+        self.special = SpecialIds(pad=config.pad_token_id, bos=_decoder_start(hf, eos), eos=eos)
+        self.max_positions = int(getattr(config, "max_position_embeddings", None)
+                                 or getattr(config, "n_positions", None) or 512)
+        self.d_model = int(config.d_model)
+        for modules in self.family.attentions(hf).values():
+            for attention in modules:
+                if not isinstance(getattr(attention, self.family.out_name), HeadGates):
+                    setattr(attention, self.family.out_name, HeadGates(attention, self.family))
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    # ---------------------------------------------------------------- the forward pass
+
+    def _check_length(self, n: int) -> None:
+        if n > self.max_positions:
+            raise ValueError(f"sequence of {n} tokens exceeds the model's {self.max_positions} positions")
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
+        """src (B, S) -> memory (B, S, D), padding mask (B, S), per layer probs (B, H, S, S) or None."""
+        self._check_length(src.shape[1])
+        src_pad = src.eq(self.special.pad)
+        encoder, _ = self.family.stacks(self.hf)
+        out = encoder(input_ids=src, attention_mask=(~src_pad).long(), output_attentions=need_weights)
+        probs = list(out.attentions) if need_weights else [None] * len(self.family.attentions(self.hf)["enc_self"])
+        return out.last_hidden_state, src_pad, probs
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, need_weights: bool = False,
+               cache: Any = None, start: int = 0) -> tuple[Tensor, list, list]:
+        """-> hidden (B, T, D), per layer self probs (B, H, T, start + T), cross probs (B, H, T, S).
+
+        With a cache (new_cache()), tgt_in holds only the new tokens; `start` must be the number of
+        tokens the cache holds already (transformers takes the positions from the cache).
+        """
+        if cache is not None:
+            held = cache.get_seq_length()
+            if held != start:
+                raise ValueError(f"decode: start={start} but the cache holds {held} tokens")
+        elif start != 0:
+            raise ValueError("decode: without a cache the target must start at position 0")
+        self._check_length(start + tgt_in.shape[1])
+        _, decoder = self.family.stacks(self.hf)
+        out = decoder(input_ids=tgt_in, encoder_hidden_states=memory, encoder_attention_mask=(~src_pad).long(),
+                      past_key_values=cache, use_cache=cache is not None, output_attentions=need_weights)
+        n = len(self.family.attentions(self.hf)["dec_self"])
+        if need_weights:
+            return out.last_hidden_state, list(out.attentions), list(out.cross_attentions)
+        return out.last_hidden_state, [None] * n, [None] * n
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V), as the transformers model forms them (final_logits_bias included)."""
+        if self.family.name == "t5" and self.config.tie_word_embeddings:
+            hidden = hidden * (self.config.d_model**-0.5)
+        logits = self.hf.lm_head(hidden)
+        bias = getattr(self.hf, "final_logits_bias", None)
+        return logits if bias is None else logits + bias.to(logits.dtype)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, dict | None]:
+        memory, src_pad, enc = self.encode(src, need_weights)
+        hidden, dec_self, dec_enc = self.decode(tgt_in, memory, src_pad, need_weights)
+        attentions = {"enc_self": enc, "dec_self": dec_self, "dec_enc": dec_enc} if need_weights else None
+        return self.logits(hidden), attentions
+
+    def new_cache(self):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+    def reorder_cache(self, cache, rows: Tensor) -> None:
+        """Keep the given batch rows of the cache (beam search), in place."""
+        cache.reorder_cache(rows)
+
+    # ---------------------------------------------------------------- heads
+
+    def attention_modules(self) -> dict[str, list[HeadGates]]:
+        """The gate slots by attention type, in layer order."""
+        return {kind: [getattr(a, self.family.out_name) for a in modules]
+                for kind, modules in self.family.attentions(self.hf).items()}
+
+    def set_head_mask(self, masks: dict[str, Tensor]) -> None:
+        """Fix the 0/1 gates, masks[type] of shape (layers, H); types left out stay as they are."""
+        modules = self.attention_modules()
+        for kind, mask in masks.items():
+            mask = torch.as_tensor(mask, dtype=torch.float32)
+            heads = {m.n_heads for m in modules[kind]}
+            if mask.dim() != 2 or mask.shape[0] != len(modules[kind]) or heads != {mask.shape[1]}:
+                raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
+                                 f"({len(modules[kind])}, {'/'.join(map(str, sorted(heads)))})")
+            for module, row in zip(modules[kind], mask):
+                module.head_mask.copy_(row)
+
+    def head_mask(self) -> dict[str, Tensor]:
+        """{type: (layers, H)}; after physical pruning, rows are padded with zeros to the widest layer."""
+        out = {}
+        for kind, modules in self.attention_modules().items():
+            width = max(m.n_heads for m in modules)
+            rows = [torch.cat([m.head_mask, m.head_mask.new_zeros(width - m.n_heads)]) for m in modules]
+            out[kind] = torch.stack(rows)
+        return out
+
+    def head_counts(self) -> dict[str, list[int]]:
+        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
+
+    def dims(self) -> dict[str, int]:
+        """The sizes a from-scratch headcount Transformer needs to match this model."""
+        c = self.config
+        if self.family.name == "t5":
+            return dict(d_model=c.d_model, n_heads=c.num_heads, d_ff=c.d_ff, enc_layers=c.num_layers,
+                        dec_layers=c.num_decoder_layers, src_vocab=c.vocab_size, tgt_vocab=c.vocab_size)
+        return dict(d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
+                    enc_layers=c.encoder_layers, dec_layers=c.decoder_layers, src_vocab=c.vocab_size,
+                    tgt_vocab=getattr(c, "decoder_vocab_size", None) or c.vocab_size)
+
+    def encoder_parameters(self):
+        """The source side: token embeddings, encoder layers, the encoder's norms. Where the model
+        shares one embedding between source, target and output layer (opus-mt, BART, T5), that
+        embedding is among them, so encoder-only training also moves the target side's embedding."""
+        encoder, _ = self.family.stacks(self.hf)
+        return encoder.parameters()
+
+    def lrp_forward(self):
+        from .hf_lrp import HFLRPForward
+
+        return HFLRPForward(self)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
+        """A headcount checkpoint: the weights (gates and pruned heads included), the transformers config."""
+        state = dict(extra or {})
+        state.update({
+            "family": self.family.name,
+            "model": self.state_dict(),
+            "model_config": self.config.to_json_string(use_diff=False),
+            "head_counts": self.head_counts(),
+        })
+        with atomic_path(path) as tmp:
+            torch.save(state, tmp)
+
+    @classmethod
+    def from_checkpoint(cls, state: dict) -> HFSeq2Seq:
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+        config_dict = json.loads(state["model_config"])
+        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+        config._attn_implementation = "eager"
+        model = cls(AutoModelForSeq2SeqLM.from_config(config))
+        weights = state["model"]
+        for kind, modules in model.attention_modules().items():
+            for module, n in zip(modules, state["head_counts"][kind]):
+                if n != module.n_heads:
+                    module.keep_heads(list(range(n)))
+                if f"{_module_name(model, module)}.hard_concrete.log_alpha" in weights:
+                    from .gates import HardConcreteGates
+
+                    module.hard_concrete = HardConcreteGates(module.n_heads)
+        dtype = next(iter(v for v in weights.values() if v.is_floating_point())).dtype
+        model.to(dtype)
+        model.load_state_dict(weights)
+        return model.eval()
+
+
+def _decoder_start(hf: nn.Module, eos: int) -> int:
+    """What the decoder input starts with: Marian and T5 their pad id, BART and M2M100 EOS. The
+    generation config (read with a pretrained model) comes first, then the model config; mBART
+    leaves both unset and starts from EOS followed by a language code."""
+    for config in (getattr(hf, "generation_config", None), hf.config):
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    return int(hf.config.pad_token_id) if hf.config.model_type == "t5" else int(eos)
+
+
+def _module_name(root: nn.Module, target: nn.Module) -> str:
+    for name, module in root.named_modules():
+        if module is target:
+            return name
+    raise KeyError("module not found")
+
+
+for _name in FAMILIES:
+    register_family(_name)(HFSeq2Seq.from_checkpoint)
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+class HFTokenizer:
+    """One side (source or target) of a transformers tokenizer as headcount's `Tokenizer`: ids
+    without EOS or language tags (batching adds EOS)."""
+
+    def __init__(self, tokenizer, side: str):
+        if side not in ("source", "target"):
+            raise ValueError(f"side must be 'source' or 'target', not {side!r}")
+        self.tokenizer, self.side = tokenizer, side
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        if self.side == "source":
+            return self.tokenizer(list(lines), add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text_target=list(lines), add_special_tokens=False)["input_ids"]
+
+    def pieces(self, line: str) -> list[str]:
+        """The subword strings, one per id of encode([line])[0]."""
+        tok = self.tokenizer
+        if self.side == "target" and hasattr(tok, "_switch_to_target_mode"):
+            tok._switch_to_target_mode()  # Marian: the target side has its own sentencepiece model
+            try:
+                return tok.tokenize(line)
+            finally:
+                tok._switch_to_input_mode()
+        return tok.tokenize(line)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode([list(map(int, x)) for x in ids], skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading pretrained models
+
+
+class PretrainedModelUnavailable(HeadcountError):
+    pass
+
+
+def _unavailable(name: str, error: Exception | None) -> PretrainedModelUnavailable:
+    base = Path(str(name)).name or "model"
+    reason = f" ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})" if error else ""
+    return PretrainedModelUnavailable(
+        f"pretrained model {name!r} cannot be loaded{reason}. If it is a hub id, this machine may have no "
+        f"access to the HuggingFace hub: on a machine with network, download it with "
+        f"`hf download {name} --local-dir models/{base}` (older huggingface_hub: `huggingface-cli download "
+        f"{name} --local-dir models/{base}`), or in Python `AutoModelForSeq2SeqLM.from_pretrained({name!r})"
+        f".save_pretrained(dir)` and the same with AutoTokenizer; copy that directory here and set "
+        f"`pretrained:` to it."
+    )
+
+
+def _resolve(name_or_dir: str | os.PathLike, offline: bool | None) -> tuple[str, bool]:
+    """-> (what to pass to from_pretrained, local_files_only)."""
+    name = str(name_or_dir)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path), True
+    if name.startswith((".", "/", "~")) or path.exists():
+        raise PretrainedModelUnavailable(f"pretrained model directory {name!r} does not exist (or is not a directory)")
+    if offline is None:
+        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return name, offline
+
+
+def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
+                    dtype: torch.dtype = torch.float32) -> HFSeq2Seq:
+    """A hub id (e.g. Helsinki-NLP/opus-mt-en-de) or a local directory -> the adapter, in eval mode.
+
+    offline: True reads only local files (a directory, or the HuggingFace cache); None: True when
+    HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set.
+    """
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    name, local_only = _resolve(name_or_dir, offline)
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+        family_of(config)
+        hf = AutoModelForSeq2SeqLM.from_pretrained(name, local_files_only=local_only, dtype=dtype,
+                                                   attn_implementation="eager")
+    except (OSError, ValueError) as error:
+        raise _unavailable(str(name_or_dir), error) from None
+    return HFSeq2Seq(hf).eval()
+
+
+def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None, src_lang: str | None = None,
+                    tgt_lang: str | None = None) -> tuple[HFTokenizer, HFTokenizer]:
+    """The model's tokenizer -> (source side, target side). src_lang/tgt_lang for multilingual
+    tokenizers (mBART, M2M100, NLLB)."""
+    from transformers import AutoTokenizer
+
+    name, local_only = _resolve(name_or_dir, offline)
+    kwargs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if v is not None}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only, **kwargs)
+    except (OSError, ValueError) as error:
+        raise _unavailable(str(name_or_dir), error) from None
+    return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
+
+
+__all__ = ["ATTENTION_TYPES", "FAMILIES", "HFSeq2Seq", "HFTokenizer", "HeadGates", "PretrainedModelUnavailable",
+           "load_pretrained", "load_tokenizers"]

@@ -1,0 +1,685 @@
+"""The transformers adapter (hf_models.py, hf_lrp.py) on tiny randomly initialised models of each
+family, built from configs, with a Marian tokenizer trained here on the toy corpus: nothing is
+downloaded."""
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from conftest import toy_corpus
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+
+from headcount.gates import attach_gates  # noqa: E402
+from headcount.hf_models import (  # noqa: E402
+    HFSeq2Seq,
+    HFTokenizer,
+    PretrainedModelUnavailable,
+    load_pretrained,
+    load_tokenizers,
+)
+from headcount.lrp import make_rules  # noqa: E402
+from headcount.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHeads, load_model  # noqa: E402
+
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+
+FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
+LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100")
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny models and a tokenizer
+
+
+def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn: int = 32, layers: int = 2,
+            seed: int = 0, biases: bool = True, pad: int | None = None):
+    """A transformers model of the family, random weights with non-trivial biases and gains, eval mode."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                  encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                  decoder_ffn_dim=ffn, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                  activation_dropout=0.0)
+    if family == "marian":
+        pad = vocab - 1 if pad is None else pad
+        config = transformers.MarianConfig(**common, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0,
+                                           activation_function="swish", scale_embedding=True)
+        hf = transformers.MarianMTModel(config)
+    elif family == "bart":
+        hf = transformers.BartForConditionalGeneration(transformers.BartConfig(**common))
+    elif family == "mbart":
+        hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**common, scale_embedding=True))
+    elif family == "m2m_100":
+        hf = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common))
+    else:
+        config = transformers.T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=ffn,
+                                       num_layers=layers, num_decoder_layers=layers, num_heads=heads,
+                                       relative_attention_num_buckets=8, dropout_rate=0.0,
+                                       feed_forward_proj="relu", pad_token_id=0, eos_token_id=1)
+        hf = transformers.T5ForConditionalGeneration(config)
+    with torch.no_grad():
+        for module in hf.modules():
+            if isinstance(module, nn.LayerNorm) or type(module).__name__ == "T5LayerNorm":
+                module.weight.uniform_(0.5, 1.5)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
+            elif isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
+        if hasattr(hf, "final_logits_bias"):
+            hf.final_logits_bias.normal_(0, 0.5) if biases else hf.final_logits_bias.zero_()
+    return hf.eval()
+
+
+def tiny(family: str, **kwargs) -> HFSeq2Seq:
+    return HFSeq2Seq(tiny_hf(family, **kwargs)).eval()
+
+
+def batch(model: HFSeq2Seq, B: int = 3, S: int = 6, T: int = 5, seed: int = 0):
+    """Source ids + EOS, padded; decoder input from the model's start token, padded."""
+    g = torch.Generator().manual_seed(seed)
+    sp, vocab = model.special, model.config.vocab_size
+    ordinary = torch.tensor([i for i in range(vocab) if i not in (sp.pad, sp.bos, sp.eos, 0, 1, 2, 3)])
+    src = ordinary[torch.randint(len(ordinary), (B, S), generator=g)]
+    tgt = ordinary[torch.randint(len(ordinary), (B, T), generator=g)]
+    src_lengths, tgt_lengths = [S, S - 2, S - 1][:B], [T, T - 1, T - 2][:B]
+    for b in range(B):
+        src[b, src_lengths[b] - 1] = sp.eos
+        src[b, src_lengths[b]:] = sp.pad
+        tgt[b, 0] = sp.bos
+        tgt[b, tgt_lengths[b]:] = sp.pad
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def marian_tokenizer(tmp_path_factory):
+    """A MarianTokenizer (source.spm, target.spm, vocab.json) trained on the toy corpus."""
+    root = tmp_path_factory.mktemp("marian_tok")
+    src, tgt = toy_corpus(400, seed=11)
+    for side, lines in (("source", src), ("target", tgt)):
+        (root / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(input=str(root / f"{side}.txt"), model_prefix=str(root / side),
+                                       vocab_size=40, model_type="unigram", character_coverage=1.0,
+                                       hard_vocab_limit=False, minloglevel=2)
+        (root / f"{side}.model").rename(root / f"{side}.spm")
+    pieces = ["</s>", "<unk>"]
+    for side in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=str(root / f"{side}.spm"))
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                   if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces]
+    pieces.append("<pad>")
+    (root / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
+    tokenizer = transformers.MarianTokenizer(source_spm=str(root / "source.spm"), target_spm=str(root / "target.spm"),
+                                             vocab=str(root / "vocab.json"))
+    return tokenizer
+
+
+def marian_for(tokenizer, **kwargs) -> HFSeq2Seq:
+    model = tiny("marian", vocab=len(tokenizer), pad=tokenizer.pad_token_id, **kwargs)
+    assert model.special.eos == tokenizer.eos_token_id
+    return model
+
+
+# --------------------------------------------------------------------------------------------
+# The forward pass against transformers' own
+
+
+def hf_reference(model: HFSeq2Seq, src, tgt_in):
+    pad = model.special.pad
+    return model.hf(input_ids=src, attention_mask=src.ne(pad).long(), decoder_input_ids=tgt_in,
+                    decoder_attention_mask=torch.ones_like(tgt_in), output_attentions=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_probabilities_match_transformers(family):
+    model = tiny(family)
+    assert isinstance(model, Seq2SeqWithHeads)
+    assert all(isinstance(m, HeadSlots) for mods in model.attention_modules().values() for m in mods)
+    src, tgt_in = batch(model)
+    with torch.no_grad():
+        logits, attn = model(src, tgt_in, need_weights=True)
+        ref = hf_reference(model, src, tgt_in)
+        plain, none = model(src, tgt_in)
+    assert none is None
+    torch.testing.assert_close(logits, ref.logits, rtol=0, atol=0)
+    torch.testing.assert_close(plain, ref.logits, rtol=0, atol=0)
+    B, S, T = src.shape[0], src.shape[1], tgt_in.shape[1]
+    for kind, theirs, shape in (("enc_self", ref.encoder_attentions, (B, 4, S, S)),
+                                ("dec_self", ref.decoder_attentions, (B, 4, T, T)),
+                                ("dec_enc", ref.cross_attentions, (B, 4, T, S))):
+        assert len(attn[kind]) == 2
+        for mine, reference in zip(attn[kind], theirs):
+            assert mine.shape == shape
+            torch.testing.assert_close(mine, reference, rtol=0, atol=0)
+            torch.testing.assert_close(mine.sum(-1), torch.ones(shape[:-1]))
+    # Padded source keys get no attention; future target positions neither.
+    assert (attn["dec_enc"][0][1, :, :, S - 2:] == 0).all()
+    assert (attn["dec_self"][1][0].triu(1) == 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_special_ids(family):
+    model = tiny(family)
+    expected = {"marian": (39, 39, 0), "bart": (1, 2, 2), "mbart": (1, 2, 2), "m2m_100": (1, 2, 2),
+                "t5": (0, 0, 1)}[family]
+    assert (model.special.pad, model.special.bos, model.special.eos) == expected
+    assert model.special.eos not in model.special.never_generated()
+    assert model.d_model == 16 and model.max_positions >= 64
+
+
+# --------------------------------------------------------------------------------------------
+# Incremental decoding
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_incremental_decoding_equals_full_decoding(family):
+    model = tiny(family)
+    src, tgt_in = batch(model)
+    with torch.no_grad():
+        memory, src_pad, _ = model.encode(src)
+        full, full_self, full_cross = model.decode(tgt_in, memory, src_pad, need_weights=True)
+        cache = model.new_cache()
+        for t in range(tgt_in.shape[1]):
+            hidden, self_probs, cross_probs = model.decode(tgt_in[:, t : t + 1], memory, src_pad, need_weights=True,
+                                                           cache=cache, start=t)
+            torch.testing.assert_close(hidden[:, 0], full[:, t], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model.logits(hidden)[:, 0], model.logits(full)[:, t], rtol=1e-5, atol=1e-5)
+            for layer in range(2):
+                torch.testing.assert_close(self_probs[layer][:, :, 0], full_self[layer][:, :, t, : t + 1],
+                                           rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(cross_probs[layer][:, :, 0], full_cross[layer][:, :, t],
+                                           rtol=1e-5, atol=1e-6)
+        with pytest.raises(ValueError, match="start"):
+            model.decode(tgt_in[:, :1], memory, src_pad, cache=cache, start=0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reorder_cache(family):
+    """Two steps on 3 sentences, keep rows [2, 0, 0] (beam search: fewer rows, repeated), two more
+    steps: as if those rows had been decoded alone."""
+    model = tiny(family)
+    src, tgt_in = batch(model, B=3, T=4)
+    rows = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        memory, src_pad, _ = model.encode(src)
+        cache = model.new_cache()
+        model.decode(tgt_in[:, :2], memory, src_pad, cache=cache)
+        model.reorder_cache(cache, rows)
+        after, _, _ = model.decode(tgt_in[rows, 2:], memory[rows], src_pad[rows], cache=cache, start=2)
+        alone, _, _ = model.decode(tgt_in[rows], memory[rows], src_pad[rows])
+    torch.testing.assert_close(after, alone[:, 2:], rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------
+# Head masks, gates, physical pruning
+
+
+def zero_head_columns(model: HFSeq2Seq, kind: str, layer: int, head: int, scale: float = 0.0) -> None:
+    slot = model.attention_modules()[kind][layer]
+    Dh = slot.head_dim
+    with torch.no_grad():
+        slot.proj.weight[:, head * Dh : (head + 1) * Dh] *= scale
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_head_mask_equals_zeroed_output_columns(family):
+    model = tiny(family)
+    src, tgt_in = batch(model)
+    reference = copy.deepcopy(model)
+    masks = {kind: torch.ones(2, 4) for kind in ATTENTION_TYPES}
+    for kind, layer, head in (("enc_self", 0, 1), ("dec_self", 1, 3), ("dec_enc", 0, 0), ("dec_enc", 1, 2)):
+        masks[kind][layer, head] = 0.0
+        zero_head_columns(reference, kind, layer, head)
+    model.set_head_mask(masks)
+    for kind in ATTENTION_TYPES:
+        torch.testing.assert_close(model.head_mask()[kind], masks[kind])
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt_in)[0], reference(src, tgt_in)[0], rtol=1e-6, atol=1e-6)
+        assert not torch.allclose(model(src, tgt_in)[0], tiny(family)(src, tgt_in)[0])
+    with pytest.raises(ValueError, match="head mask"):
+        model.set_head_mask({"enc_self": torch.ones(2, 3)})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gates_multiply_each_head_and_hook_sees_contexts(family):
+    model = tiny(family)
+    src, tgt_in = batch(model)
+    reference = copy.deepcopy(model)
+    gates = attach_gates(model, types=("dec_enc",))
+    model.eval()  # the new gate modules too: their deterministic value
+    values = torch.tensor([[0.0, 0.3, 1.0, 0.7], [0.5, 1.0, 0.0, 0.2]])
+    with torch.no_grad():
+        for g, row in zip(gates, values):
+            # deterministic gate = clip(sigmoid(log_alpha) * 1.2 - 0.1, 0, 1); solve for log_alpha
+            p = ((row + 0.1) / 1.2).clamp(1e-6, 1 - 1e-6)
+            g.log_alpha.copy_(torch.log(p) - torch.log1p(-p))
+    for layer, row in enumerate(values):
+        torch.testing.assert_close(model.attention_modules()["dec_enc"][layer].gates(), row, rtol=1e-5, atol=1e-5)
+        for h, gate in enumerate(model.attention_modules()["dec_enc"][layer].gates().tolist()):
+            zero_head_columns(reference, "dec_enc", layer, h, scale=gate)
+    seen = []
+    slot = model.attention_modules()["enc_self"][1]
+    handle = slot.head_context.register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt_in)[0], reference(src, tgt_in)[0], rtol=1e-5, atol=1e-5)
+    handle.remove()
+    assert seen == [torch.Size([3, 4, src.shape[1], slot.head_dim])]
+    # In training mode the gates are sampled, and gradients reach log alpha.
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for g in gates:
+            g.log_alpha.zero_()
+    model.train()
+    loss = model(src, tgt_in)[0].logsumexp(-1).mean()
+    loss.backward()
+    assert all(g.log_alpha.grad is not None and g.log_alpha.grad.abs().sum() > 0 for g in gates)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "t5"])
+def test_keep_heads_equals_masking(family):
+    model = tiny(family)
+    src, tgt_in = batch(model)
+    keep = {("enc_self", 0): [0, 2], ("enc_self", 1): [3], ("dec_self", 0): [], ("dec_enc", 1): [1, 2, 3]}
+    masks = {kind: torch.ones(2, 4) for kind in ATTENTION_TYPES}
+    for (kind, layer), heads in keep.items():
+        masks[kind][layer] = torch.tensor([float(h in heads) for h in range(4)])
+    model.set_head_mask(masks)
+    pruned = copy.deepcopy(model)
+    for (kind, layer), heads in keep.items():
+        pruned.attention_modules()[kind][layer].keep_heads(heads)
+    counts = pruned.head_counts()
+    assert counts == {"enc_self": [2, 1], "dec_self": [0, 4], "dec_enc": [4, 3]}
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        logits, attn = pruned(src, tgt_in, need_weights=True)
+        torch.testing.assert_close(logits, model(src, tgt_in)[0], rtol=1e-5, atol=1e-5)
+        assert attn["enc_self"][1].shape[1] == 1 and attn["dec_self"][0].shape[1] == 0
+        # Incremental decoding still works with a layer that has no heads left (its cache gets a dummy head).
+        memory, src_pad, _ = pruned.encode(src)
+        full, _, _ = pruned.decode(tgt_in, memory, src_pad)
+        cache = pruned.new_cache()
+        steps = [pruned.decode(tgt_in[:, t : t + 1], memory, src_pad, cache=cache, start=t)[0]
+                 for t in range(tgt_in.shape[1])]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+    assert pruned.head_mask()["enc_self"].tolist() == [[1, 1], [1, 0]]
+
+
+def test_t5_cannot_remove_heads():
+    model = tiny("t5")
+    with pytest.raises(NotImplementedError, match="relative position bias"):
+        model.attention_modules()["enc_self"][0].keep_heads([0, 1])
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints and loading
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_and_load_round_trip_through_the_registry(family, tmp_path):
+    model = tiny(family)
+    src, tgt_in = batch(model)
+    if family != "t5":
+        model.attention_modules()["enc_self"][1].keep_heads([0, 3])
+        model.attention_modules()["dec_enc"][0].keep_heads([])
+    gates = attach_gates(model, types=("dec_self",))
+    model.eval()
+    with torch.no_grad():
+        gates[0].log_alpha.copy_(torch.tensor([-3.0, 0.5, 2.0, 0.1]))
+    model.set_head_mask({"dec_self": torch.tensor([[1.0, 1, 0, 1], [1, 1, 1, 1]])})
+    model.save(tmp_path / "model.pt", extra={"step": 7})
+    loaded = load_model(tmp_path / "model.pt")
+    assert isinstance(loaded, HFSeq2Seq) and loaded.family.name == family
+    assert loaded.head_counts() == model.head_counts()
+    torch.testing.assert_close(loaded.head_mask()["dec_self"], model.head_mask()["dec_self"])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, tgt_in)[0], model(src, tgt_in)[0], rtol=0, atol=0)
+    state = torch.load(tmp_path / "model.pt", weights_only=True)
+    assert state["family"] == family and state["step"] == 7
+
+
+def test_load_pretrained_from_a_local_directory(tmp_path, marian_tokenizer):
+    hf = tiny_hf("marian", vocab=len(marian_tokenizer), pad=marian_tokenizer.pad_token_id)
+    hf.save_pretrained(tmp_path / "opus-mt-toy")
+    marian_tokenizer.save_pretrained(tmp_path / "opus-mt-toy")
+    model = load_pretrained(tmp_path / "opus-mt-toy")
+    source, target = load_tokenizers(tmp_path / "opus-mt-toy")
+    assert not model.training and model.family.name == "marian"
+    src, tgt_in = batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt_in)[0], HFSeq2Seq(hf)(src, tgt_in)[0], rtol=0, atol=0)
+    assert source.encode(["Big cat."]) == HFTokenizer(marian_tokenizer, "source").encode(["Big cat."])
+    assert target.decode(target.encode(["Gross katze."])) == ["Gross katze."]
+
+
+def test_missing_model_gives_a_clear_error(tmp_path):
+    with pytest.raises(PretrainedModelUnavailable) as error:
+        load_pretrained("Helsinki-NLP/opus-mt-xx-yy", offline=True)
+    message = str(error.value)
+    assert "hf download Helsinki-NLP/opus-mt-xx-yy --local-dir" in message and "`pretrained:`" in message
+    with pytest.raises(PretrainedModelUnavailable, match="does not exist"):
+        load_pretrained(str(tmp_path / "nowhere"))
+    with pytest.raises(PretrainedModelUnavailable, match="opus-mt-xx-yy"):
+        load_tokenizers("Helsinki-NLP/opus-mt-xx-yy", offline=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def test_tokenizer_round_trip_pieces_and_no_eos(marian_tokenizer):
+    source, target = HFTokenizer(marian_tokenizer, "source"), HFTokenizer(marian_tokenizer, "target")
+    src_lines, tgt_lines = toy_corpus(20, seed=12)
+    assert len(source) == len(target) == len(marian_tokenizer)
+    for tok, lines in ((source, src_lines), (target, tgt_lines)):
+        ids = tok.encode(lines)
+        assert tok.decode(ids) == lines
+        assert all(marian_tokenizer.eos_token_id not in row and marian_tokenizer.pad_token_id not in row for row in ids)
+        for line, row in zip(lines, ids):
+            pieces = tok.pieces(line)
+            assert len(pieces) == len(row)
+            assert "".join(pieces).replace("\u2581", " ").strip() == line
+    # Each side segments with its own sentencepiece model.
+    for tok, sp in ((source, marian_tokenizer.spm_source), (target, marian_tokenizer.spm_target)):
+        assert tok.pieces("Gross katze, blau hund.") == sp.encode("Gross katze, blau hund.", out_type=str)
+    model = marian_for(marian_tokenizer)
+    assert model.special.pad == marian_tokenizer.pad_token_id and model.special.eos == marian_tokenizer.eos_token_id
+
+
+# --------------------------------------------------------------------------------------------
+# LRP
+
+
+def lrp_model(family: str, biases: bool = True, seed: int = 3) -> HFSeq2Seq:
+    """1+1 layers, d_model 8, 2 heads, vocab 12, float64."""
+    return tiny(family, vocab=12, d_model=8, heads=2, ffn=16, layers=1, biases=biases, seed=seed).double()
+
+
+def lrp_batch(model: HFSeq2Seq):
+    sp = model.special
+    ordinary = [i for i in range(12) if i not in (sp.pad, sp.bos, sp.eos)]
+    src = torch.tensor([[ordinary[1], ordinary[3], ordinary[5], sp.eos]])
+    tgt_in = torch.tensor([[sp.bos, ordinary[0], ordinary[6], ordinary[2]]])
+    return src, tgt_in
+
+
+def top1(model: HFSeq2Seq, logits: torch.Tensor) -> torch.Tensor:
+    logits = logits.clone()
+    logits[..., list(model.special.never_generated())] = float("-inf")
+    return logits.max(dim=-1)
+
+
+@pytest.mark.parametrize("family", LRP_FAMILIES)
+def test_lrp_forward_matches_the_model(family):
+    model = tiny(family, seed=1).double()
+    src, tgt_in = batch(model)
+    with torch.no_grad():
+        logits, _ = model(src, tgt_in)
+    best = top1(model, logits)
+    forward = model.lrp_forward()
+    for rule in ("ding", "attnlrp"):
+        rules = make_rules(rule)
+        trace = forward.decode(forward.encode(src, rules), tgt_in, rules)
+        torch.testing.assert_close(trace.top_logit, best.values, rtol=1e-10, atol=1e-10)
+        assert torch.equal(trace.target, best.indices)
+
+
+def test_t5_has_no_lrp():
+    with pytest.raises(NotImplementedError, match="t5"):
+        tiny("t5").lrp_forward()
+
+
+def sgn(z):
+    return 1.0 if z >= 0 else -1.0
+
+
+def lrp_linear(x, W, z, R_out, eps):
+    """z = W x + b at every position: R_i = sum_j x_i W_ji / (z_j + eps sgn z_j) R_j."""
+    R = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(W.shape[0]):
+            share = R_out[t, j] / (z[t, j] + eps * sgn(z[t, j]))
+            for i in range(W.shape[1]):
+                R[t, i] += x[t, i] * W[j, i] * share
+    return R
+
+
+def lrp_sum(a, b, R_out, eps):
+    Ra, Rb = np.zeros_like(a), np.zeros_like(b)
+    for t in range(a.shape[0]):
+        for i in range(a.shape[1]):
+            den = a[t, i] + b[t, i] + eps * sgn(a[t, i] + b[t, i])
+            Ra[t, i] = a[t, i] / den * R_out[t, i]
+            Rb[t, i] = b[t, i] / den * R_out[t, i]
+    return Ra, Rb
+
+
+def lrp_layer_norm(norm, x, y, R_out, rule, eps):
+    """Ding: relevance passes unchanged. AttnLRP: the standard deviation a constant, so
+    y_j = gamma_j (x_j - mean x) / std + beta_j is linear: centering by the z-rule, gain and bias by
+    the epsilon rule."""
+    if rule == "ding":
+        return R_out.copy()
+    gamma, D = norm.weight.detach().numpy(), x.shape[1]
+    R = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        mean = x[t].sum() / D
+        std = math.sqrt(sum((x[t, i] - mean) ** 2 for i in range(D)) / D + norm.eps)
+        for j in range(D):
+            n_j = (x[t, j] - mean) / std
+            R_n = gamma[j] * n_j / (y[t, j] + eps * sgn(y[t, j])) * R_out[t, j]
+            for i in range(D):
+                R[t, i] += x[t, i] * ((i == j) - 1.0 / D) / std / n_j * R_n
+    return R
+
+
+def lrp_attention(attention, slot, acts, probs, x_q, x_kv, R_out, rule, eps):
+    """-> (R at the query input, R at the key/value input, sum |R| per head context)."""
+    H, Dh = slot.n_heads, slot.head_dim
+    ctx_in, out = acts[slot.proj]
+    R_ctx = lrp_linear(ctx_in, slot.proj.weight.detach().numpy(), out, R_out, eps)
+    heads = [float(np.abs(R_ctx[:, h * Dh : (h + 1) * Dh]).sum()) for h in range(H)]
+    q, k, v = acts[attention.q_proj][1], acts[attention.k_proj][1], acts[attention.v_proj][1]
+    R_q, R_k, R_v = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for h in range(H):
+        P = probs[h]
+        R_P = np.zeros_like(P)
+        for qi in range(q.shape[0]):
+            for d in range(Dh):
+                c = h * Dh + d
+                context = sum(P[qi, kj] * v[kj, c] for kj in range(k.shape[0]))
+                for kj in range(k.shape[0]):
+                    share = P[qi, kj] * v[kj, c] / (context + eps * sgn(context)) * R_ctx[qi, c]
+                    if rule == "ding":
+                        R_v[kj, c] += share  # probabilities constant
+                    else:
+                        R_v[kj, c] += 0.5 * share
+                        R_P[qi, kj] += 0.5 * share
+        if rule == "attnlrp":
+            for qi in range(q.shape[0]):
+                total = R_P[qi].sum()
+                for kj in range(k.shape[0]):
+                    if P[qi, kj] == 0:
+                        continue
+                    raw = sum(q[qi, h * Dh + d] * k[kj, h * Dh + d] for d in range(Dh))
+                    R_score = raw / math.sqrt(Dh) * (R_P[qi, kj] - P[qi, kj] * total)  # softmax rule
+                    for d in range(Dh):
+                        share = q[qi, h * Dh + d] * k[kj, h * Dh + d] / (raw + eps * sgn(raw)) * R_score
+                        R_q[qi, h * Dh + d] += 0.5 * share
+                        R_k[kj, h * Dh + d] += 0.5 * share
+    R_xq = lrp_linear(x_q, attention.q_proj.weight.detach().numpy(), q, R_q, eps)
+    R_xkv = lrp_linear(x_kv, attention.k_proj.weight.detach().numpy(), k, R_k, eps)
+    R_xkv = R_xkv + lrp_linear(x_kv, attention.v_proj.weight.detach().numpy(), v, R_v, eps)
+    return R_xq, R_xkv, heads
+
+
+def capture(model: HFSeq2Seq, src, tgt_in):
+    """(input, output) of every Linear and LayerNorm in transformers' own forward pass, sentence 0."""
+    acts, hooks = {}, []
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.LayerNorm)) and module is not model.hf.lm_head:
+            hooks.append(module.register_forward_hook(
+                lambda mod, inp, out: acts.__setitem__(mod, (inp[0][0].detach().numpy(), out[0].detach().numpy()))))
+    with torch.no_grad():
+        logits, attn = model(src, tgt_in, need_weights=True)
+    for h in hooks:
+        h.remove()
+    probs = {kind: [p[0].numpy() for p in layers] for kind, layers in attn.items()}
+    return acts, probs, logits[0].numpy()
+
+
+def explicit_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
+    """Per step of sentence 0: ({type: [H sums of |R|]}, total relevance at the input streams),
+    computed neuron by neuron from transformers' own activations, for a 1+1-layer model."""
+    acts, probs, logits = capture(model, src, tgt_in)
+    eps = 0.0 if rule == "ding" else eps
+    pre = model.family.pre_norm
+    encoder, decoder = model.family.stacks(model.hf)
+    enc, dec = encoder.layers[0], decoder.layers[0]
+    slots = {kind: mods[0] for kind, mods in model.attention_modules().items()}
+    W = model.hf.lm_head.weight.detach().numpy()
+    bias = model.hf.final_logits_bias[0].detach().numpy() if hasattr(model.hf, "final_logits_bias") else 0 * W[:, 0]
+
+    def ln(norm, R):  # relevance at a LayerNorm's input
+        x, y = acts[norm]
+        return lrp_layer_norm(norm, x, y, R, rule, eps)
+
+    def block(x, norm, branch_out, R, branch):
+        """Pre-LN x + f(LN(x)) or post-LN LN(x + f(x)) -> relevance at x, and what the branch returns."""
+        if pre:
+            R_x, R_b = lrp_sum(x, branch_out, R, eps)
+            R_in, extra = branch(R_b)
+            return R_x + ln(norm, R_in), extra
+        R_x, R_b = lrp_sum(x, branch_out, ln(norm, R), eps)
+        R_in, extra = branch(R_b)
+        return R_x + R_in, extra
+
+    def ffn(layer):
+        def branch(R_f):
+            x, z = acts[layer.fc1]
+            a, f = acts[layer.fc2]
+            R_a = lrp_linear(a, layer.fc2.weight.detach().numpy(), f, R_f, eps)  # activation: passes through
+            return lrp_linear(x, layer.fc1.weight.detach().numpy(), z, R_a, eps), None
+        return branch
+
+    def attention_branch(attention, kind, kv=None):
+        def branch(R_h):
+            x_q = acts[attention.q_proj][0]
+            x_kv = acts[attention.k_proj][0]
+            R_q, R_kv, heads = lrp_attention(attention, slots[kind], acts, probs[kind][0], x_q, x_kv, R_h, rule, eps)
+            if kv == "memory":
+                return R_q, (R_kv, heads)
+            return R_q + R_kv, heads
+        return branch
+
+    def stream(layer_norm, attention):  # a block's input x
+        return acts[layer_norm][0] if pre else acts[attention.q_proj][0]
+
+    # Streams and branch outputs of the forward pass.
+    x0 = stream(enc.self_attn_layer_norm, enc.self_attn)
+    h_e = acts[slots["enc_self"].proj][1]
+    x1 = stream(enc.final_layer_norm, enc.fc1) if pre else acts[enc.self_attn_layer_norm][1]
+    f_e = acts[enc.fc2][1]
+    y0 = stream(dec.self_attn_layer_norm, dec.self_attn)
+    h_s = acts[slots["dec_self"].proj][1]
+    y1 = acts[dec.encoder_attn_layer_norm][0] if pre else acts[dec.self_attn_layer_norm][1]
+    h_c = acts[slots["dec_enc"].proj][1]
+    y2 = acts[dec.final_layer_norm][0] if pre else acts[dec.encoder_attn_layer_norm][1]
+    f_d = acts[dec.fc2][1]
+    final_dec, final_enc = getattr(decoder, "layer_norm", None), getattr(encoder, "layer_norm", None)
+    hidden = acts[final_dec][1] if final_dec is not None else acts[dec.final_layer_norm][1]
+
+    results = []
+    for t in range(tgt_in.shape[1]):
+        row = logits[t].copy()
+        row[list(model.special.never_generated())] = -np.inf
+        c = int(row.argmax())
+        s = logits[t, c]
+        assert abs(s - (hidden[t] @ W[c] + bias[c])) < 1e-9
+        R = np.zeros_like(hidden)
+        R[t] = hidden[t] * W[c] / (s + eps * sgn(s))  # R = 1 on the logit; its bias keeps a share
+        if final_dec is not None:
+            R = ln(final_dec, R)
+        R, _ = block(y2, dec.final_layer_norm, f_d, R, ffn(dec))
+        R, (R_mem, heads_c) = block(y1, dec.encoder_attn_layer_norm, h_c, R,
+                                    attention_branch(dec.encoder_attn, "dec_enc", kv="memory"))
+        R_y0, heads_s = block(y0, dec.self_attn_layer_norm, h_s, R, attention_branch(dec.self_attn, "dec_self"))
+        R = R_mem if final_enc is None else ln(final_enc, R_mem)
+        R, _ = block(x1, enc.final_layer_norm, f_e, R, ffn(enc))
+        R_x0, heads_e = block(x0, enc.self_attn_layer_norm, h_e, R, attention_branch(enc.self_attn, "enc_self"))
+        results.append(({"enc_self": heads_e, "dec_self": heads_s, "dec_enc": heads_c}, R_x0.sum() + R_y0.sum()))
+    return results
+
+
+def fast_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
+    """The LRP forward pass with autograd, one backward pass per step (sentence 0): the same
+    read-out as lrp.step_relevance, without its batching."""
+    forward, rules = model.lrp_forward(), make_rules(rule, eps)
+    out = []
+    for t in range(tgt_in.shape[1]):
+        encoded = forward.encode(src, rules)
+        trace = forward.decode(encoded, tgt_in, rules)
+        contexts = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
+        inputs = [trace.enc_inputs[0], trace.dec_inputs[0]]
+        grads = torch.autograd.grad(trace.top_logit[0, t] / trace.top_logit[0, t].detach(), contexts + inputs,
+                                    allow_unused=True)
+        heads = {kind: (c * g).abs().sum(dim=(0, 2, 3)).tolist()
+                 for kind, c, g in zip(ATTENTION_TYPES, contexts, grads)}
+        out.append((heads, float(sum((x * g).sum() for x, g in zip(inputs, grads[len(contexts):])).detach())))
+    return out
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m_100"])  # post-LayerNorm, pre-LayerNorm
+@pytest.mark.parametrize("rule", ["ding", "attnlrp"])
+def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
+    model = lrp_model(family)
+    # Gates other than 1 (a head switched off, two scaled): the LRP pass must gate as the model does.
+    model.set_head_mask({"enc_self": torch.tensor([[1.0, 0.0]]), "dec_self": torch.tensor([[0.6, 1.0]]),
+                         "dec_enc": torch.tensor([[1.0, 0.3]])})
+    src, tgt_in = lrp_batch(model)
+    eps = 1e-2  # large enough that a missing epsilon would show
+    slow = explicit_lrp(model, src, tgt_in, rule, eps)
+    fast = fast_lrp(model, src, tgt_in, rule, eps)
+    worst = 0.0
+    for (heads, total), (fast_heads, fast_total) in zip(slow, fast):
+        for kind in ATTENTION_TYPES:
+            np.testing.assert_allclose(fast_heads[kind], heads[kind], rtol=1e-6, atol=1e-9)
+            worst = max(worst, float(np.abs(np.array(fast_heads[kind]) - np.array(heads[kind])).max()))
+        assert fast_total == pytest.approx(total, rel=1e-6, abs=1e-9)
+        worst = max(worst, abs(fast_total - total))
+    record_property("max_abs_error", worst)
+    print(f"LRP {family} {rule}: max abs error against the explicit LRP {worst:.2e}")
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m_100"])
+@pytest.mark.parametrize("rule", ["ding", "attnlrp"])
+def test_lrp_driver_agrees_with_single_steps(family, rule):
+    """lrp.step_relevance (batched over steps and sentences) reads the same head relevance."""
+    from headcount.lrp import step_relevance
+
+    model = lrp_model(family)
+    src, tgt_in = lrp_batch(model)
+    fast = fast_lrp(model, src, tgt_in, rule, 1e-2)
+    driven = step_relevance(model, src, tgt_in, rule=rule, eps=1e-2, max_seeds=3)
+    assert bool(driven.valid[:, 0].all()), "every step of the sentence counts (Marian starts from its pad id)"
+    for t, (heads, total) in enumerate(fast):
+        for kind in ATTENTION_TYPES:
+            np.testing.assert_allclose(driven.heads[kind][t, 0, 0].numpy(), heads[kind], rtol=1e-6, atol=1e-9)
+        assert float(driven.cuts["enc.0"][t, 0]) == pytest.approx(total, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("family", LRP_FAMILIES)
+def test_lrp_conserves_without_biases(family):
+    """Bias-free (final_logits_bias included), the paper's rule: every cut holds the start value 1."""
+    from headcount.lrp import step_relevance
+
+    model = tiny(family, vocab=12, d_model=8, heads=2, ffn=16, layers=2, biases=False, seed=5).double()
+    src, tgt_in = lrp_batch(model)
+    result = step_relevance(model, src, tgt_in, rule="ding")
+    assert len(result.cuts) == 6
+    for name, total in result.cuts.items():
+        valid = result.valid
+        torch.testing.assert_close(total[valid], torch.ones_like(total[valid]), rtol=0, atol=1e-9, msg=name)
