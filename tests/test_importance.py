@@ -4,6 +4,7 @@ import math
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -288,6 +289,31 @@ def test_rank_correlations_per_layer_and_overall():
     sub = table[table.type == "enc_self"]
     assert row.n == 4
     assert row.spearman == pytest.approx(brute_force_spearman(sub.michel.tolist(), sub.delta_loss.tolist()))
+
+
+def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figures(monkeypatch):
+    """A new measure is one Measure in the registry: the score table gets its columns, the
+    correlations rank it against ablation and the workflow draws its heatmaps."""
+    from headcount import measures
+
+    def head_norm(inputs):  # each head's share of W^O's norm
+        rows = []
+        for kind, modules in inputs.model.attention_modules().items():
+            for layer, m in enumerate(modules):
+                norms = m.out_proj.weight.detach().view(-1, m.n_heads, m.head_dim).norm(dim=(0, 2))
+                rows += [{"type": kind, "layer": layer, "head": h, "w_o_norm": float(v)} for h, v in enumerate(norms)]
+        return pd.DataFrame(rows)
+
+    monkeypatch.setitem(measures.MEASURES, "w_o_norm", measures.Measure("w_o_norm", ("w_o_norm",), head_norm))
+    model = tiny_model(seed=4)
+    table = measures.score_table(ScoringInputs(model, padded_batches(), [b[:2] for b in padded_batches()]),
+                                 ["confidence", "w_o_norm", "ablation"])
+    assert list(table.columns) == ["type", "layer", "head", "confidence", "delta_loss", "delta_bleu", "w_o_norm"]
+    assert measures.ranked_scores() == ("confidence", "lrp", "michel", "w_o_norm")
+    assert set(rank_correlations(table)["score"]) == {"confidence", "w_o_norm"}
+    assert measures.score_names(optional=False) == ["confidence", "michel", "lrp", "w_o_norm"]
+    with pytest.raises(ValueError, match="unknown importance measures"):
+        measures.score_table(ScoringInputs(model, padded_batches()), ["no_such_measure"])
 
 
 def test_spearman_interval_is_the_percentile_interval_of_resampled_heads():

@@ -531,6 +531,37 @@ def test_assign_roles_with_positional_statistics_only():
     assert roles["statistic"].iloc[0] == pytest.approx(0.99) and np.isnan(roles["statistic"].iloc[1])
 
 
+def test_a_role_registered_once_reaches_every_table_and_figure(monkeypatch, tmp_path):
+    """A new role is one Role in the registry: assign_roles flags and assigns it, the pruning
+    table counts it and Figure 8 and the function map draw it."""
+    from headcount import plots, roles
+    from headcount.pruning_report import _role_counts
+
+    diffuse = roles.Role("diffuse", "diffuse", "#000000", 3,
+                         lambda stats, rules: stats["positional"][["layer", "head", "fraction"]].rename(
+                             columns={"fraction": "diffuse_share"}),
+                         lambda table, rules: table["diffuse_share"] < 0.3, lambda rules: "diffuse_share")
+    monkeypatch.setitem(roles.ROLES, "diffuse", diffuse)
+    positional = pd.DataFrame({"layer": 0, "head": [0, 1, 2], "offset": [-1, 1, 0], "fraction": [0.95, 0.2, 0.5]})
+    rare = pd.DataFrame({"layer": 0, "head": [0, 1, 2], "rate_rarest": 0.4, "rate_two_rarest": [0.9, 0.1, 0.1],
+                         "n_sentences": 100})
+    table = assign_roles(positional, SyntacticStats().table(), rare)
+    assert table["role"].tolist() == ["rare", "diffuse", "none"]
+    assert table["is_diffuse"].tolist() == [False, True, False]
+    assert table["statistic"].tolist()[1] == 0.2 and "diffuse_share" in table
+    assert roles.role_names() == ["positional", "syntactic", "rare", "diffuse", "none"]
+    role_of = {(r.layer, r.head): r.role for r in table.itertuples()}
+    counts = _role_counts([(0, 0), (0, 1), (0, 2)], role_of)
+    assert counts == {"role_positional": 0, "role_syntactic": 0, "role_rare": 1, "role_diffuse": 1, "role_none": 1}
+    runs = pd.DataFrame([{"setting": "enc", "lam": lam, "retained_enc_self": 3, **counts} for lam in (0.5, 1, 2, 4)])
+    legends = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: legends.append(
+        [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]))
+    plots.retained_functions(runs, tmp_path / "figure8.png", "functions")
+    plots.head_function_map(table, None, tmp_path / "map.png", "roles")
+    assert legends == [["positional", "syntactic", "rare tokens", "diffuse", "other"]] * 2
+
+
 # --------------------------------------------------------------------------------------------
 # Driver: a real (tiny, random) model, batching must not change the statistics
 
