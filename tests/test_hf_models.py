@@ -632,7 +632,7 @@ def fast_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     return out
 
 
-@pytest.mark.parametrize("family", ["marian", "m2m_100"])  # post-LayerNorm, pre-LayerNorm
+@pytest.mark.parametrize("family", LRP_FAMILIES)  # post-LN (Marian, BART) and pre-LN (mBART, M2M100)
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
 def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
     model = lrp_model(family)
@@ -683,3 +683,77 @@ def test_lrp_conserves_without_biases(family):
     for name, total in result.cuts.items():
         valid = result.valid
         torch.testing.assert_close(total[valid], torch.ones_like(total[valid]), rtol=0, atol=1e-9, msg=name)
+
+
+# --------------------------------------------------------------------------------------------
+# headcount's analyses on a tiny Marian model, through the interface only
+
+
+def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
+    from headcount.batching import target_tensors
+    from headcount.decode import beam_search, greedy_search, translate
+    from headcount.importance import dev_batches, head_ablation, head_confidence, michel_importance
+    from headcount.lrp import head_relevance
+    from headcount.pruning import fold_gates, gate_table, penalty, prepare_for_pruning, remove_pruned_heads
+    from headcount.train import Corpus, DevSet, TrainConfig, train
+
+    model = marian_for(marian_tokenizer, d_model=16, heads=4, layers=2, seed=2)
+    source, target = HFTokenizer(marian_tokenizer, "source"), HFTokenizer(marian_tokenizer, "target")
+    src_lines, tgt_lines = toy_corpus(24, seed=13)
+    src_ids, tgt_ids = source.encode(src_lines), target.encode(tgt_lines)
+    batches = dev_batches(src_ids, tgt_ids, max_tokens=200, special=model.special)
+    src, tgt_in, tgt_out = max(batches, key=lambda b: b[0].shape[0])  # the batch of most sentences
+    assert src.shape[0] > 1
+    assert (src == model.special.eos).sum() == src.shape[0]  # batching appends the model's own EOS
+    assert (tgt_in[:, 0] == model.special.bos).all() and model.special.bos == model.special.pad
+    n_heads = 2 * 4
+
+    confidence = head_confidence(model, batches)
+    assert len(confidence) == 3 * n_heads and confidence["confidence"].between(0, 1).all()
+    michel = michel_importance(model, batches)
+    assert len(michel) == 3 * n_heads and np.isfinite(michel["michel"]).all() and (michel["michel_raw"] > 0).all()
+    ablation = head_ablation(model, batches[:2])
+    assert len(ablation) == 3 * n_heads and np.isfinite(ablation["delta_loss"]).all()
+    assert (model.head_mask()["enc_self"] == 1).all()  # restored afterwards
+
+    # LRP on a model's own translations, as the workflow does.
+    hyps = greedy_search(model, src)
+    beams = beam_search(model, src, beam=3)
+    assert len(hyps) == len(beams) == src.shape[0]
+    assert all(model.special.pad not in h and model.special.eos not in h for h in hyps + beams)
+    translated = translate(model, src_ids[:6], beam=2, max_tokens=100)
+    assert len(translated) == 6 and all(isinstance(t, str) for t in target.decode(translated))
+    explained = [h if h else [5] for h in hyps]
+    tin, _ = target_tensors(explained, model.special)
+    relevance = head_relevance(model, [(src, tin)], rule="ding", max_seeds=4)
+    table = relevance.table
+    assert len(table) == 3 * n_heads
+    sums = table.groupby(["type", "layer"])["lrp"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-6)
+    assert int(table["n_steps"].iloc[0]) == sum(len(h) + 1 for h in explained)  # BOS (= pad) step included
+
+    # L0 pruning: gates on the attention, a few training steps with the penalty, fold, remove.
+    data = Corpus(src_ids, tgt_ids)
+    dev = DevSet(src_ids[:8], tgt_ids[:8], tgt_lines[:8])
+    gates, groups = prepare_for_pruning(model, "all", log_alpha_init=None, gate_lr_scale=1.0)
+    before = [g.log_alpha.detach().clone() for g in gates]
+    cfg = TrainConfig(max_tokens=200, max_steps=4, warmup_steps=2, eval_interval=4, checkpoint_interval=4,
+                      log_interval=2, dev_bleu_sentences=0, select="last", device="cpu", precision="fp32",
+                      label_smoothing=0.1)
+    train(model, cfg, data, dev, tmp_path / "prune", parameters=groups, extra_loss=penalty(gates, 0.5),
+          log=lambda line: None)
+    assert any(not torch.equal(b, g.log_alpha.detach()) for b, g in zip(before, gates))
+    assert len(gate_table(model)) == 3 * n_heads
+    model.eval()
+    with torch.no_grad():
+        gated = model(src, tgt_in)[0]
+        fold_gates(model)
+        torch.testing.assert_close(model(src, tgt_in)[0], gated, rtol=1e-5, atol=1e-5)
+        model.set_head_mask({"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 1, 1, 1]])})
+        masked = model(src, tgt_in)[0]
+        remove_pruned_heads(model)
+        assert model.head_counts()["enc_self"] == [2, 3]
+        torch.testing.assert_close(model(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+    model.save(tmp_path / "pruned.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)

@@ -62,6 +62,11 @@ class HeadGates(nn.Module):
     def attention(self) -> nn.Module:
         return self._owner[0]
 
+    @property
+    def out_proj(self) -> nn.Linear:
+        """The output projection, under the name headcount's own attention uses (pruning.fold_gates)."""
+        return self.proj
+
     def gates(self) -> Tensor:
         """(H,): the fixed 0/1 mask, times the Hard Concrete gates if any."""
         if self.hard_concrete is None:
@@ -228,6 +233,12 @@ class HFSeq2Seq(nn.Module):
 
     @property
     def config(self):
+        return self.hf.config
+
+    @property
+    def cfg(self):
+        """The transformers config: train.train records `model.cfg.to_dict()` in its checkpoints
+        and run fingerprints, as it does for headcount's ModelConfig."""
         return self.hf.config
 
     # ---------------------------------------------------------------- the forward pass
