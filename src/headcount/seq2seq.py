@@ -24,7 +24,8 @@ The contract, in short:
 - `attention_modules()` -> {attention type: [one `HeadSlots` per layer]}, in layer order.
 - `set_head_mask` / `head_mask`: the fixed 0/1 gates, {type: (layers, H)}.
 - `max_positions`: the longest sequence the model accepts; `d_model`: its width D (learning-rate
-  schedules scale with it).
+  schedules scale with it); `cfg`: its configuration, `cfg.to_dict()` a JSON-able dict (the
+  training loop records it in checkpoints and run fingerprints).
 - `encoder_parameters()`: the parameters of the source side (embeddings, encoder layers, final
   encoder norm): what the encoder-only pruning setting trains.
 - `lrp_forward()`: the `LRPForward` that re-runs this architecture with LRP rules (lrp.py).
@@ -35,8 +36,9 @@ The contract, in short:
 Every `HeadSlots` (one attention module) multiplies head i's context by `gates()[i]` before the
 output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh) through the
 `head_context` identity module first (hook point for Michel importance), has a fixed 0/1
-`head_mask` buffer (H,), an optional `hard_concrete` gate module (gates.attach_gates), and
-`keep_heads(indices)` to remove the other heads physically.
+`head_mask` buffer (H,), an optional `hard_concrete` gate module (gates.attach_gates), its output
+projection `out_proj` (gate folding scales each head's input columns), and `keep_heads(indices)`
+to remove the other heads physically.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class HeadSlots(Protocol):
 
     n_heads: int
     head_dim: int
+    out_proj: nn.Linear  # W^O: head i owns its input columns i*Dh:(i+1)*Dh (pruning.fold_gates scales them)
     head_mask: Tensor  # (H,) fixed 0/1 gates
     hard_concrete: nn.Module | None  # HardConcreteGates while pruning
     head_context: nn.Module  # identity on (B, H, Tq, Dh), before the gates
@@ -87,6 +90,7 @@ class Seq2SeqWithHeads(Protocol):
     special: SpecialIds
     max_positions: int
     d_model: int
+    cfg: Any  # the model's configuration; train.train records cfg.to_dict() in checkpoints and fingerprints
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]: ...
 

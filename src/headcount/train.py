@@ -25,7 +25,6 @@ from torch import Tensor
 
 from .batching import make_batches, source_tensor, target_tensors
 from .io import CheckpointError, HeadcountError, atomic_path, config_hash
-from .model import Transformer
 from .progress import Progress
 from .seq2seq import Seq2SeqWithHeads
 from .seq2seq import load_model as load_model  # re-exported: one loader for every model family
@@ -219,7 +218,7 @@ class DevSet:
     references: list[str] = field(default_factory=list)  # raw target text for BLEU
 
 
-def evaluate_loss(model: Transformer, data: Corpus, max_tokens: int, device, autocast_dtype) -> float:
+def evaluate_loss(model: Seq2SeqWithHeads, data: Corpus, max_tokens: int, device, autocast_dtype) -> float:
     """Mean per-token NLL (nats) on a set, in evaluation mode."""
     model.eval()
     total, tokens = 0.0, 0
@@ -234,15 +233,15 @@ def evaluate_loss(model: Transformer, data: Corpus, max_tokens: int, device, aut
 
 
 def train(
-    model: Transformer,
+    model: Seq2SeqWithHeads,
     cfg: TrainConfig,
     data: Corpus,
     dev: DevSet,
     out_dir: str | os.PathLike,
-    dev_bleu: Callable[[Transformer, DevSet], float] | None = None,
+    dev_bleu: Callable[[Seq2SeqWithHeads, DevSet], float] | None = None,
     parameters=None,  # the parameters to train, or param groups with an "lr_scale"; default: all
-    extra_loss: Callable[[Transformer], Tensor] | None = None,  # e.g. the L0 penalty of the gates
-    extra_metrics: Callable[[Transformer], dict] | None = None,  # more fields for each log record
+    extra_loss: Callable[[Seq2SeqWithHeads], Tensor] | None = None,  # e.g. the L0 penalty of the gates
+    extra_metrics: Callable[[Seq2SeqWithHeads], dict] | None = None,  # more fields for each log record
     run_fingerprint: dict | None = None,  # everything the run depends on; a checkpoint must match it
     lr_at: Callable[[int], float] | None = None,  # learning rate at a 1-based step; default: Noam
     init_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,  # e.g. load moments; fresh runs only
