@@ -8,7 +8,7 @@ models (hf_models.py). Nothing here knows a model's module names, its layout or 
 Shapes: B batch, S source length, T target length, D model width, H heads, Dh head size,
 V target vocabulary.
 
-The contract, in short:
+The contract, in short (a model is also a torch nn.Module: parameters, state_dict, train/eval, to):
 
 - `special`: the ids an analysis needs (padding, the decoder's start token, end of sentence).
   Source tensors are subword ids followed by EOS, padded with `special.pad`; decoder inputs start
