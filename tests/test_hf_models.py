@@ -3,12 +3,10 @@ family, built from configs, with a Marian tokenizer trained here on the toy corp
 downloaded."""
 
 import copy
-import json
 import math
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 import torch
 from conftest import toy_corpus
 from torch import nn
@@ -20,8 +18,11 @@ from headcount.hf_models import (  # noqa: E402
     HFSeq2Seq,
     HFTokenizer,
     PretrainedModelUnavailable,
+    import_pretrained,
     load_pretrained,
     load_tokenizers,
+    open_tokenizer,
+    write_tiny_marian,
 )
 from headcount.lrp import make_rules  # noqa: E402
 from headcount.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHeads, load_model  # noqa: E402
@@ -96,26 +97,16 @@ def batch(model: HFSeq2Seq, B: int = 3, S: int = 6, T: int = 5, seed: int = 0):
 
 
 @pytest.fixture(scope="module")
-def marian_tokenizer(tmp_path_factory):
-    """A MarianTokenizer (source.spm, target.spm, vocab.json) trained on the toy corpus."""
-    root = tmp_path_factory.mktemp("marian_tok")
+def tiny_marian_dir(tmp_path_factory):
+    """A stand-in for an opus-mt directory: tokenizer (source.spm, target.spm, vocab.json) trained
+    on the toy corpus, random MarianMT weights, as save_pretrained writes them."""
     src, tgt = toy_corpus(400, seed=11)
-    for side, lines in (("source", src), ("target", tgt)):
-        (root / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(input=str(root / f"{side}.txt"), model_prefix=str(root / side),
-                                       vocab_size=40, model_type="unigram", character_coverage=1.0,
-                                       hard_vocab_limit=False, minloglevel=2)
-        (root / f"{side}.model").rename(root / f"{side}.spm")
-    pieces = ["</s>", "<unk>"]
-    for side in ("source", "target"):
-        sp = spm.SentencePieceProcessor(model_file=str(root / f"{side}.spm"))
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())
-                   if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces]
-    pieces.append("<pad>")
-    (root / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}), encoding="utf-8")
-    tokenizer = transformers.MarianTokenizer(source_spm=str(root / "source.spm"), target_spm=str(root / "target.spm"),
-                                             vocab=str(root / "vocab.json"))
-    return tokenizer
+    return write_tiny_marian(tmp_path_factory.mktemp("opus-mt-toy"), src, tgt, vocab_size=40)
+
+
+@pytest.fixture(scope="module")
+def marian_tokenizer(tiny_marian_dir):
+    return transformers.MarianTokenizer.from_pretrained(str(tiny_marian_dir))
 
 
 def marian_for(tokenizer, **kwargs) -> HFSeq2Seq:
@@ -353,6 +344,23 @@ def test_load_pretrained_from_a_local_directory(tmp_path, marian_tokenizer):
         torch.testing.assert_close(model(src, tgt_in)[0], HFSeq2Seq(hf)(src, tgt_in)[0], rtol=0, atol=0)
     assert source.encode(["Big cat."]) == HFTokenizer(marian_tokenizer, "source").encode(["Big cat."])
     assert target.decode(target.encode(["Gross katze."])) == ["Gross katze."]
+
+
+def test_import_pretrained_for_the_workflow(tiny_marian_dir, tmp_path):
+    """What a stage does for `pretrained:`: a headcount checkpoint and local tokenizer files."""
+    model = import_pretrained(tiny_marian_dir, tmp_path / "baseline/model.pt", tmp_path / "tokenizer")
+    loaded = load_model(tmp_path / "baseline/model.pt")
+    src, tgt_in = batch(model)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, tgt_in)[0], model(src, tgt_in)[0], rtol=0, atol=0)
+    assert torch.load(tmp_path / "baseline/model.pt", weights_only=True)["pretrained"]["source"] == str(tiny_marian_dir)
+    lines = toy_corpus(5, seed=3)
+    for side, text in zip(("source", "target"), lines):
+        tok = open_tokenizer(tmp_path / "tokenizer", side)
+        assert tok.encode(text) == open_tokenizer(tiny_marian_dir, side).encode(text)
+        assert tok.decode(tok.encode(text)) == text
+    segmenter = open_tokenizer(tiny_marian_dir / "source.spm", "source")  # a file: headcount's own kind
+    assert type(segmenter).__name__ == "Segmenter"
 
 
 def test_missing_model_gives_a_clear_error(tmp_path):

@@ -519,5 +519,75 @@ def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None,
     return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
 
 
+def open_tokenizer(path: str | os.PathLike, side: str):
+    """A stage's tokenizer from a path: a directory holding a transformers tokenizer (a pretrained
+    model's, e.g. what import_pretrained wrote) -> that side of it; anything else is headcount's
+    own sentencepiece model file (subwords.Segmenter)."""
+    if Path(path).is_dir():
+        return load_tokenizers(path, offline=True)[0 if side == "source" else 1]
+    from .subwords import Segmenter
+
+    return Segmenter(path)
+
+
+def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
+                      tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
+                      src_lang: str | None = None, tgt_lang: str | None = None) -> HFSeq2Seq:
+    """What a workflow stage calls for `pretrained:`: load the model (and its tokenizer), write a
+    headcount checkpoint to `model_out` (seq2seq.load_model reads it, like a trained baseline) and
+    the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them), so that later stages
+    need neither the hub nor the original directory."""
+    model = load_pretrained(name_or_dir, offline=offline)
+    if tokenizer_dir is not None:
+        source, _ = load_tokenizers(name_or_dir, offline=offline, src_lang=src_lang, tgt_lang=tgt_lang)
+        Path(tokenizer_dir).mkdir(parents=True, exist_ok=True)
+        source.tokenizer.save_pretrained(str(tokenizer_dir))
+    model.save(model_out, extra={"pretrained": {"source": str(name_or_dir), "family": model.family.name,
+                                                "src_lang": src_lang, "tgt_lang": tgt_lang}})
+    return model
+
+
+def write_tiny_marian(directory: str | os.PathLike, src_lines: list[str], tgt_lines: list[str],
+                      vocab_size: int = 60, d_model: int = 16, layers: int = 2, heads: int = 4, ffn: int = 32,
+                      seed: int = 0) -> Path:
+    """A randomly initialised MarianMT model with a tokenizer trained on the given lines, written
+    as transformers writes a pretrained model (save_pretrained): a stand-in for an opus-mt
+    directory where the hub is out of reach (tests, dry runs). Source and target get their own
+    sentencepiece model and share one vocabulary, as opus-mt models do."""
+    import sentencepiece as spm
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    pieces = ["</s>", "<unk>"]
+    for side, lines in (("source", src_lines), ("target", tgt_lines)):
+        (directory / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(input=str(directory / f"{side}.txt"), model_prefix=str(directory / side),
+                                       vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+                                       hard_vocab_limit=False, minloglevel=2, num_threads=1)
+        (directory / f"{side}.txt").unlink()
+        (directory / f"{side}.vocab").unlink()
+        os.replace(directory / f"{side}.model", directory / f"{side}.spm")
+        sp = spm.SentencePieceProcessor(model_file=str(directory / f"{side}.spm"))
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                   if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in pieces]
+    pieces.append("<pad>")  # opus-mt: </s> 0, <unk> 1, <pad> last
+    (directory / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False),
+                                          encoding="utf-8")
+    tokenizer = MarianTokenizer(source_spm=str(directory / "source.spm"), target_spm=str(directory / "target.spm"),
+                                vocab=str(directory / "vocab.json"))
+    pad = tokenizer.pad_token_id
+    config = MarianConfig(vocab_size=len(pieces), d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                          encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                          decoder_ffn_dim=ffn, max_position_embeddings=512, pad_token_id=pad,
+                          decoder_start_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+                          forced_eos_token_id=tokenizer.eos_token_id, activation_function="swish",
+                          scale_embedding=True, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0)
+    torch.manual_seed(seed)
+    MarianMTModel(config).save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
 __all__ = ["ATTENTION_TYPES", "FAMILIES", "HFSeq2Seq", "HFTokenizer", "HeadGates", "PretrainedModelUnavailable",
-           "load_pretrained", "load_tokenizers"]
+           "import_pretrained", "load_pretrained", "load_tokenizers", "open_tokenizer", "write_tiny_marian"]
