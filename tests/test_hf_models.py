@@ -31,7 +31,7 @@ torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
 FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
-LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100")
+LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
 
 
 # --------------------------------------------------------------------------------------------
@@ -39,7 +39,7 @@ LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100")
 
 
 def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn: int = 32, layers: int = 2,
-            seed: int = 0, biases: bool = True, pad: int | None = None):
+            seed: int = 0, biases: bool = True, pad: int | None = None, gated: bool = False):
     """A transformers model of the family, random weights with non-trivial biases and gains, eval mode."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
@@ -61,7 +61,8 @@ def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn
         config = transformers.T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=ffn,
                                        num_layers=layers, num_decoder_layers=layers, num_heads=heads,
                                        relative_attention_num_buckets=8, dropout_rate=0.0,
-                                       feed_forward_proj="relu", pad_token_id=0, eos_token_id=1)
+                                       feed_forward_proj="gated-gelu" if gated else "relu", pad_token_id=0,
+                                       eos_token_id=1)
         hf = transformers.T5ForConditionalGeneration(config)
     with torch.no_grad():
         for module in hf.modules():
@@ -401,9 +402,10 @@ def test_tokenizer_round_trip_pieces_and_no_eos(marian_tokenizer):
 # LRP
 
 
-def lrp_model(family: str, biases: bool = True, seed: int = 3) -> HFSeq2Seq:
-    """1+1 layers, d_model 8, 2 heads, vocab 12, float64."""
-    return tiny(family, vocab=12, d_model=8, heads=2, ffn=16, layers=1, biases=biases, seed=seed).double()
+def lrp_model(family: str, biases: bool = True, seed: int = 3, gated: bool = False) -> HFSeq2Seq:
+    """1+1 layers, d_model 8, 2 heads, vocab 12, float64 (T5: optionally its gated feed-forward)."""
+    kwargs = {"gated": gated} if family == "t5" else {}
+    return tiny(family, vocab=12, d_model=8, heads=2, ffn=16, layers=1, biases=biases, seed=seed, **kwargs).double()
 
 
 def lrp_batch(model: HFSeq2Seq):
@@ -433,11 +435,6 @@ def test_lrp_forward_matches_the_model(family):
         trace = forward.decode(forward.encode(src, rules), tgt_in, rules)
         torch.testing.assert_close(trace.top_logit, best.values, rtol=1e-10, atol=1e-10)
         assert torch.equal(trace.target, best.indices)
-
-
-def test_t5_has_no_lrp():
-    with pytest.raises(NotImplementedError, match="t5"):
-        tiny("t5").lrp_forward()
 
 
 def sgn(z):
@@ -485,12 +482,15 @@ def lrp_layer_norm(norm, x, y, R_out, rule, eps):
 
 
 def lrp_attention(attention, slot, acts, probs, x_q, x_kv, R_out, rule, eps):
-    """-> (R at the query input, R at the key/value input, sum |R| per head context)."""
+    """-> (R at the query input, R at the key/value input, sum |R| per head context). The scores are
+    raw q.k times the module's scaling (Dh^-0.5; T5: 1) plus, for T5, a constant position bias."""
     H, Dh = slot.n_heads, slot.head_dim
+    q_proj, k_proj, v_proj = (getattr(attention, n) for n in (("q", "k", "v") if hasattr(attention, "q")
+                                                              else ("q_proj", "k_proj", "v_proj")))
     ctx_in, out = acts[slot.proj]
     R_ctx = lrp_linear(ctx_in, slot.proj.weight.detach().numpy(), out, R_out, eps)
     heads = [float(np.abs(R_ctx[:, h * Dh : (h + 1) * Dh]).sum()) for h in range(H)]
-    q, k, v = acts[attention.q_proj][1], acts[attention.k_proj][1], acts[attention.v_proj][1]
+    q, k, v = acts[q_proj][1], acts[k_proj][1], acts[v_proj][1]
     R_q, R_k, R_v = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for h in range(H):
         P = probs[h]
@@ -513,14 +513,14 @@ def lrp_attention(attention, slot, acts, probs, x_q, x_kv, R_out, rule, eps):
                     if P[qi, kj] == 0:
                         continue
                     raw = sum(q[qi, h * Dh + d] * k[kj, h * Dh + d] for d in range(Dh))
-                    R_score = raw / math.sqrt(Dh) * (R_P[qi, kj] - P[qi, kj] * total)  # softmax rule
+                    R_score = raw * attention.scaling * (R_P[qi, kj] - P[qi, kj] * total)  # softmax rule
                     for d in range(Dh):
                         share = q[qi, h * Dh + d] * k[kj, h * Dh + d] / (raw + eps * sgn(raw)) * R_score
                         R_q[qi, h * Dh + d] += 0.5 * share
                         R_k[kj, h * Dh + d] += 0.5 * share
-    R_xq = lrp_linear(x_q, attention.q_proj.weight.detach().numpy(), q, R_q, eps)
-    R_xkv = lrp_linear(x_kv, attention.k_proj.weight.detach().numpy(), k, R_k, eps)
-    R_xkv = R_xkv + lrp_linear(x_kv, attention.v_proj.weight.detach().numpy(), v, R_v, eps)
+    R_xq = lrp_linear(x_q, q_proj.weight.detach().numpy(), q, R_q, eps)
+    R_xkv = lrp_linear(x_kv, k_proj.weight.detach().numpy(), k, R_k, eps)
+    R_xkv = R_xkv + lrp_linear(x_kv, v_proj.weight.detach().numpy(), v, R_v, eps)
     return R_xq, R_xkv, heads
 
 
@@ -528,7 +528,8 @@ def capture(model: HFSeq2Seq, src, tgt_in):
     """(input, output) of every Linear and LayerNorm in transformers' own forward pass, sentence 0."""
     acts, hooks = {}, []
     for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.LayerNorm)) and module is not model.hf.lm_head:
+        norm = isinstance(module, nn.LayerNorm) or type(module).__name__ == "T5LayerNorm"
+        if (isinstance(module, nn.Linear) or norm) and module is not model.hf.lm_head:
             hooks.append(module.register_forward_hook(
                 lambda mod, inp, out: acts.__setitem__(mod, (inp[0][0].detach().numpy(), out[0].detach().numpy()))))
     with torch.no_grad():
@@ -542,6 +543,8 @@ def capture(model: HFSeq2Seq, src, tgt_in):
 def explicit_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     """Per step of sentence 0: ({type: [H sums of |R|]}, total relevance at the input streams),
     computed neuron by neuron from transformers' own activations, for a 1+1-layer model."""
+    if model.family.name == "t5":
+        return explicit_lrp_t5(model, src, tgt_in, rule, eps)
     acts, probs, logits = capture(model, src, tgt_in)
     eps = 0.0 if rule == "ding" else eps
     pre = model.family.pre_norm
@@ -622,6 +625,86 @@ def explicit_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     return results
 
 
+def lrp_rms_norm(norm, x, y, R_out, rule, eps):
+    """T5's RMSNorm y = w x / rms(x). Ding: relevance passes unchanged. AttnLRP: rms a constant, so
+    y_j = (w_j / rms) x_j is linear, one input per output: R_x_j = y_j / (y_j + eps sgn y_j) R_y_j."""
+    if rule == "ding":
+        return R_out.copy()
+    R = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            R[t, j] = y[t, j] / (y[t, j] + eps * sgn(y[t, j])) * R_out[t, j]
+    return R
+
+
+def explicit_lrp_t5(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
+    """explicit_lrp for a 1+1-layer T5: pre-RMSNorm blocks, ReLU or gated feed-forward, no biases,
+    the hidden state scaled by d_model^-0.5 before the tied output layer."""
+    acts, probs, logits = capture(model, src, tgt_in)
+    eps = 0.0 if rule == "ding" else eps
+    encoder, decoder = model.family.stacks(model.hf)
+    enc, dec = encoder.block[0], decoder.block[0]
+    slots = {kind: mods[0] for kind, mods in model.attention_modules().items()}
+    W = model.hf.lm_head.weight.detach().numpy()
+    scale = model.config.d_model**-0.5
+
+    def norm_back(norm, R):
+        x, y = acts[norm]
+        return lrp_rms_norm(norm, x, y, R, rule, eps)
+
+    def block(norm, branch_out, R, branch):
+        """x + f(N(x)) -> relevance at x and what the branch returns."""
+        x = acts[norm][0]
+        R_x, R_b = lrp_sum(x, branch_out, R, eps)
+        R_in, extra = branch(R_b)
+        return R_x + norm_back(norm, R_in), extra
+
+    def ffn(layer):
+        dense = layer.DenseReluDense
+
+        def branch(R_f):
+            a, f = acts[dense.wo]
+            R_a = lrp_linear(a, dense.wo.weight.detach().numpy(), f, R_f, eps)
+            if hasattr(dense, "wi_0"):  # a = act(z0) * z1: half of the product's relevance to each factor
+                x, z0 = acts[dense.wi_0]
+                z1 = acts[dense.wi_1][1]
+                return (lrp_linear(x, dense.wi_0.weight.detach().numpy(), z0, 0.5 * R_a, eps)
+                        + lrp_linear(x, dense.wi_1.weight.detach().numpy(), z1, 0.5 * R_a, eps)), None
+            x, z = acts[dense.wi]
+            return lrp_linear(x, dense.wi.weight.detach().numpy(), z, R_a, eps), None  # ReLU passes
+        return branch
+
+    def attention_branch(attention, kind, memory=False):
+        def branch(R_h):
+            x_q, x_kv = acts[attention.q][0], acts[attention.k][0]
+            R_q, R_kv, heads = lrp_attention(attention, slots[kind], acts, probs[kind][0], x_q, x_kv, R_h, rule, eps)
+            return (R_q, (R_kv, heads)) if memory else (R_q + R_kv, heads)
+        return branch
+
+    hidden = acts[decoder.final_layer_norm][1] * scale
+    results = []
+    for t in range(tgt_in.shape[1]):
+        row = logits[t].copy()
+        row[list(model.special.never_generated())] = -np.inf
+        c = int(row.argmax())
+        s = logits[t, c]
+        assert abs(s - hidden[t] @ W[c]) < 1e-9
+        R = np.zeros_like(hidden)
+        R[t] = hidden[t] * W[c] / (s + eps * sgn(s))
+        R = norm_back(decoder.final_layer_norm, R)
+        R, _ = block(dec.layer[2].layer_norm, acts[dec.layer[2].DenseReluDense.wo][1], R, ffn(dec.layer[2]))
+        R, (R_mem, heads_c) = block(dec.layer[1].layer_norm, acts[slots["dec_enc"].proj][1], R,
+                                    attention_branch(dec.layer[1].EncDecAttention, "dec_enc", memory=True))
+        R_y0, heads_s = block(dec.layer[0].layer_norm, acts[slots["dec_self"].proj][1], R,
+                              attention_branch(dec.layer[0].SelfAttention, "dec_self"))
+        R = norm_back(encoder.final_layer_norm, R_mem)
+        R, _ = block(enc.layer[1].layer_norm, acts[enc.layer[1].DenseReluDense.wo][1], R, ffn(enc.layer[1]))
+        R_x0, heads_e = block(enc.layer[0].layer_norm, acts[slots["enc_self"].proj][1], R,
+                              attention_branch(enc.layer[0].SelfAttention, "enc_self"))
+        results.append(({"enc_self": heads_e, "dec_self": heads_s, "dec_enc": heads_c}, R_x0.sum() + R_y0.sum()))
+    return results
+
+
 def fast_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     """The LRP forward pass with autograd, one backward pass per step (sentence 0): the same
     read-out as lrp.step_relevance, without its batching."""
@@ -640,10 +723,10 @@ def fast_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     return out
 
 
-@pytest.mark.parametrize("family", LRP_FAMILIES)  # post-LN (Marian, BART) and pre-LN (mBART, M2M100)
+@pytest.mark.parametrize("family", [*LRP_FAMILIES, "t5-gated"])  # post-LN (Marian, BART), pre-LN (the others)
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
 def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
-    model = lrp_model(family)
+    model = lrp_model(family.removesuffix("-gated"), gated=family.endswith("-gated"))
     # Gates other than 1 (a head switched off, two scaled): the LRP pass must gate as the model does.
     model.set_head_mask({"enc_self": torch.tensor([[1.0, 0.0]]), "dec_self": torch.tensor([[0.6, 1.0]]),
                          "dec_enc": torch.tensor([[1.0, 0.3]])})
@@ -662,7 +745,7 @@ def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
     print(f"LRP {family} {rule}: max abs error against the explicit LRP {worst:.2e}")
 
 
-@pytest.mark.parametrize("family", ["marian", "m2m_100"])
+@pytest.mark.parametrize("family", ["marian", "m2m_100", "t5"])
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
 def test_lrp_driver_agrees_with_single_steps(family, rule):
     """lrp.step_relevance (batched over steps and sentences) reads the same head relevance."""

@@ -167,7 +167,6 @@ class Family:
     head_dim_attr: str = "head_dim"
     can_remove_heads: bool = True
     pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
-    lrp: bool = True  # hf_lrp.py re-creates its forward pass
 
     def stacks(self, hf: nn.Module) -> tuple[nn.Module, nn.Module]:
         if self.name == "t5":
@@ -191,7 +190,7 @@ FAMILIES = {
     "mbart": Family("mbart", pre_norm=True),
     "m2m_100": Family("m2m_100", pre_norm=True),  # NLLB checkpoints use this architecture too
     "t5": Family("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
-                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True, lrp=False),
+                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True),
 }
 
 
@@ -350,9 +349,9 @@ class HFSeq2Seq(nn.Module):
         return encoder.parameters()
 
     def lrp_forward(self):
-        from .hf_lrp import HFLRPForward
+        from .hf_lrp import lrp_forward_of
 
-        return HFLRPForward(self)
+        return lrp_forward_of(self)
 
     # ---------------------------------------------------------------- checkpoints
 
