@@ -823,6 +823,20 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-6)
     assert int(table["n_steps"].iloc[0]) == sum(len(h) + 1 for h in explained)  # BOS (= pad) step included
 
+    # Head roles: positional, rare-token and syntactic statistics through the model's tokenizer.
+    from conftest import toy_conllu
+
+    from headcount.parses import read_conllu
+    from headcount.roles import assign_roles, count_words, syntactic_statistics, text_statistics
+
+    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
+    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
+                           log=lambda line: None)
+    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
+                                  log=lambda line: None)
+    roles = assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+    assert len(roles) == n_heads and roles["role"].notna().all()
+
     # L0 pruning: gates on the attention, a few training steps with the penalty, fold, remove.
     data = Corpus(src_ids, tgt_ids)
     dev = DevSet(src_ids[:8], tgt_ids[:8], tgt_lines[:8])
