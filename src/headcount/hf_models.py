@@ -10,13 +10,21 @@ projection: MultiHead = Concat_i(g_i head_i) W^O (Voita et al. 2019, eq. 2).
 
 Loading: `load_pretrained(name_or_dir)` reads a hub id or a local directory written by
 `save_pretrained` / `hf download`; `load_tokenizers(name_or_dir)` gives the source and target
-`Tokenizer`s. `HFSeq2Seq.save(path)` writes a headcount checkpoint (family = the transformers
-model type) that seq2seq's family registry loads back, pruned heads included.
+`Tokenizer`s. A workflow stage calls `import_pretrained(name_or_dir, model_out, tokenizer_dir)` once:
+it writes a headcount checkpoint (family = the transformers model type; seq2seq.load_model reads it
+back, pruned heads and gates included) and the tokenizer's files, which `open_tokenizer(dir, side)`
+opens for the later stages. `write_tiny_marian` writes an opus-mt-shaped directory with a tokenizer
+trained on given lines, for tests and dry runs where the hub is out of reach.
 
 What differs between families (`Family` below): module names, how logits are formed (Marian and
 BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 when its output layer is
-tied), and what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically:
-its relative position bias is computed once, in the first layer, for all heads of every layer.
+tied), what the decoder starts from (Marian and T5: their pad id; BART, mBART, M2M100: EOS), and
+what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically: its
+relative position bias is computed once, in the first layer, for all heads of every layer.
+Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags (a source prefix, a target
+language token forced after the start token); the tokenizers here add no special tokens and
+headcount's search forces none, so their architecture is supported but their translations are
+not those of transformers' generate.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, V vocabulary.
 """
