@@ -206,6 +206,30 @@ def test_reorder_cache(family):
     torch.testing.assert_close(after, alone[:, 2:], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_search_matches_transformers_generate(family):
+    """headcount's greedy search through the interface (cache, reorder, the ids never generated,
+    EOS forced at the length limit) picks the tokens transformers' own generate picks."""
+    from headcount.decode import greedy_search
+
+    model = tiny(family, d_model=32, ffn=64, seed=4)
+    with torch.no_grad():
+        for p in model.parameters():  # sharper distributions: outputs that depend on the input
+            if p.dim() == 2:
+                p.mul_(3.0)
+    src, _ = batch(model)
+    sp = model.special
+    ours = greedy_search(model, src, max_len_a=0, max_len_b=8)  # 7 tokens, then EOS forced
+    out = model.hf.generate(input_ids=src, attention_mask=src.ne(sp.pad).long(), max_new_tokens=8, num_beams=1,
+                            do_sample=False, no_repeat_ngram_size=0, repetition_penalty=1.0, min_length=0,
+                            forced_bos_token_id=None, forced_eos_token_id=sp.eos,
+                            bad_words_ids=[[i] for i in sp.never_generated()], decoder_start_token_id=sp.bos,
+                            eos_token_id=sp.eos, pad_token_id=sp.pad)
+    theirs = [row[1:] for row in out.tolist()]  # without the start token (BART's is its EOS)
+    theirs = [row[: row.index(sp.eos)] if sp.eos in row else row for row in theirs]
+    assert ours == theirs
+
+
 # --------------------------------------------------------------------------------------------
 # Head masks, gates, physical pruning
 
