@@ -323,6 +323,11 @@ def test_keep_heads_equals_masking(family):
                  for t in range(tgt_in.shape[1])]
         torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
     assert pruned.head_mask()["enc_self"].tolist() == [[1, 1], [1, 0]]
+    pruned.set_head_mask(pruned.head_mask())  # the padded layout round-trips
+    pruned.set_head_mask({"enc_self": torch.tensor([[0.0, 1.0], [1.0, 0.0]])})
+    assert pruned.attention_modules()["enc_self"][1].head_mask.tolist() == [1.0]
+    with pytest.raises(ValueError, match="zeros beyond"):
+        pruned.set_head_mask({"enc_self": torch.tensor([[1.0, 1.0], [1.0, 1.0]])})
 
 
 def test_t5_cannot_remove_heads():

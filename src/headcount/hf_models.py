@@ -316,16 +316,19 @@ class HFSeq2Seq(nn.Module):
                 for kind, modules in self.family.attentions(self.hf).items()}
 
     def set_head_mask(self, masks: dict[str, Tensor]) -> None:
-        """Fix the 0/1 gates, masks[type] of shape (layers, H); types left out stay as they are."""
+        """Fix the 0/1 gates, masks[type] of shape (layers, H); types left out stay as they are. After
+        physical pruning H is the widest layer's head count and each layer reads its first heads."""
         modules = self.attention_modules()
         for kind, mask in masks.items():
             mask = torch.as_tensor(mask, dtype=torch.float32)
-            heads = {m.n_heads for m in modules[kind]}
-            if mask.dim() != 2 or mask.shape[0] != len(modules[kind]) or heads != {mask.shape[1]}:
+            width = max(m.n_heads for m in modules[kind])
+            if mask.dim() != 2 or mask.shape != (len(modules[kind]), width) or any(
+                    row[m.n_heads:].any() for m, row in zip(modules[kind], mask)):
                 raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
-                                 f"({len(modules[kind])}, {'/'.join(map(str, sorted(heads)))})")
+                                 f"({len(modules[kind])}, {width}) (after physical pruning: zeros beyond a "
+                                 f"layer's remaining heads, as head_mask() gives)")
             for module, row in zip(modules[kind], mask):
-                module.head_mask.copy_(row)
+                module.head_mask.copy_(row[: module.n_heads])
 
     def head_mask(self) -> dict[str, Tensor]:
         """{type: (layers, H)}; after physical pruning, rows are padded with zeros to the widest layer."""
