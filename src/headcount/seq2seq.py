@@ -12,7 +12,8 @@ The contract, in short (a model is also a torch nn.Module: parameters, state_dic
 
 - `special`: the ids an analysis needs (padding, the decoder's start token, end of sentence).
   Source tensors are subword ids followed by EOS, padded with `special.pad`; decoder inputs start
-  with `special.bos` (Marian starts from its pad id: that is fine, the adapter says so here).
+  with `special.bos` (Marian starts from its pad id: so tell padding from the start token with
+  `special.decoder_positions(tgt_in)`, never with `tgt_in != pad`).
 - `encode(src, need_weights)` -> (memory (B, S, D), src_pad (B, S) True at padding,
   [per encoder layer (B, H, S, S) or None]).
 - `decode(tgt_in, memory, src_pad, need_weights, cache, start)` -> (hidden (B, T, D),
@@ -67,6 +68,13 @@ class SpecialIds:
     def never_generated(self) -> tuple[int, ...]:
         """Ids that search and LRP never pick as an output token."""
         return tuple(sorted({self.pad, self.bos} - {self.eos}))
+
+    def decoder_positions(self, tgt_in: Tensor) -> Tensor:
+        """(B, T) True at the real positions of decoder inputs (start token, then the target's
+        tokens, padding after): the start token counts even where it is the pad id (Marian)."""
+        real = tgt_in.ne(self.pad)
+        real[:, :1] = True
+        return real
 
 
 @runtime_checkable
