@@ -147,3 +147,23 @@ def test_analyses_take_the_special_ids_from_the_model():
         got, want = step_relevance(twin, twin_src, twin_tgt).heads, step_relevance(model, src, tgt_in).heads
         for kind in want:
             torch.testing.assert_close(got[kind], want[kind])
+
+
+class StartsFromPad(Transformer):
+    """Decoder inputs start from the pad id, as Marian's do."""
+
+    special = SpecialIds(pad=0, bos=0, eos=EOS_ID, unk=UNK_ID)
+
+
+def test_a_start_token_equal_to_the_pad_id_still_counts():
+    special = StartsFromPad.special
+    tgt_in = torch.tensor([[0, 5, 6], [0, 7, 0]])
+    assert special.decoder_positions(tgt_in).tolist() == [[True, True, True], [True, True, False]]
+    torch.manual_seed(0)
+    model = StartsFromPad(tiny_config()).eval()
+    src = torch.tensor([[5, 6, EOS_ID], [7, EOS_ID, 0]])
+    relevance = step_relevance(model, src, tgt_in)
+    assert relevance.valid.T.tolist() == [[True, True, True], [True, True, False]]
+    assert (relevance.heads["enc_self"][0].sum(dim=-1) > 0).all()  # the first step was explained
+    michel = michel_importance(model, [(src, tgt_in, torch.tensor([[5, 6, EOS_ID], [7, EOS_ID, 0]]))])
+    assert (michel["michel_raw"] > 0).all()

@@ -85,7 +85,7 @@ def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_b
     """
     src_real = src.ne(special.pad)
     src_keep = src_real & src.ne(special.eos)
-    tgt_real = tgt_in.ne(special.pad)
+    tgt_real = special.decoder_positions(tgt_in)
     dec_query, dec_key = tgt_real, tgt_real
     if exclude_bos_in_dec_self:
         dec_key = tgt_real & tgt_in.ne(special.bos)
@@ -169,8 +169,8 @@ def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor
         kinds = list(hooked.tensors)
         contexts = [c for kind in kinds for c in hooked.tensors[kind]]
         grads = torch.autograd.grad(loss, contexts)
-        pad = model.special.pad
-        queries = {"enc_self": src.ne(pad), "dec_self": tgt_in.ne(pad), "dec_enc": tgt_in.ne(pad)}
+        decoder = model.special.decoder_positions(tgt_in)
+        queries = {"enc_self": src.ne(model.special.pad), "dec_self": decoder, "dec_enc": decoder}
         i = 0
         for kind in kinds:
             per_layer = []

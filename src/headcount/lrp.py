@@ -244,7 +244,7 @@ def step_relevance(
     forward = model.lrp_forward()
     pad = model.special.pad
     B, T = tgt_in.shape
-    valid = tgt_in.ne(pad).T  # (T, B)
+    valid = model.special.decoder_positions(tgt_in).T  # (T, B)
     steps_per_sentence, src_lengths = valid.sum(dim=0), src.ne(pad).sum(dim=1)  # (B,), (B,)
     top1 = torch.full_like(tgt_in, -1) if target is None else target.clone()  # (B, T); -1: not known yet
     was_training = model.training
