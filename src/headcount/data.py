@@ -276,10 +276,11 @@ def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, 
     """Drop the cleaned training pairs that are longer than model.max_len in subwords (a sentence
     under cleaning.max_chars can still be: a long unspaced line splits into many pieces) and
     write the rest unchanged. Returns `in_stats` with the final pair count and the drop count."""
-    from .subwords import Segmenter
+    from .subwords import open_tokenizer
 
     src, tgt = read_lines(in_src), read_lines(in_tgt)
-    over = overlong_pairs(Segmenter(src_spm).encode(src), Segmenter(tgt_spm).encode(tgt), max_len)
+    over = overlong_pairs(open_tokenizer(src_spm, "source").encode(src), open_tokenizer(tgt_spm, "target").encode(tgt),
+                          max_len)
     for i, side, n in over[:5]:
         log(f"dropping training pair {i + 1} of {in_src}: its {side} is {n} subwords, "
             f"model.max_len={max_len} takes {max_len - 1}")
@@ -299,9 +300,10 @@ def check_evaluation_lengths(src: list[str], tgt: list[str], src_spm: str, tgt_s
     """Evaluation sets are not filtered, and not truncated either: a score must cover every line
     of the published set as published. A line the model cannot take is an error, before any job
     that decodes or analyses it."""
-    from .subwords import Segmenter
+    from .subwords import open_tokenizer
 
-    over = overlong_pairs(Segmenter(src_spm).encode(src), Segmenter(tgt_spm).encode(tgt), max_len)
+    over = overlong_pairs(open_tokenizer(src_spm, "source").encode(src), open_tokenizer(tgt_spm, "target").encode(tgt),
+                          max_len)
     if over:
         i, side, n = over[0]
         more = f" ({len(over) - 1} more lines like it)" if len(over) > 1 else ""

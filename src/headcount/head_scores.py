@@ -12,7 +12,7 @@ from .importance import dev_batches, rank_correlations
 from .io import atomic_path, read_lines
 from .measures import MEASURES, ScoringInputs, reference_score, score_table
 from .seq2seq import load_model
-from .subwords import Segmenter
+from .subwords import open_tokenizer
 from .train import pick_device
 
 
@@ -30,7 +30,7 @@ def score_heads(
     """
     dev = pick_device(device)
     model = load_model(model_path).to(dev).eval()
-    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     src = src_seg.encode(read_lines(analysis_src)[:max_sentences])
     references = read_lines(analysis_tgt)[:max_sentences]
     hyps = read_lines(translations)[:max_sentences]

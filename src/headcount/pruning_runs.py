@@ -33,7 +33,7 @@ from .pruning import (
     setting_types,
 )
 from .seq2seq import load_model
-from .subwords import Segmenter
+from .subwords import open_tokenizer
 from .train import (
     Corpus,
     DevSet,
@@ -77,7 +77,7 @@ def prune_heads(
                              f"train/checkpoint.pt) or set prune.resume_optimizer: false")
     control = is_control(lam)
     types = setting_types(setting)
-    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     log("encoding the training and dev data")
     data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
     dev_references = read_lines(dev_tgt)
@@ -90,7 +90,12 @@ def prune_heads(
     settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     model = load_model(baseline)
-    baseline_steps = int(load_checkpoint(baseline).get("summary", {}).get("steps", train_settings["max_steps"]))
+    saved_baseline = load_checkpoint(baseline)
+    # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
+    # counted, so a row's steps are those of fine-tuning alone.
+    baseline_steps = 0 if "pretrained" in saved_baseline else int(
+        saved_baseline.get("summary", {}).get("steps", train_settings["max_steps"]))
+    del saved_baseline
     baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
     torch.manual_seed(cfg.seed)
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
@@ -225,7 +230,7 @@ def michel_curve(
     model.to(dev).eval()
     scores = pd.read_parquet(head_scores)
     n_layers, n_heads = heads_layout(model)
-    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     src, refs = src_seg.encode(read_lines(src_text)), read_lines(ref_text)
     rows = []
     for fraction, masks in michel_masks(scores, setting_types(setting), n_layers, n_heads, step):

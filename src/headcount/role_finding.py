@@ -10,7 +10,7 @@ import numpy as np
 
 from .io import atomic_path, read_lines
 from .seq2seq import load_model
-from .subwords import Segmenter
+from .subwords import open_tokenizer
 from .train import pick_device
 
 # Table 1 of Voita et al. (2019): best head / positional baseline accuracy (%) on EN-RU.
@@ -98,7 +98,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     )
 
     model = load_model(model_path).eval()
-    segmenter = Segmenter(src_spm)
+    segmenter = open_tokenizer(src_spm, "source")
     dev = pick_device(device)
     parses = pd.read_parquet(parses_path)
     info = {"parser": "unknown", "text": Path(parses_path).name, "in_domain": False}

@@ -65,3 +65,16 @@ class Segmenter:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
+
+
+def open_tokenizer(path: str | os.PathLike, side: str):
+    """A stage's tokenizer (`src_spm`/`tgt_spm` inputs): headcount's sentencepiece model file ->
+    `Segmenter`; a directory (a pretrained model's tokenizer, written by the import_pretrained
+    rule) -> that side of it (hf_models.open_tokenizer; transformers is imported only then).
+    side: "source" or "target"."""
+    if Path(path).is_dir():
+        from .hf_models import open_tokenizer as open_pretrained_tokenizer
+
+        return open_pretrained_tokenizer(path, side)
+    return Segmenter(path)
+

@@ -3,6 +3,8 @@ twin of a pruned model (its head mask, random initialisation). What train_baseli
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from .decode import translate
@@ -52,6 +54,26 @@ def train_translation_model(
     summary = {**summary, "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
                "parameters": sum(p.numel() for p in model.parameters()), "provenance": provenance()}
     write_json(summary_out, summary)
+    return summary
+
+
+def import_pretrained_baseline(source: str, model_out: str, summary_out: str, tokenizer_dir: str,
+                               src_lang: str, tgt_lang: str, log=print) -> dict:
+    """A pretrained experiment's baseline: the model `source` (hub id or local directory) as a
+    headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
+    in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
+    the pruning table counts fine-tuning steps alone). Language tags are not used (hf_models)."""
+    from .hf_models import import_pretrained
+
+    log(f"importing pretrained model {source!r}")
+    model = import_pretrained(source, model_out, tokenizer_dir)
+    summary = {"pretrained": str(source), "family": model.family.name, "src_lang": src_lang, "tgt_lang": tgt_lang,
+               "model_config": json.loads(model.cfg.to_json_string()),
+               "dims": model.dims(), "heads": model.head_counts(),
+               "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},
+               "provenance": provenance()}
+    write_json(summary_out, summary)
+    log(f"{model.family.name} model, {summary['parameters']} parameters, heads per layer {summary['heads']}")
     return summary
 
 

@@ -11,7 +11,7 @@ from .io import read_lines, write_json, write_lines
 from .progress import Progress
 from .provenance import provenance
 from .seq2seq import load_model
-from .subwords import Segmenter
+from .subwords import open_tokenizer
 from .train import pick_device
 
 
@@ -20,7 +20,7 @@ def translate_file(
     device: str = "auto", log=print,
 ) -> None:
     model = load_model(model_path)
-    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     src_ids = src_seg.encode(read_lines(src_text))
     dev = pick_device(device)
     start = time.perf_counter()
