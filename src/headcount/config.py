@@ -75,6 +75,52 @@ def is_synthetic(exp: dict) -> bool:
     return "synthetic" in exp
 
 
+def is_pretrained(exp: dict) -> bool:
+    """Whether the experiment analyses a pretrained model (`pretrained:`) instead of training one."""
+    return bool(exp.get("pretrained"))
+
+
+def looks_like_directory(name: str) -> bool:
+    """How `pretrained:` names a local directory rather than a hub id (hf_models._resolve agrees)."""
+    return name.startswith((".", "/", "~"))
+
+
+def _pretrained_problems(name: str, exp: dict) -> list[str]:
+    """What a pretrained experiment cannot have: there is no baseline training run to read."""
+    key = f"config key 'experiments.{name}"
+    problems = []
+    source = exp["pretrained"]
+    if looks_like_directory(source) and not Path(source).expanduser().is_dir():
+        problems.append(f"{key}.pretrained': directory '{source}' does not exist (relative paths are read from "
+                        f"the working directory). Download the model there on a machine with network "
+                        f"(`hf download <hub id> --local-dir {source}`) or give its hub id")
+    if is_synthetic(exp):
+        problems.append(f"{key}.synthetic': a pretrained experiment reads corpora; remove synthetic or pretrained")
+    prune = exp["prune"]
+    scratch = {s: c for s, c in prune["from_scratch"].items() if c is True or (isinstance(c, list) and c)}
+    for setting in scratch:
+        problems.append(f"{key}.prune.from_scratch.{setting}': a pretrained experiment skips Table 2's "
+                        f"from-scratch retraining (headcount's own model at the pretrained size would need its "
+                        f"own subwords, not implemented); set prune.from_scratch: {{{setting}: false}}")
+    if prune["lr_schedule"] != "noam":
+        problems.append(f"{key}.prune.lr_schedule': {prune['lr_schedule']} reads the baseline's training "
+                        f"schedule, which a pretrained model does not have here; use noam (its rate comes from "
+                        f"prune.training.warmup_steps and prune.training.lr_scale)")
+    if prune["resume_optimizer"]:
+        problems.append(f"{key}.prune.resume_optimizer': a pretrained model comes without its optimizer state; "
+                        f"set it to false")
+    if exp["training"].get("snapshot_interval", 0):
+        problems.append(f"{key}.training.snapshot_interval': a pretrained model has no training snapshots; "
+                        f"set it to 0")
+    if exp["seeds"] != [exp["training"]["seed"]]:
+        problems.append(f"{key}.seeds': extra seeds train more baselines, and a pretrained model is one; "
+                        f"set seeds: [{exp['training']['seed']}]")
+    if exp["subwords"]["lowercase"]:
+        problems.append(f"{key}.subwords.lowercase': a pretrained model's tokenizer reads the text as written; "
+                        f"set it to false")
+    return problems
+
+
 def test_sets(exp: dict) -> list[str]:
     """The names of an experiment's test sets."""
     return [SYNTHETIC_TEST_SET] if is_synthetic(exp) else list(exp["test"])
@@ -141,6 +187,8 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if is_synthetic(exp) and exp["roles"]["treebanks"]:
             problems.append(f"config key 'experiments.{name}.roles.treebanks': a synthetic experiment's gold "
                             f"parses are generated with its data; set it to []")
+        if is_pretrained(exp):
+            problems += _pretrained_problems(name, exp)
         prune = exp["prune"]
         if prune["eval_split"] is not None and prune["eval_split"] not in tests:
             problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "
