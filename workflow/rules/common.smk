@@ -13,8 +13,10 @@ from headcount.config import (
     FETCHED_DIR,
     ConfigError,
     check_mirror,
+    is_pretrained,
     is_synthetic,
     lambda_label,
+    looks_like_directory,
     load_experiments,
     resolve_mirror,
     side_source,
@@ -73,6 +75,15 @@ SYNTHETIC_EXPERIMENTS = experiment_pattern(
 )
 CORPUS_EXPERIMENTS = experiment_pattern(
     n for n, e in EXPERIMENTS.items() if not is_synthetic(e)
+)
+
+# Experiments that analyse a pretrained model (`pretrained:`; rules/pretrained.smk imports it as
+# their baseline) and those that train their own baseline (subwords, train_baseline).
+PRETRAINED_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if is_pretrained(e)
+)
+TRAINED_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if not is_pretrained(e)
 )
 
 
@@ -158,6 +169,31 @@ def training_inputs(wildcards):
     return sorted(
         {fetched(side_source(pair[s])) for pair in exp["train"] for s in ("src", "tgt")}
     )
+
+
+def pretrained_tokenizer(exp):
+    """Where the import_pretrained rule writes a pretrained model's tokenizer (a directory)."""
+    return f"results/{exp}/pretrained/tokenizer"
+
+
+def tokenizer(side):
+    """A rule's `src_spm`/`tgt_spm` input (side: src or tgt): headcount's sentencepiece model of that
+    language, or a pretrained experiment's tokenizer directory (subwords.open_tokenizer opens both).
+    """
+
+    def path(wildcards):
+        if is_pretrained(exp_config(wildcards)):
+            return pretrained_tokenizer(wildcards.exp)
+        return f"results/{wildcards.exp}/subwords/{side}.model"
+
+    return path
+
+
+def pretrained_source(wildcards):
+    """A pretrained model's local directory as the import's input (a changed model is imported
+    again); a hub id is no file, and is a parameter only."""
+    source = exp_config(wildcards)["pretrained"]
+    return [str(Path(source).expanduser())] if looks_like_directory(source) else []
 
 
 def parse_inputs(wildcards):

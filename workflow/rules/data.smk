@@ -60,8 +60,8 @@ rule fit_training_data:
         src="results/{exp}/data/cleaned.src.txt",
         tgt="results/{exp}/data/cleaned.tgt.txt",
         stats="results/{exp}/data/cleaned.stats.json",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
     output:
         src="results/{exp}/data/train.src.txt",
         tgt="results/{exp}/data/train.tgt.txt",
@@ -85,8 +85,8 @@ rule prepare_evaluation_data:
         sides=lambda w: sorted(
             {fetched(side_source(s)) for s in split_pair(exp_config(w), w.split)}
         ),
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
     output:
         src="results/{exp}/data/{split}.src.txt",
         tgt="results/{exp}/data/{split}.tgt.txt",

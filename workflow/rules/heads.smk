@@ -5,8 +5,8 @@ rule score_heads:
     """Score every head of the baseline: confidence, LRP relevance, Michel importance, ablation."""
     input:
         model="results/{exp}/baseline/model.pt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
         analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
         analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
         translations=lambda w: f"results/{w.exp}/baseline/translations/{exp_config(w)['analysis']['set']}.txt",
@@ -71,8 +71,8 @@ rule snapshot_statistics:
     training folder, listed by training.json."""
     input:
         summary="results/{exp}/baseline/training.json",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
         analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
         analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
         dev_src="results/{exp}/data/dev.src.txt",

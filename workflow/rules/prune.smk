@@ -12,8 +12,8 @@ rule prune_heads:
         train_tgt="results/{exp}/data/train.tgt.txt",
         dev_src="results/{exp}/data/dev.src.txt",
         dev_tgt="results/{exp}/data/dev.tgt.txt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
     output:
         model="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
         gates="results/{exp}/prune/{setting}/lambda_{lam}/gates.json",
@@ -50,8 +50,8 @@ rule train_from_scratch:
         train_tgt="results/{exp}/data/train.tgt.txt",
         dev_src="results/{exp}/data/dev.src.txt",
         dev_tgt="results/{exp}/data/dev.tgt.txt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
     output:
         model="results/{exp}/prune/{setting}/lambda_{lam}/scratch/model.pt",
         summary="results/{exp}/prune/{setting}/lambda_{lam}/scratch/training.json",
@@ -86,8 +86,8 @@ rule michel_curve:
     input:
         baseline="results/{exp}/baseline/model.pt",
         head_scores="results/{exp}/heads/scores.parquet",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
         src=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.src.txt",
         ref=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.tgt.txt",
     output:

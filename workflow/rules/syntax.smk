@@ -46,7 +46,7 @@ rule head_roles:
     """Positional, syntactic and rare-token encoder heads; Table 1, function map, relative positions."""
     input:
         model="results/{exp}/baseline/model.pt",
-        src_spm="results/{exp}/subwords/src.model",
+        src_spm=tokenizer("src"),
         parses="results/{exp}/syntax/parses.parquet",
         parses_info="results/{exp}/syntax/parses.json",
         analysis_src=analysis_src,

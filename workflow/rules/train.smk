@@ -18,6 +18,8 @@ rule train_baseline:
         log_path("train_baseline"),
     benchmark:
         benchmark_path("train_baseline")
+    wildcard_constraints:
+        exp=TRAINED_EXPERIMENTS,
     conda:
         ENV
     threads: all_cores

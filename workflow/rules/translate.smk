@@ -7,8 +7,8 @@ rule translate:
     """Translate an evaluation set with beam search, with the baseline or a pruned model."""
     input:
         model="results/{exp}/{model}/model.pt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
         src="results/{exp}/data/{split}.src.txt",
     output:
         "results/{exp}/{model}/translations/{split}.txt",

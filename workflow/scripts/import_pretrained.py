@@ -1,0 +1,14 @@
+from _common import job
+
+from headcount.training_runs import import_pretrained_baseline
+
+with job(snakemake) as log:
+    import_pretrained_baseline(
+        source=snakemake.params.source,
+        model_out=snakemake.output.model,
+        summary_out=snakemake.output.summary,
+        tokenizer_dir=snakemake.output.tokenizer,
+        src_lang=snakemake.params.src_lang,
+        tgt_lang=snakemake.params.tgt_lang,
+        log=log,
+    )
