@@ -13,6 +13,8 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
 - lrp_trained: the same on the trained default model and the 500 sentences score_heads explains
 - decode: beam-search sentences per second (the trained default model if results/ has it)
+With --fairseq, also benchmarks/fairseq_side_by_side.py (fairseq-fixed against headcount on Multi30k,
+alternating windows; it sets up its own fairseq environment, so it is opt-in), its table appended.
 Results are printed as a Markdown table and written to benchmarks/latest.md.
 """
 
@@ -442,6 +444,8 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="default")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    parser.add_argument("--fairseq", action="store_true",
+                        help="also run fairseq_side_by_side.py (about 15 minutes; installs fairseq-fixed once)")
     args = parser.parse_args()
     if args.part:  # a child process: one part, one JSON line
         result = PARTS[args.part](args)
@@ -502,6 +506,12 @@ def main() -> None:
             lines.append(f"| {pruned['model']} | {part} time, full / pruned | {pruned[f'{part}_speedup']:.2f} | |")
         lines.append(f"| {pruned['model']} | attention speedup / attention FLOP ratio | "
                      f"{pruned['attention_speedup'] / pruned['attention_flop_ratio']:.2f} | |")
+    if args.fairseq:  # its own processes and environment; it prints why where it skips
+        side_by_side = REPO / "benchmarks" / "fairseq_latest.md"
+        side_by_side.unlink(missing_ok=True)
+        subprocess.run([sys.executable, str(REPO / "benchmarks" / "fairseq_side_by_side.py")], check=True)
+        lines += ["", side_by_side.read_text().split("\n```")[0] if side_by_side.exists()
+                  else "fairseq side by side: skipped (see its output above)"]
     text = "\n".join(lines) + "\n"
     print(text)
     (REPO / "benchmarks/latest.md").write_text(text)
