@@ -16,6 +16,7 @@ from .io import HeadcountError, atomic_path, read_lines, sha256_file, write_json
 from .provenance import provenance
 from .pruning import (
     SELECTIONS,
+    attention_flops,
     baseline_last_lr,
     fine_tuning_lr,
     fold_gates,
@@ -29,6 +30,7 @@ from .pruning import (
     optimizer_state_loader,
     penalty,
     prepare_for_pruning,
+    remove_pruned_heads,
     retained_counts,
     setting_types,
 )
@@ -249,3 +251,29 @@ def michel_curve(
     with atomic_path(out_path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
     return table
+
+
+def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: int = 20, tgt_len: int = 20,
+                  log=print) -> dict:
+    """Physical pruning of a pruned model (gates folded into 0/1 head masks): a checkpoint whose
+    attention modules compute only their kept heads (pruning.remove_pruned_heads; seq2seq.load_model
+    reads it), and a record of the parameters and attention multiply-adds before and after (for one
+    pair of `src_len` and `tgt_len` tokens). Refused for a family that cannot remove heads (T5)."""
+    model = load_model(model_path).eval()
+    before = {"parameters": sum(p.numel() for p in model.parameters()),
+              "attention_flops": attention_flops(model, src_len, tgt_len)}
+    remove_pruned_heads(model)
+    after = {"parameters": sum(p.numel() for p in model.parameters()),
+             "attention_flops": attention_flops(model, src_len, tgt_len)}
+    record = {"pruned": model_path, "heads": {k: [int(n) for n in v] for k, v in _head_counts(model).items()},
+              "before": before, "after": after, "lengths": {"src": src_len, "tgt": tgt_len},
+              "provenance": provenance()}
+    model.save(model_out, {"physical_pruning": {k: v for k, v in record.items() if k != "provenance"}})
+    write_json(summary_out, record)
+    log(f"heads kept per layer {record['heads']}; parameters {before['parameters']} -> {after['parameters']}, "
+        f"attention multiply-adds {before['attention_flops']:.3g} -> {after['attention_flops']:.3g}")
+    return record
+
+
+def _head_counts(model) -> dict[str, list[int]]:
+    return {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}

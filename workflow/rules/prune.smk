@@ -81,6 +81,27 @@ rule train_from_scratch:
         "../scripts/train_baseline.py"
 
 
+# On demand, not part of `all`: snakemake results/{exp}/prune/{setting}/lambda_{lam}/physical/model.pt
+rule export_pruned:
+    """Remove a pruned model's closed heads physically: a smaller checkpoint, parameters and FLOPs."""
+    input:
+        model="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
+    output:
+        model="results/{exp}/prune/{setting}/lambda_{lam}/physical/model.pt",
+        summary="results/{exp}/prune/{setting}/lambda_{lam}/physical/summary.json",
+    log:
+        log_path("prune/{setting}/lambda_{lam}/export_pruned"),
+    benchmark:
+        benchmark_path("prune/{setting}/lambda_{lam}/export_pruned")
+    conda:
+        ENV
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../scripts/export_pruned.py"
+
+
 rule michel_curve:
     """BLEU as heads are removed in order of Michel et al.'s importance."""
     input:

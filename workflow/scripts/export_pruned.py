@@ -1,0 +1,11 @@
+from _common import job
+
+from headcount.pruning_runs import export_pruned
+
+with job(snakemake) as log:
+    export_pruned(
+        model_path=snakemake.input.model,
+        model_out=snakemake.output.model,
+        summary_out=snakemake.output.summary,
+        log=log,
+    )
