@@ -278,16 +278,17 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int) -> None:
 
 
 def serve(step, warmup_steps: int, status) -> None:
-    """Warm up, say ready, then for each line {"seconds": s} on stdin train whole steps until s seconds
-    have passed and answer with the counts."""
+    """Warm up, say ready, then for each line {"seconds": s} or {"steps": n} on stdin train whole steps
+    until s seconds have passed (or n steps are done) and answer with the counts."""
     for _ in range(warmup_steps):
         step()
     print(json.dumps({"ready": True, **status()}), flush=True)
     for line in sys.stdin:
-        seconds = json.loads(line)["seconds"]
+        command = json.loads(line)
+        seconds, max_steps = command.get("seconds", float("inf")), command.get("steps", float("inf"))
         steps = src_tokens = tgt_tokens = padded_tgt = 0
         start = time.perf_counter()
-        while time.perf_counter() - start < seconds:
+        while time.perf_counter() - start < seconds and steps < max_steps:
             s, t, p = step()
             steps, src_tokens, tgt_tokens, padded_tgt = steps + 1, src_tokens + s, tgt_tokens + t, padded_tgt + p
         elapsed = time.perf_counter() - start
@@ -309,8 +310,8 @@ class Worker:
             raise RuntimeError(f"the {self.name} worker exited (status {self.proc.wait()}); see its messages above")
         return json.loads(line)
 
-    def train(self, seconds: float) -> dict:
-        self.proc.stdin.write(json.dumps({"seconds": seconds}) + "\n")
+    def train(self, command: dict) -> dict:
+        self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         return self._answer()
 
@@ -327,6 +328,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--windows", type=int, default=3, help="window pairs (fairseq, headcount)")
     ap.add_argument("--window-seconds", type=float, default=75.0, help="training seconds per window")
+    ap.add_argument("--abba", action="store_true",
+                    help="headcount first in every second pair (fairseq, headcount, headcount, fairseq, ...), "
+                         "so a steady drift in the machine's load favours neither")
+    ap.add_argument("--window-steps", type=int, default=0,
+                    help="windows of this many steps instead of --window-seconds: short windows in many pairs "
+                         "see the same load on both sides where the machine's load swings within a minute")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps each worker takes first")
     ap.add_argument("--experiment-dir", help="a prepared multi30k_en_de results directory (data/, subwords/)")
@@ -377,9 +384,11 @@ def main() -> int:
         rows = []
         for window in range(1, args.windows + 1):
             pair = {}
-            for name in ("fairseq", "headcount"):
+            order = ("headcount", "fairseq") if args.abba and window % 2 == 0 else ("fairseq", "headcount")
+            for name in order:
                 before = uptime()
-                result = workers[name].train(args.window_seconds)
+                result = workers[name].train({"steps": args.window_steps} if args.window_steps
+                                             else {"seconds": args.window_seconds})
                 after = uptime()
                 result["tokens_per_s"] = (result["src_tokens"] + result["tgt_tokens"]) / result["seconds"]
                 result["uptime_before"], result["uptime_after"] = before, after
@@ -388,6 +397,7 @@ def main() -> int:
                     f"{(result['src_tokens'] + result['tgt_tokens']) / result['steps']:.0f} tokens/step), "
                     f"at update {result['updates']}, epoch {result['epoch']}\n  before: {before}\n  after:  {after}")
                 pair[name] = result
+            pair["order"] = order
             pair["ratio"] = pair["headcount"]["tokens_per_s"] / pair["fairseq"]["tokens_per_s"]
             log(f"window {window}: headcount / fairseq = {pair['ratio']:.2f}")
             rows.append(pair)
@@ -396,6 +406,8 @@ def main() -> int:
             worker.close()
 
     ratios = [r["ratio"] for r in rows]
+    pooled = {name: sum(r[name]["src_tokens"] + r[name]["tgt_tokens"] for r in rows)
+              / sum(r[name]["seconds"] for r in rows) for name in ("fairseq", "headcount")}
     command = "python benchmarks/fairseq_side_by_side.py " + " ".join(sys.argv[1:])
     lines = [
         f"fairseq side by side, {started:%Y-%m-%d %H:%M} UTC: `{command.strip()}`",
@@ -406,7 +418,7 @@ def main() -> int:
         f"data: {exp} (sentencepiece models and cleaned train set)",
         "",
         "| window | fairseq tokens/s | headcount tokens/s | headcount / fairseq | fairseq steps/s | headcount steps/s "
-        "| tokens/step f / h | load average before fairseq / after headcount |",
+        "| tokens/step f / h | load average before / after the pair |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
@@ -418,11 +430,13 @@ def main() -> int:
                      f"{f['steps'] / f['seconds']:.2f} | {h['steps'] / h['seconds']:.2f} | "
                      f"{(f['src_tokens'] + f['tgt_tokens']) / f['steps']:.0f} / "
                      f"{(h['src_tokens'] + h['tgt_tokens']) / h['steps']:.0f} | "
-                     f"{load(f['uptime_before'])} / {load(h['uptime_after'])} |")
+                     f"{load(r[r['order'][0]]['uptime_before'])} / {load(r[r['order'][1]]['uptime_after'])} |")
     lines.append("")
     lines.append(f"headcount / fairseq training tokens/s: median {statistics.median(ratios):.2f}, "
                  f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} window pairs of "
-                 f"{args.window_seconds:.0f} s")
+                 + (f"{args.window_steps} steps" if args.window_steps else f"{args.window_seconds:.0f} s")
+                 + f"; all windows pooled: fairseq {pooled['fairseq']:.0f}, headcount {pooled['headcount']:.0f} "
+                 f"tokens/s, ratio {pooled['headcount'] / pooled['fairseq']:.2f}")
     text = "\n".join(lines)
     print("\n" + text)
     Path(args.out).write_text(text + "\n\n```\n" + json.dumps(rows, indent=1) + "\n```\n")
