@@ -184,7 +184,8 @@ def fairseq_worker(bin_dir: str, threads: int, warmup_steps: int) -> None:
             "--activation-dropout", str(m["relu_dropout"]), "--activation-fn", "relu",
             "--max-source-positions", str(m["max_len"]), "--max-target-positions", str(m["max_len"]),
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", str(TRAIN["label_smoothing"]),
-            "--optimizer", "adam", "--adam-betas", str(tuple(TRAIN["adam_betas"])), "--adam-eps", str(TRAIN["adam_eps"]),
+            "--optimizer", "adam", "--adam-betas", str(tuple(TRAIN["adam_betas"])),
+            "--adam-eps", str(TRAIN["adam_eps"]),
             "--clip-norm", str(TRAIN["clip_norm"]), "--lr-scheduler", "inverse_sqrt", "--lr", str(PEAK_LR),
             "--warmup-updates", str(TRAIN["warmup_steps"]), "--warmup-init-lr", "0",
             "--max-tokens", str(TRAIN["max_tokens"]), "--required-batch-size-multiple", "1",
@@ -206,8 +207,7 @@ def fairseq_worker(bin_dir: str, threads: int, warmup_steps: int) -> None:
     def batches():
         while True:
             trainer.begin_epoch(epoch_itr.epoch)
-            for sample in epoch_itr.next_epoch_itr(fix_batches_to_gpus=False, shuffle=True):
-                yield sample
+            yield from epoch_itr.next_epoch_itr(fix_batches_to_gpus=False, shuffle=True)
 
     stream = batches()
 
@@ -369,7 +369,8 @@ def main() -> int:
     except (Skip, subprocess.TimeoutExpired) as error:
         log(f"SKIPPED: fairseq side by side: {error}")
         return 0
-    versions = subprocess.run([str(python), "-c", "import torch, fairseq; print(torch.__version__, fairseq.__version__)"],
+    probe = "import torch, fairseq; print(torch.__version__, fairseq.__version__)"
+    versions = subprocess.run([str(python), "-c", probe],
                               capture_output=True, text=True).stdout.split()
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
