@@ -467,29 +467,7 @@ def test_lrp_forward_matches_the_model(family):
         assert torch.equal(trace.target, best.indices)
 
 
-def sgn(z):
-    return 1.0 if z >= 0 else -1.0
-
-
-def lrp_linear(x, W, z, R_out, eps):
-    """z = W x + b at every position: R_i = sum_j x_i W_ji / (z_j + eps sgn z_j) R_j."""
-    R = np.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(W.shape[0]):
-            share = R_out[t, j] / (z[t, j] + eps * sgn(z[t, j]))
-            for i in range(W.shape[1]):
-                R[t, i] += x[t, i] * W[j, i] * share
-    return R
-
-
-def lrp_sum(a, b, R_out, eps):
-    Ra, Rb = np.zeros_like(a), np.zeros_like(b)
-    for t in range(a.shape[0]):
-        for i in range(a.shape[1]):
-            den = a[t, i] + b[t, i] + eps * sgn(a[t, i] + b[t, i])
-            Ra[t, i] = a[t, i] / den * R_out[t, i]
-            Rb[t, i] = b[t, i] / den * R_out[t, i]
-    return Ra, Rb
+from test_lrp import lrp_linear, lrp_sum, sgn  # noqa: E402  the same explicit reference
 
 
 def lrp_layer_norm(norm, x, y, R_out, rule, eps):
