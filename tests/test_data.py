@@ -232,6 +232,14 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
     kept_src, kept_tgt = read_lines(tmp_path / "train.src"), read_lines(tmp_path / "train.tgt")
     assert kept_src == [s for i, s in enumerate(src) if i not in (100, 200)]
     assert kept_tgt == [t for i, t in enumerate(tgt) if i not in (100, 200)]
+    # Encoded a few pairs at a time (as a corpus of millions is), the same drops, messages and bytes.
+    chunked = []
+    assert fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, tmp_path / "src.model", tmp_path / "tgt.model",
+                               64, tmp_path / "chunked.src", tmp_path / "chunked.tgt", log=chunked.append,
+                               chunk_lines=7) == fitted
+    assert chunked == messages
+    for side in ("src", "tgt"):
+        assert (tmp_path / f"chunked.{side}").read_bytes() == (tmp_path / f"train.{side}").read_bytes()
     longest = max(len(ids) for seg, lines in (("src", kept_src), ("tgt", kept_tgt))
                   for ids in Segmenter(tmp_path / f"{seg}.model").encode(lines))
     assert longest <= 63
@@ -272,3 +280,76 @@ def test_an_evaluation_line_too_long_in_subwords_is_refused_at_preparation(tmp_p
                                         r"line 8 from both sides"):
         prepare_evaluation_set(*sides, 1500, False, *out, subwords=subwords)
     assert not (tmp_path / "test.src").exists() and not (tmp_path / "test.tgt").exists()
+
+
+def _prepare_as_lists(corpora, cfg, lowercase, max_pairs, seed, out_src, out_tgt):
+    """prepare_training_corpus as it was before it streamed: whole files as lists (the reference)."""
+    import random
+
+    from headcount.data import normalise_line
+    from headcount.io import write_lines
+
+    def read(path):  # whole files, split at b"\n" (read_text_lines streams now)
+        data = path.read_bytes()
+        lines = (gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data).split(b"\n")
+        return [line.decode().rstrip("\r") for line in (lines[:-1] if lines[-1] == b"" else lines)]
+
+    src_all, tgt_all, kept = [], [], []
+    for src_side, tgt_side in corpora:
+        src, tgt = read(src_side["file"]), read(tgt_side["file"])
+        keep, dropped = clean_pairs(src, tgt, cfg)
+        kept.append((len(src), len(keep), dropped))
+        src_all += [src[i] for i in keep]
+        tgt_all += [tgt[i] for i in keep]
+    if max_pairs is not None and len(src_all) > max_pairs:
+        chosen = sorted(random.Random(seed).sample(range(len(src_all)), max_pairs))
+        src_all, tgt_all = [src_all[i] for i in chosen], [tgt_all[i] for i in chosen]
+    write_lines(out_src, (normalise_line(s, lowercase) for s in src_all))
+    write_lines(out_tgt, (normalise_line(t, lowercase) for t in tgt_all))
+    return kept
+
+
+@pytest.mark.parametrize("max_pairs", [None, 40])
+def test_streaming_preparation_writes_the_bytes_the_list_path_wrote(tmp_path, max_pairs):
+    """Dirty lines (empty sides, CRLF, tabs, runs of spaces, a non-breaking space, over-long and
+    unbalanced pairs, no final newline), a gzipped and a plain corpus, subsampling or not."""
+    from conftest import toy_corpus
+
+    src, tgt = toy_corpus(60, seed=9)
+    src[3], tgt[5], src[7] = "", "   ", "a " * 300
+    src[9], tgt[9] = "one two three four five six seven eight nine ten", "eins zwei drei"
+    src[11], tgt[12] = "Tab\there\r", "Viele   Leer\u00a0zeichen\r"
+    write_gz(tmp_path / "a.en.gz", src)
+    write_gz(tmp_path / "a.de.gz", tgt)
+    (tmp_path / "b.en").write_bytes(b"Second corpus\r\nLast line, no newline")
+    (tmp_path / "b.de").write_bytes(b"Zweites Korpus\r\nLetzte Zeile")
+    corpora = [({"file": tmp_path / "a.en.gz"}, {"file": tmp_path / "a.de.gz"}),
+               ({"file": tmp_path / "b.en"}, {"file": tmp_path / "b.de"})]
+    cfg = CleaningConfig(max_chars=400)
+    stats = prepare_training_corpus(corpora, cfg, True, max_pairs, 5, tmp_path / "new.en", tmp_path / "new.de",
+                                    log=lambda m: None)
+    kept = _prepare_as_lists(corpora, cfg, True, max_pairs, 5, tmp_path / "old.en", tmp_path / "old.de")
+    for side in ("en", "de"):
+        assert (tmp_path / f"new.{side}").read_bytes() == (tmp_path / f"old.{side}").read_bytes()
+    assert [(c["pairs"], c["kept"], c["dropped"]) for c in stats["corpora"]] == kept
+    assert kept[0][1] == 56 and stats["pairs"] == (max_pairs or 58)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_streaming_preparation_names_the_bad_file_and_line_and_writes_nothing(tmp_path):
+    (tmp_path / "x.en").write_text("a\nb\nc\nd\ne\n")
+    (tmp_path / "x.de").write_text("a\nb\n")
+    out = (tmp_path / "o.en", tmp_path / "o.de")
+    args = (CleaningConfig(), False, None, 1, *out)
+    with pytest.raises(DataError, match=r"x.en has 5 lines but .*x.de has 2.*line 3 is the first"):
+        prepare_training_corpus([({"file": tmp_path / "x.en"}, {"file": tmp_path / "x.de"})], *args)
+    (tmp_path / "x.de").write_bytes(b"a\nb\nschlecht \xe4\n")
+    with pytest.raises(DataError, match=r"x.de, line 3: not valid UTF-8 \(byte 0xe4 at column 10\)"):
+        prepare_training_corpus([({"file": tmp_path / "x.en"}, {"file": tmp_path / "x.de"})], *args,
+                                log=lambda m: None)
+    write_gz(tmp_path / "y.en.gz", ["a"])
+    (tmp_path / "y.de.gz").write_bytes(gzip.compress(b"a\n")[:-6])  # truncated
+    with pytest.raises(DataError, match=r"y.de.gz: corrupt gzip data"):
+        prepare_training_corpus([({"file": tmp_path / "y.en.gz"}, {"file": tmp_path / "y.de.gz"})], *args,
+                                log=lambda m: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.de", "x.en", "y.de.gz", "y.en.gz"]

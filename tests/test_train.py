@@ -443,3 +443,46 @@ def test_a_training_job_stopped_by_sigterm_or_sigint_resumes_to_the_same_weights
     assert final["step"] == 100
     for name, tensor in clean.state_dict().items():
         assert torch.equal(tensor, final["model"][name]), name  # bitwise, on CPU with the same seed
+
+
+def test_token_corpus_holds_the_sentences_exactly_and_batches_alike(toy_data):
+    import numpy as np
+
+    from headcount.batching import make_batches
+    from headcount.token_corpus import TokenCorpus, sequence_lengths
+
+    data, *_ = toy_data
+    seqs = data.src + [[], [70000, 2**31 - 1]]  # an empty sentence, ids beyond int16
+    compact = TokenCorpus.from_sequences(iter(seqs), chunk=7)
+    assert len(compact) == len(seqs) and list(compact) == seqs
+    assert compact[-1] == seqs[-1] and compact[3:9] == seqs[3:9]
+    assert compact.batch([5, 0, 5]) == [seqs[5], seqs[0], seqs[5]]
+    assert sequence_lengths(compact) == [len(s) for s in seqs] == compact.lengths().tolist()
+    assert compact.tokens.dtype == np.int32 and compact.nbytes == 4 * sum(map(len, seqs)) + 8 * (len(seqs) + 1)
+    with pytest.raises(IndexError):
+        compact[len(seqs)]
+    lines = [" ".join(map(str, s)) for s in seqs]
+    encoded = TokenCorpus.encode_lines(lambda batch: [[int(w) for w in line.split()] for line in batch], lines,
+                                       chunk=5)
+    assert encoded == compact
+    lens = [n + 1 for n in sequence_lengths(compact)]
+    assert make_batches(lens, lens, 60, seed=4) == make_batches([len(s) + 1 for s in seqs],
+                                                                [len(s) + 1 for s in seqs], 60, seed=4)
+
+
+def test_training_on_a_token_corpus_takes_the_steps_training_on_lists_takes(toy_data, tmp_path):
+    """The same batches, losses and weights whether the corpus is lists or a TokenCorpus."""
+    from headcount.token_corpus import TokenCorpus
+
+    data, dev, *sizes = toy_data
+    compact = Corpus(TokenCorpus.from_sequences(data.src), TokenCorpus.from_sequences(data.tgt))
+    runs = []
+    for corpus, name in ((data, "lists"), (compact, "compact")):
+        model = fresh_model(sizes)
+        train(model, settings(max_steps=4, eval_interval=100, checkpoint_interval=100), corpus, dev,
+              tmp_path / name, log=quiet)
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs.append(([(r["step"], r["train_loss"], r["train_nll"]) for r in records if "train_loss" in r],
+                     model.state_dict()))
+    assert runs[0][0] == runs[1][0] and len(runs[0][0]) == 4
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import itertools
 import os
 import random
 import shutil
@@ -17,11 +18,12 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from .batching import positions
-from .io import DataError, atomic_path, read_lines, sha256_file, write_lines
+from .io import DataError, atomic_path, sha256_file, write_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -133,45 +135,67 @@ def _gzip_in_place(path: Path) -> None:
 # Reading
 
 
-def _raw_bytes(path: Path, member: str | None) -> bytes:
-    """The bytes of a file, or of one member of a .tar(.gz)/.tgz/.zip archive; gunzipped."""
+def _open_raw(path: Path, member: str | None):
+    """A binary stream of a file, or of one member of a .tar(.gz)/.tgz/.zip archive, and whether
+    it is gzip data (to be read through gzip). Nothing is read whole: a corpus of millions of lines
+    passes through in blocks."""
     if member is not None:
         if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                try:
-                    data = archive.read(member)
-                except KeyError:
-                    raise DataError(f"{path}: archive has no member '{member}'; fix 'member' in the source") from None
+            archive = zipfile.ZipFile(path)
+            try:
+                stream = archive.open(member)
+            except KeyError:
+                archive.close()
+                raise DataError(f"{path}: archive has no member '{member}'; fix 'member' in the source") from None
         elif tarfile.is_tarfile(path):
-            with tarfile.open(path) as archive:
-                try:
-                    data = archive.extractfile(member).read()
-                except (KeyError, AttributeError):
-                    raise DataError(f"{path}: archive has no member '{member}'; fix 'member' in the source") from None
+            archive = tarfile.open(path)
+            try:
+                stream = archive.extractfile(member)
+                if stream is None:
+                    raise KeyError(member)
+            except KeyError:
+                archive.close()
+                raise DataError(f"{path}: archive has no member '{member}'; fix 'member' in the source") from None
         else:
             raise DataError(f"{path}: 'member' is set to '{member}' but the file is not a tar or zip archive")
+        closers = [stream, archive]
     else:
-        data = path.read_bytes()
-        if path.name.endswith(".gz") and data[:2] != GZIP_MAGIC:
-            raise DataError(_not_gzip(path, path, "delete it so that it is fetched again, or fix its source"))
-    if data[:2] == GZIP_MAGIC:
+        stream = open(path, "rb")
+        closers = [stream]
+    head = stream.peek(2)[:2]
+    if member is None and path.name.endswith(".gz") and head != GZIP_MAGIC:
+        for c in closers:
+            c.close()
+        raise DataError(_not_gzip(path, path, "delete it so that it is fetched again, or fix its source"))
+    return stream, closers, head == GZIP_MAGIC
+
+
+def _raw_lines(path: Path, member: str | None):
+    """The lines of a file (or archive member) as bytes without their b"\n", gunzipped; split at
+    b"\n" only, as bytes.split would (a final newline ends the last line, it does not start one)."""
+    stream, closers, gzipped = _open_raw(path, member)
+    try:
+        if gzipped:
+            stream = gzip.GzipFile(fileobj=stream, mode="rb")
+            closers.insert(0, stream)
         try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as error:
+            for raw in stream:
+                yield raw[:-1] if raw.endswith(b"\n") else raw
+        except (OSError, EOFError, zlib.error) as error:
+            if not gzipped:
+                raise
             raise DataError(f"{path}: corrupt gzip data ({error}); fetch the file again") from None
-    return data
+    finally:
+        for c in closers:
+            c.close()
 
 
-def read_text_lines(path: str | os.PathLike, member: str | None = None, column: int | None = None) -> list[str]:
-    """Lines of a UTF-8 text (optionally one TSV column), with errors naming file and line."""
+def iter_text_lines(path: str | os.PathLike, member: str | None = None, column: int | None = None):
+    """Lines of a UTF-8 text (optionally one TSV column), one at a time, with errors naming file
+    and line: a 6M-pair corpus is never held whole."""
     path = Path(path)
     where = f"{path}:{member}" if member else str(path)
-    data = _raw_bytes(path, member)
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    out = []
-    for number, raw in enumerate(lines, start=1):
+    for number, raw in enumerate(_raw_lines(path, member), start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -187,8 +211,42 @@ def read_text_lines(path: str | os.PathLike, member: str | None = None, column: 
                 raise DataError(f"{where}, line {number}: has {len(fields)} tab-separated fields, "
                                 f"column {column} was asked for; fix 'column' in the source")
             line = fields[column]
-        out.append(line)
-    return out
+        yield line
+
+
+def read_text_lines(path: str | os.PathLike, member: str | None = None, column: int | None = None) -> list[str]:
+    """Lines of a UTF-8 text (optionally one TSV column), with errors naming file and line."""
+    return list(iter_text_lines(path, member, column))
+
+
+def iter_parallel(src: dict, tgt: dict):
+    """Sentence pairs of a parallel corpus, one at a time; the checks of read_parallel (the sides
+    align, the corpus is not empty) are made as the end is reached."""
+    src_lines = iter_text_lines(src["file"], src.get("member"), src.get("column"))
+    tgt_lines = iter_text_lines(tgt["file"], tgt.get("member"), tgt.get("column"))
+    n = 0
+    for s, t in itertools.zip_longest(src_lines, tgt_lines):
+        if s is None or t is None:
+            # One side ran out: count the rest of the other (still checking it) for the message.
+            n_src = n + (s is not None) + sum(1 for _ in src_lines)
+            n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
+            raise _misaligned(src, tgt, n_src, n_tgt)
+        n += 1
+        yield s, t
+    if not n:
+        raise _empty(src, tgt)
+
+
+def _misaligned(src: dict, tgt: dict, n_src: int, n_tgt: int) -> DataError:
+    return DataError(
+        f"{src['file']} has {n_src} lines but {tgt['file']} has {n_tgt}: the two sides "
+        f"of a parallel corpus must align line by line (line {min(n_src, n_tgt) + 1} "
+        f"is the first without a partner). Fix or replace the files."
+    )
+
+
+def _empty(src: dict, tgt: dict) -> DataError:
+    return DataError(f"{src['file']} and {tgt['file']} are empty: a corpus needs at least one sentence pair")
 
 
 def read_parallel(src: dict, tgt: dict) -> tuple[list[str], list[str]]:
@@ -196,13 +254,9 @@ def read_parallel(src: dict, tgt: dict) -> tuple[list[str], list[str]]:
     src_lines = read_text_lines(src["file"], src.get("member"), src.get("column"))
     tgt_lines = read_text_lines(tgt["file"], tgt.get("member"), tgt.get("column"))
     if len(src_lines) != len(tgt_lines):
-        raise DataError(
-            f"{src['file']} has {len(src_lines)} lines but {tgt['file']} has {len(tgt_lines)}: the two sides "
-            f"of a parallel corpus must align line by line (line {min(len(src_lines), len(tgt_lines)) + 1} "
-            f"is the first without a partner). Fix or replace the files."
-        )
+        raise _misaligned(src, tgt, len(src_lines), len(tgt_lines))
     if not src_lines:
-        raise DataError(f"{src['file']} and {tgt['file']} are empty: a corpus needs at least one sentence pair")
+        raise _empty(src, tgt)
     return src_lines, tgt_lines
 
 
@@ -225,19 +279,25 @@ def clean_pairs(src: list[str], tgt: list[str], cfg: CleaningConfig) -> tuple[li
     """
     keep, dropped = [], {"empty": 0, "too_long": 0, "length_ratio": 0}
     for i, (s, t) in enumerate(zip(src, tgt)):
-        s, t = s.strip(), t.strip()
-        if not s or not t:
-            dropped["empty"] += 1
-            continue
-        ns, nt = len(s.split()), len(t.split())
-        if max(ns, nt) > cfg.max_words or max(len(s), len(t)) > cfg.max_chars:
-            dropped["too_long"] += 1
-            continue
-        if min(ns, nt) >= cfg.min_words_for_ratio and max(ns, nt) / min(ns, nt) > cfg.max_ratio:
-            dropped["length_ratio"] += 1
-            continue
-        keep.append(i)
+        reason = drop_reason(s, t, cfg)
+        if reason:
+            dropped[reason] += 1
+        else:
+            keep.append(i)
     return keep, dropped
+
+
+def drop_reason(s: str, t: str, cfg: CleaningConfig) -> str | None:
+    """Why cleaning drops the pair (s, t): "empty", "too_long", "length_ratio"; None to keep it."""
+    s, t = s.strip(), t.strip()
+    if not s or not t:
+        return "empty"
+    ns, nt = len(s.split()), len(t.split())
+    if max(ns, nt) > cfg.max_words or max(len(s), len(t)) > cfg.max_chars:
+        return "too_long"
+    if min(ns, nt) >= cfg.min_words_for_ratio and max(ns, nt) / min(ns, nt) > cfg.max_ratio:
+        return "length_ratio"
+    return None
 
 
 def normalise_line(line: str, lowercase: bool) -> str:
@@ -271,27 +331,58 @@ def overlong_pairs(src_ids: list[list[int]], tgt_ids: list[list[int]], max_len: 
     return over
 
 
+def iter_written_lines(path: str | os.PathLike):
+    """io.read_lines one line at a time: the lines of a file headcount wrote (a last line without
+    its newline is not one, as there)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                yield line[:-1]
+
+
 def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, tgt_spm: str, max_len: int,
-                        out_src: str, out_tgt: str, log=print) -> dict:
+                        out_src: str, out_tgt: str, log=print, chunk_lines: int = 20_000) -> dict:
     """Drop the cleaned training pairs that are longer than model.max_len in subwords (a sentence
     under cleaning.max_chars can still be: a long unspaced line splits into many pieces) and
-    write the rest unchanged. Returns `in_stats` with the final pair count and the drop count."""
+    write the rest unchanged. Returns `in_stats` with the final pair count and the drop count.
+
+    The text is encoded `chunk_lines` pairs at a time and only the dropped indices are kept: the
+    subwords of a 6M-pair corpus as Python lists would take tens of GB."""
     from .subwords import open_tokenizer
 
-    src, tgt = read_lines(in_src), read_lines(in_tgt)
-    over = overlong_pairs(open_tokenizer(src_spm, "source").encode(src), open_tokenizer(tgt_spm, "target").encode(tgt),
-                          max_len)
+    src_tok, tgt_tok = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    over, n_src, chunk = [], 0, ([], [])
+
+    def encode_chunk() -> None:
+        start = n_src - len(chunk[0])
+        over.extend((start + i, side, n) for i, side, n in
+                    overlong_pairs(src_tok.encode(chunk[0]), tgt_tok.encode(chunk[1]), max_len))
+        chunk[0].clear()
+        chunk[1].clear()
+
+    for s, t in itertools.zip_longest(iter_written_lines(in_src), iter_written_lines(in_tgt)):
+        if s is None:
+            continue  # sides of unequal length: pairs are the lines both have (zip), as before
+        n_src += 1
+        if t is None:
+            continue
+        chunk[0].append(s)
+        chunk[1].append(t)
+        if len(chunk[0]) >= chunk_lines:
+            encode_chunk()
+    if chunk[0]:
+        encode_chunk()
     for i, side, n in over[:5]:
         log(f"dropping training pair {i + 1} of {in_src}: its {side} is {n} subwords, "
             f"model.max_len={max_len} takes {max_len - 1}")
     dropped = {i for i, _, _ in over}
-    if len(dropped) == len(src):
+    if len(dropped) == n_src:
         raise DataError(f"{in_src}: every training pair is longer than model.max_len={max_len} subwords; "
                         f"raise model.max_len")
-    log(f"{len(dropped)} of {len(src)} training pairs dropped as longer than model.max_len={max_len} subwords")
-    write_lines(out_src, (s for i, s in enumerate(src) if i not in dropped))
-    write_lines(out_tgt, (t for i, t in enumerate(tgt) if i not in dropped))
-    return {**in_stats, "pairs": len(src) - len(dropped),
+    log(f"{len(dropped)} of {n_src} training pairs dropped as longer than model.max_len={max_len} subwords")
+    write_lines(out_src, (s for i, s in enumerate(iter_written_lines(in_src)) if i not in dropped))
+    write_lines(out_tgt, (t for i, t in enumerate(iter_written_lines(in_tgt)) if i not in dropped))
+    return {**in_stats, "pairs": n_src - len(dropped),
             "too_long_subwords": {"max_len": max_len, "dropped": len(dropped)}}
 
 
@@ -332,29 +423,62 @@ def prepare_training_corpus(
 ) -> dict:
     """Clean and concatenate the training corpora (each a (src side, tgt side)); write both sides.
 
-    Every corpus is read and checked before anything is written. Returns the statistics.
+    Every corpus is read and checked before anything is written: the pairs stream through
+    cleaning and normalisation into temporary files that become the outputs only once all is
+    read (a 6M-pair corpus is never held in memory). Returns the statistics.
     """
     stats: dict = {"corpora": []}
-    src_all, tgt_all = [], []
-    for src_side, tgt_side in corpora:
-        src, tgt = read_parallel(src_side, tgt_side)
-        keep, dropped = clean_pairs(src, tgt, cfg)
-        stats["corpora"].append({"src": str(src_side["file"]), "tgt": str(tgt_side["file"]), "pairs": len(src),
-                                 "kept": len(keep), "dropped": dropped})
-        log(f"{src_side['file']}: {len(src)} pairs, kept {len(keep)}; dropped "
-            + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in dropped.items()))
-        src_all += [src[i] for i in keep]
-        tgt_all += [tgt[i] for i in keep]
-    if not src_all:
-        raise DataError("no training pair survived cleaning: check the corpora and the 'cleaning' settings")
-    if max_pairs is not None and len(src_all) > max_pairs:
-        chosen = sorted(random.Random(seed).sample(range(len(src_all)), max_pairs))
-        src_all, tgt_all = [src_all[i] for i in chosen], [tgt_all[i] for i in chosen]
-        log(f"subsampled {max_pairs} training pairs (seed {seed})")
-    stats["pairs"] = len(src_all)
-    write_lines(out_src, (normalise_line(s, lowercase) for s in src_all))
-    write_lines(out_tgt, (normalise_line(t, lowercase) for t in tgt_all))
+    total = 0
+    with atomic_path(out_src) as tmp_src, atomic_path(out_tgt) as tmp_tgt:
+        with open(tmp_src, "w", encoding="utf-8") as fs, open(tmp_tgt, "w", encoding="utf-8") as ft:
+            for src_side, tgt_side in corpora:
+                pairs, kept, dropped = 0, 0, {"empty": 0, "too_long": 0, "length_ratio": 0}
+                for s, t in iter_parallel(src_side, tgt_side):
+                    pairs += 1
+                    reason = drop_reason(s, t, cfg)
+                    if reason:
+                        dropped[reason] += 1
+                        continue
+                    kept += 1
+                    fs.write(normalise_line(s, lowercase) + "\n")
+                    ft.write(normalise_line(t, lowercase) + "\n")
+                stats["corpora"].append({"src": str(src_side["file"]), "tgt": str(tgt_side["file"]),
+                                         "pairs": pairs, "kept": kept, "dropped": dropped})
+                log(f"{src_side['file']}: {pairs} pairs, kept {kept}; dropped "
+                    + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in dropped.items()))
+                total += kept
+        if not total:
+            raise DataError("no training pair survived cleaning: check the corpora and the 'cleaning' settings")
+        if max_pairs is not None and total > max_pairs:
+            # The same sample of kept-pair indices as when the pairs were lists (normalising a line
+            # before or after choosing it is the same).
+            chosen = sorted(random.Random(seed).sample(range(total), max_pairs))
+            for tmp in (tmp_src, tmp_tgt):
+                _keep_lines(tmp, chosen)
+            log(f"subsampled {max_pairs} training pairs (seed {seed})")
+            total = max_pairs
+    stats["pairs"] = total
     return stats
+
+
+def _keep_lines(path: Path, chosen: list[int]) -> None:
+    """Rewrite `path` (normalised lines: no newline inside one) with only the lines at the sorted
+    indices `chosen`."""
+    kept = path.with_name(path.name + ".kept")
+    try:
+        with open(path, "rb") as src, open(kept, "wb") as dst:
+            wanted = iter(chosen)
+            next_index = next(wanted, None)
+            for i, line in enumerate(src):
+                if i == next_index:
+                    dst.write(line)
+                    next_index = next(wanted, None)
+                    if next_index is None:
+                        break
+        os.replace(kept, path)
+    finally:
+        if kept.exists():
+            kept.unlink()
 
 
 def prepare_evaluation_set(src_side: dict, tgt_side: dict, max_chars: int, lowercase: bool,

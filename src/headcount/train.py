@@ -28,6 +28,7 @@ from .io import CheckpointError, HeadcountError, atomic_path, config_hash
 from .progress import Progress
 from .seq2seq import Seq2SeqWithHeads
 from .seq2seq import load_model as load_model  # re-exported: one loader for every model family
+from .token_corpus import TokenCorpus, sequence_lengths
 
 
 @dataclass
@@ -207,14 +208,16 @@ class _EvaluationInterrupted(Exception):
 
 @dataclass
 class Corpus:
-    src: list[list[int]]
-    tgt: list[list[int]]
+    """A training set: each side a TokenCorpus (compact, for millions of pairs) or a list of id lists."""
+
+    src: TokenCorpus | list[list[int]]
+    tgt: TokenCorpus | list[list[int]]
 
 
 @dataclass
 class DevSet:
-    src: list[list[int]]
-    tgt: list[list[int]]
+    src: TokenCorpus | list[list[int]]
+    tgt: TokenCorpus | list[list[int]]
     references: list[str] = field(default_factory=list)  # raw target text for BLEU
 
 
@@ -224,7 +227,7 @@ def evaluate_loss(model: Seq2SeqWithHeads, data: Corpus, max_tokens: int, device
     total, tokens = 0.0, 0
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                          enabled=autocast_dtype is not None):
-        for batch in make_batches([len(s) for s in data.src], [len(t) for t in data.tgt], max_tokens, seed=0):
+        for batch in make_batches(sequence_lengths(data.src), sequence_lengths(data.tgt), max_tokens, seed=0):
             src = source_tensor([data.src[i] for i in batch], model.special).to(device)
             tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch], model.special))
             _, nll, n = sequence_loss(model, src, tgt_in, tgt_out, 0.0)
@@ -338,7 +341,7 @@ def train(
         if step % cfg.checkpoint_interval == 0 or step == cfg.max_steps or overdue or stop.signal_name:
             checkpoint()
 
-    src_lens, tgt_lens = [len(s) + 1 for s in data.src], [len(t) + 1 for t in data.tgt]
+    src_lens, tgt_lens = [n + 1 for n in sequence_lengths(data.src)], [n + 1 for n in sequence_lengths(data.tgt)]
     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
     run_start = time.perf_counter()

@@ -14,6 +14,7 @@ from .model import ModelConfig, Transformer
 from .provenance import provenance
 from .seq2seq import Seq2SeqWithHeads, load_model
 from .subwords import Segmenter
+from .token_corpus import encode_file
 from .train import Corpus, DevSet, TrainConfig, train
 
 
@@ -29,7 +30,8 @@ def train_translation_model(
     """
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     log("encoding the training and dev data")
-    data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
+    # Compact (token_corpus): a 6M-pair corpus as lists of Python ints would not fit in memory.
+    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))
     dev_references = read_lines(dev_tgt)
     dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
     model_cfg = ModelConfig(src_vocab=len(src_seg), tgt_vocab=len(tgt_seg), **model_settings)
