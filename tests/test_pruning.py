@@ -273,11 +273,13 @@ def test_the_control_trains_the_weights_with_gates_that_never_close(toy_run):
     assert not torch.equal(base.state_dict()[Q0], tuned.state_dict()[Q0])
 
 
-def test_the_control_samples_only_open_gates_during_training(tiny_model):
+@pytest.mark.parametrize("setting", ["all", "enc"])
+def test_the_control_samples_only_open_gates_during_training(tiny_model, setting):
     from headcount.pruning import prepare_for_pruning
 
-    gates, groups = prepare_for_pruning(tiny_model, "all", None, 10.0, control=True)
+    gates, groups = prepare_for_pruning(tiny_model, setting, None, 10.0, control=True)
     assert len(groups) == 1  # no gate is trained
+    assert not any(g.log_alpha.requires_grad for g in gates)
     samples = []
     hooks = [g.register_forward_hook(lambda m, i, o: samples.append(o.detach())) for g in gates]
     tiny_model.train()

@@ -51,7 +51,9 @@ def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: f
         pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}
     if setting == "enc":
-        trained = {id(p) for p in model.encoder_parameters()} | gate_params
+        # The encoder's parameters include its gates; pinned ones (the control) stay frozen.
+        pinned = {id(g.log_alpha) for g in gates if not g.log_alpha.requires_grad}
+        trained = ({id(p) for p in model.encoder_parameters()} | gate_params) - pinned
         for p in model.parameters():
             p.requires_grad_(id(p) in trained)
     weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]

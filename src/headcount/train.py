@@ -166,7 +166,7 @@ def _unreadable(path, error: Exception) -> CheckpointError:
 
 
 class TrainingStopped(HeadcountError):
-    """The job was asked to stop (SIGTERM, SIGINT); a checkpoint was written first."""
+    """The job was asked to stop (SIGTERM, SIGINT or SIGHUP: _StopRequests); a checkpoint was written first."""
 
 
 class _StopRequests:
