@@ -43,6 +43,12 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time: less disturbed than wall time by other jobs on shared cores."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def pseudo_word(n: int) -> str:
     letters = []
     while True:
@@ -119,7 +125,7 @@ def stage(name: str, d: Path) -> dict:
     cfg = defaults()
     base = peak_mb()
     extra: dict = {}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     quiet = lambda m: None  # noqa: E731
     if name == "prepare":
         c = cfg["cleaning"]
@@ -156,15 +162,15 @@ def stage(name: str, d: Path) -> dict:
         import numpy as np
 
         lens = [(np.load(d / f"lengths.{lang}.npy") + 1).tolist() for lang in ("en", "de")]
-        start = time.perf_counter()  # the batching itself, not reading the lengths
+        start, cpu_start = time.perf_counter(), cpu_seconds()  # the batching itself, not reading the lengths
         batches = make_batches(lens[0], lens[1], cfg["training"]["max_tokens"], seed=cfg["training"]["seed"] * 1000)
         extra["batches"] = len(batches)
     elif name == "train":
         extra.update(train_steps(d, cfg))
     else:
         raise SystemExit(f"unknown stage {name}")
-    return {"stage": name, "seconds": time.perf_counter() - start, "peak_mb": peak_mb(), "baseline_mb": base,
-            **extra}
+    return {"stage": name, "seconds": time.perf_counter() - start, "cpu_seconds": cpu_seconds() - cpu_start,
+            "peak_mb": peak_mb(), "baseline_mb": base, **extra}
 
 
 def train_steps(d: Path, cfg: dict) -> dict:
@@ -182,6 +188,7 @@ def train_steps(d: Path, cfg: dict) -> dict:
     def log(message: str) -> None:
         if message.startswith("training on"):
             times["first_batch_ready"] = time.perf_counter() - start
+            times["cpu_at_first_batch"] = cpu_seconds()
             times["batches"] = int(message.split(" batches per epoch")[0].rsplit(" ", 1)[1])
 
     settings = {**cfg["training"], "max_steps": steps, "log_interval": 5, "eval_interval": 10**9,
@@ -191,13 +198,16 @@ def train_steps(d: Path, cfg: dict) -> dict:
                             str(d / "en.model"), str(d / "de.model"), cfg["model"], settings,
                             cfg["subwords"]["lowercase"], str(work), str(work / "model.pt"),
                             str(work / "summary.json"), log=log)
+    steps_cpu = cpu_seconds() - times["cpu_at_first_batch"]  # with the final dev loss and checkpoint
     records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["elapsed_s"] for r in records if "train_loss" in r}
     first = min(s for s in logged if s >= 5)  # the first steps warm up allocators and caches
     per_step = (logged[steps] - logged[first]) / (steps - first)
     shutil.rmtree(work, ignore_errors=True)
     return {"setup_seconds": times["first_batch_ready"], "batches": times["batches"], "seconds_per_step": per_step,
-            "epoch_seconds_extrapolated": per_step * times["batches"], "steps": steps}
+            "epoch_seconds_extrapolated": per_step * times["batches"], "steps": steps,
+            "cpu_seconds_per_step": steps_cpu / steps,
+            "epoch_cpu_seconds_extrapolated": steps_cpu / steps * times["batches"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,8 +273,8 @@ def main() -> None:
 
 def report(results: dict) -> str:
     sizes = sorted(results, key=int)
-    lines = ["| size | pairs | stage | seconds | peak MB (baseline after imports) | 1-min load | notes |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| size | pairs | stage | wall s | CPU s | peak MB (baseline after imports) | 1-min load | notes |",
+             "|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         rows = results[size]
         for name, label in STAGE_NAMES.items():
@@ -272,20 +282,22 @@ def report(results: dict) -> str:
                 continue
             r = rows[name]
             notes = []
-            seconds = f"{r['seconds']:.1f}"
+            seconds, cpu = f"{r['seconds']:.1f}", f"{r['cpu_seconds']:.1f}"
             if name == "train":
-                seconds = f"{r['seconds_per_step']:.2f} s/step"
-                notes.append(f"setup (encode, batch) {r['setup_seconds']:.0f} s; {r['batches']} batches/epoch; "
+                seconds, cpu = f"{r['seconds_per_step']:.2f} /step", f"{r['cpu_seconds_per_step']:.2f} /step"
+                notes.append(f"setup (encode, batch) {r['setup_seconds']:.0f} s wall; {r['batches']} batches/epoch; "
                              f"one epoch extrapolated from {r['steps']} steps: "
-                             f"{r['epoch_seconds_extrapolated'] / 3600:.2f} h")
+                             f"{r['epoch_seconds_extrapolated'] / 3600:.2f} h wall, "
+                             f"{r['epoch_cpu_seconds_extrapolated'] / 3600:.2f} h CPU")
             if "corpus_mb" in r:
                 notes.append(f"corpus in memory {r['corpus_mb']:.0f} MB")
             if "batches" in r and name == "batching":
                 notes.append(f"{r['batches']} batches")
-            lines.append(f"| {size}x | {int(size) * BASE_PAIRS:,} | {label} | {seconds} | {r['peak_mb']:.0f} "
+            lines.append(f"| {size}x | {int(size) * BASE_PAIRS:,} | {label} | {seconds} | {cpu} | {r['peak_mb']:.0f} "
                          f"({r['baseline_mb']:.0f}) | {r.get('load', float('nan')):.2f} | {'; '.join(notes)} |")
     out = "\n".join(lines)
-    out += "\n\nGrowth exponents (log time ratio / log size ratio; 1 = linear). Memory: of peak minus baseline.\n\n"
+    out += ("\n\nGrowth exponents (log ratio of the two sizes' values / log size ratio; 1 = linear). Time: CPU "
+            "seconds (training: of an extrapolated epoch). Memory: peak minus baseline.\n\n")
     out += "| stage | " + " | ".join(f"{a}x->{b}x time, memory" for a, b in zip(sizes, sizes[1:])) + " |\n"
     out += "|---|" + "---|" * (len(sizes) - 1) + "\n"
     for name, label in STAGE_NAMES.items():
@@ -296,10 +308,8 @@ def report(results: dict) -> str:
                 cells.append("")
                 continue
             k = math.log(int(b) / int(a))
-            ta, tb = (ra["seconds_per_step"], rb["seconds_per_step"]) if name == "train" else (ra["seconds"],
-                                                                                                 rb["seconds"])
-            if name == "train":
-                ta, tb = ra["epoch_seconds_extrapolated"], rb["epoch_seconds_extrapolated"]
+            time_key = "epoch_cpu_seconds_extrapolated" if name == "train" else "cpu_seconds"
+            ta, tb = ra[time_key], rb[time_key]
             ma, mb = ra["peak_mb"] - ra["baseline_mb"], rb["peak_mb"] - rb["baseline_mb"]
             growth_m = f"{math.log(mb / ma) / k:.2f}" if ma > 1 and mb > 1 else "n/a (<1 MB)"
             cells.append(f"{math.log(tb / ta) / k:.2f}, {growth_m}")
@@ -327,9 +337,9 @@ def report(results: dict) -> str:
             if "corpus_mb" in r:
                 cell += f", corpus {project('corpus_mb', r, q, n):.0f} MB"
             if name == "train":
-                cell += f", epoch {project('epoch_seconds_extrapolated', r, q, n) / 3600:.1f} h"
+                cell += f", epoch {project('epoch_cpu_seconds_extrapolated', r, q, n) / 3600:.1f} h CPU"
             else:
-                cell += f", {project('seconds', r, q, n):.0f} s"
+                cell += f", {project('cpu_seconds', r, q, n):.0f} s CPU"
             cells.append(cell)
         out += f"| {label} | " + " | ".join(cells) + " |\n"
     return out
