@@ -36,6 +36,7 @@ from .pruning import (
 )
 from .seq2seq import load_model
 from .subwords import open_tokenizer
+from .token_corpus import encode_file
 from .train import (
     Corpus,
     DevSet,
@@ -81,7 +82,7 @@ def prune_heads(
     types = setting_types(setting)
     src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     log("encoding the training and dev data")
-    data = Corpus(src_seg.encode(read_lines(train_src)), tgt_seg.encode(read_lines(train_tgt)))
+    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))  # compact: token_corpus
     dev_references = read_lines(dev_tgt)
     dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
     select_best = recipe["select"] == "best_dev_bleu"
