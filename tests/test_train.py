@@ -456,7 +456,7 @@ def test_token_corpus_holds_the_sentences_exactly_and_batches_alike(toy_data):
     compact = TokenCorpus.from_sequences(iter(seqs), chunk=7)
     assert len(compact) == len(seqs) and list(compact) == seqs
     assert compact[-1] == seqs[-1] and compact[3:9] == seqs[3:9]
-    assert compact.batch([5, 0, 5]) == [seqs[5], seqs[0], seqs[5]]
+    assert [compact[i] for i in (5, 0, -1)] == [seqs[5], seqs[0], seqs[-1]]
     assert sequence_lengths(compact) == [len(s) for s in seqs] == compact.lengths().tolist()
     assert compact.tokens.dtype == np.int32 and compact.nbytes == 4 * sum(map(len, seqs)) + 8 * (len(seqs) + 1)
     with pytest.raises(IndexError):

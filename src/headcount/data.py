@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .batching import positions
-from .io import DataError, atomic_path, sha256_file, write_lines
+from .io import DataError, atomic_path, iter_lines, sha256_file, write_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -331,15 +331,6 @@ def overlong_pairs(src_ids: list[list[int]], tgt_ids: list[list[int]], max_len: 
     return over
 
 
-def iter_written_lines(path: str | os.PathLike):
-    """io.read_lines one line at a time: the lines of a file headcount wrote (a last line without
-    its newline is not one, as there)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.endswith("\n"):
-                yield line[:-1]
-
-
 def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, tgt_spm: str, max_len: int,
                         out_src: str, out_tgt: str, log=print, chunk_lines: int = 20_000) -> dict:
     """Drop the cleaned training pairs that are longer than model.max_len in subwords (a sentence
@@ -360,7 +351,7 @@ def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, 
         chunk[0].clear()
         chunk[1].clear()
 
-    for s, t in itertools.zip_longest(iter_written_lines(in_src), iter_written_lines(in_tgt)):
+    for s, t in itertools.zip_longest(iter_lines(in_src), iter_lines(in_tgt)):
         if s is None:
             continue  # sides of unequal length: pairs are the lines both have (zip), as before
         n_src += 1
@@ -380,8 +371,8 @@ def fit_training_corpus(in_src: str, in_tgt: str, in_stats: dict, src_spm: str, 
         raise DataError(f"{in_src}: every training pair is longer than model.max_len={max_len} subwords; "
                         f"raise model.max_len")
     log(f"{len(dropped)} of {n_src} training pairs dropped as longer than model.max_len={max_len} subwords")
-    write_lines(out_src, (s for i, s in enumerate(iter_written_lines(in_src)) if i not in dropped))
-    write_lines(out_tgt, (t for i, t in enumerate(iter_written_lines(in_tgt)) if i not in dropped))
+    write_lines(out_src, (s for i, s in enumerate(iter_lines(in_src)) if i not in dropped))
+    write_lines(out_tgt, (t for i, t in enumerate(iter_lines(in_tgt)) if i not in dropped))
     return {**in_stats, "pairs": n_src - len(dropped),
             "too_long_subwords": {"max_len": max_len, "dropped": len(dropped)}}
 

@@ -66,6 +66,15 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         return f.read().split("\n")[:-1]
 
 
+def iter_lines(path: str | os.PathLike):
+    """read_lines one line at a time, for files too large to hold (a last line without its
+    newline is not one, as there)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                yield line[:-1]
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     with atomic_open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)

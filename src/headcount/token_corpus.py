@@ -26,18 +26,12 @@ class TokenCorpus(Sequence):
     @classmethod
     def from_sequences(cls, sequences: Iterable[Sequence[int]], chunk: int = 50_000) -> TokenCorpus:
         """From sentences of ids, taken `chunk` at a time (only one chunk is ever a list)."""
-        parts, lengths, batch = [], [], []
-        for seq in sequences:
-            batch.append(seq)
-            if len(batch) >= chunk:
-                cls._flush(batch, parts, lengths)
-        cls._flush(batch, parts, lengths)
-        return cls._join(parts, lengths)
+        return cls.encode_lines(list, sequences, chunk)
 
     @classmethod
-    def encode_lines(cls, encode, lines: Iterable[str], chunk: int = 50_000) -> TokenCorpus:
-        """Encode text with `encode` (a list of lines -> a list of id lists, e.g. Segmenter.encode)
-        `chunk` lines at a time."""
+    def encode_lines(cls, encode, lines: Iterable, chunk: int = 50_000) -> TokenCorpus:
+        """Encode lines with `encode` (a list of them -> a list of id lists, e.g. Segmenter.encode;
+        `list` for sentences already of ids), `chunk` at a time."""
         parts, lengths, batch = [], [], []
         for line in lines:
             batch.append(line)
@@ -56,8 +50,6 @@ class TokenCorpus(Sequence):
         flat = np.fromiter((i for s in sequences for i in s), dtype=np.int32, count=int(n.sum()))
         parts.append(flat)
         lengths.append(n)
-        if isinstance(sequences, list):
-            sequences.clear()
 
     @classmethod
     def _join(cls, parts: list, lengths: list) -> TokenCorpus:
@@ -83,10 +75,6 @@ class TokenCorpus(Sequence):
         """Subwords per sentence (int64)."""
         return np.diff(self.offsets)
 
-    def batch(self, indices: Iterable[int]) -> list[list[int]]:
-        """The sentences at `indices`, as lists (what batching.pad takes)."""
-        return [self[i] for i in indices]
-
     @property
     def nbytes(self) -> int:
         return self.tokens.nbytes + self.offsets.nbytes
@@ -101,9 +89,9 @@ class TokenCorpus(Sequence):
 
 def encode_file(segmenter, path: str | os.PathLike, chunk: int = 50_000) -> TokenCorpus:
     """A text file headcount wrote (one sentence per line), encoded `chunk` lines at a time."""
-    from .data import iter_written_lines
+    from .io import iter_lines
 
-    return TokenCorpus.encode_lines(segmenter.encode, iter_written_lines(path), chunk)
+    return TokenCorpus.encode_lines(segmenter.encode, iter_lines(path), chunk)
 
 
 def sequence_lengths(sequences) -> list[int]:
