@@ -11,7 +11,7 @@ import pytest
 from headcount.parses import read_conllu_files
 from headcount.synthetic_language import (
     NAME_PREFIXES,
-    SUFFIXES,
+    PIECE_LENGTH,
     Grammar,
     Lexicon,
     Sentence,
@@ -22,7 +22,7 @@ from headcount.synthetic_language import (
     write_corpus,
 )
 
-STEPS = 1000  # the tiny model has learned agreement by then, and its syntactic heads are sharp
+STEPS = 1500  # the tiny model has learned the order by then, and its syntactic heads are sharp
 
 
 def corpus(n=2000, seed=1, **grammar):
@@ -98,8 +98,8 @@ def _replace(sentence: Sentence, i: int, form: str) -> Sentence:
 
 
 def test_each_planted_function_changes_the_target():
-    """Changing a word's hidden tone changes its neighbours' suffixes (positional), a noun's class
-    its verb's and adjectives' agreement (syntactic), a name the register of every word (rare)."""
+    """Changing a noun's class changes its verb's agreement (syntactic), a name the translation of
+    every word (rare), and a word's onset or coda its translation (positional, next test)."""
     lexicon = Lexicon(Grammar(), 1)
     rng = random.Random(0)
     checked = Counter()
@@ -110,19 +110,10 @@ def test_each_planted_function_changes_the_target():
             if w.pos == "NOUN":
                 other = next(n for n in lexicon.words["NOUN"] if lexicon.noun_class[n] != lexicon.noun_class[w.form])
                 changed = translate(lexicon, _replace(s, i, other))
-                verb_at = sum(x.pos == "ADV" for x in s.words)  # target order: ADV* VERB ...
-                agreement = 1 if w.relation == "nsubj" else 2  # the verb is: stem -subject -object -prev -next
-                assert changed[verb_at].split()[agreement] != base[verb_at].split()[agreement]
+                agreement = 1 if w.relation == "nsubj" else 2  # the verb is: stem -subject -object
+                verb_in = lambda target: next(t.split() for t in target if len(t.split()) == 3)  # noqa: E731
+                assert verb_in(changed)[agreement] != verb_in(base)[agreement]
                 checked["syntactic"] += 1
-            if w.pos in ("ADJ", "ADV") and 0 < i < len(s.words) - 1:
-                other = next(x for x in lexicon.words[w.pos] if lexicon.tone[x] != lexicon.tone[w.form])
-                changed = translate(lexicon, _replace(s, i, other))
-                # Exactly three target words differ: the word itself and its two source neighbours
-                # (or fewer where a neighbour is a name, which has no suffix).
-                differ = sum(a != b for a, b in zip(base, changed))
-                neighbours = sum(s.words[j].pos != "PROPN" for j in (i - 1, i + 1))
-                assert differ == 1 + neighbours
-                checked["positional"] += 1
             if w.pos == "PROPN":
                 twin = next(n for n in lexicon.names if n[0] != w.form[0])
                 changed = translate(lexicon, _replace(s, i, twin))
@@ -130,7 +121,63 @@ def test_each_planted_function_changes_the_target():
                 checked["rare"] += 1
     assert min(checked.values()) > 10, checked
     assert {w.form[0] for w in sum((s.words for s in corpus(200)), []) if w.pos == "PROPN"} == set(NAME_PREFIXES)
-    assert len({suffix for alphabet in SUFFIXES for suffix in alphabet}) == 3 * 16
+
+
+def test_target_lists_words_by_the_class_they_show():
+    """The target order, recomputed from the gold parse: the subject by its own class, an
+    adjective by its noun's, the verb by its subject's, the object and the adverbs by the verb's;
+    source order within a class."""
+    lexicon = Lexicon(Grammar(), 1)
+    rng = random.Random(5)
+    orders = Counter()
+    for _ in range(300):
+        s = sample_sentence(lexicon, rng)
+        words = s.words
+        cls = lambda form: lexicon.agreement_class(form)  # noqa: E731
+        verb = next(w for w in words if w.pos == "VERB")
+        shown = []
+        subject = next(w for w in words if w.relation == "nsubj")
+        for w in words:
+            if w is subject:
+                shown.append(cls(w.form))
+            elif w.pos == "ADJ":
+                shown.append(cls(words[w.head - 1].form))
+            elif w is verb:
+                shown.append(cls(subject.form))
+            else:
+                shown.append(lexicon.verb_class[verb.form])
+        expected = [i for _, i in sorted((c, i) for i, c in enumerate(shown))]
+        register = 0 if all(w.pos != "PROPN" for w in words) else 1 + lexicon.name_class(
+            next(w.form for w in words if w.pos == "PROPN"))
+        first = [t.split()[0] for t in s.target]
+        assert first == [w.form if w.pos == "PROPN" else lexicon.stem[w.form][register]
+                         for w in (words[i] for i in expected)]
+        orders[expected == list(range(len(words)))] += 1
+    assert orders[False] > 200  # the order is seldom the source's
+
+
+def test_only_both_pieces_of_a_word_say_what_it_is(tmp_path):
+    """Every regular word is an onset and a coda from a grid; no syllable alone tells the part of
+    speech (each one begins or ends words of at least two), and the experiment's subwords
+    (max_piece_length 4) split every word into exactly those two pieces, names into two or more."""
+    from headcount.subwords import Segmenter, train_bpe
+
+    lexicon = Lexicon(Grammar(), 1)
+    assert not set(lexicon.onsets) & set(lexicon.codas)
+    for syllables, part in ((lexicon.onsets, slice(0, 2)), (lexicon.codas, slice(2, 4))):
+        for syllable in syllables:
+            assert len({pos for w, pos in lexicon.pos.items() if w[part] == syllable}) >= 2, syllable
+    sentences = corpus(3000)
+    (tmp_path / "src.txt").write_text("".join(s.source + "\n" for s in sentences))
+    train_bpe(tmp_path / "src.txt", tmp_path / "src.model", 1000, max_piece_length=PIECE_LENGTH)
+    segmenter = Segmenter(tmp_path / "src.model")
+    for word in lexicon.pos:
+        assert segmenter.pieces(word) == ["\u2581" + word[:2], word[2:]], word
+    names = {w.form for s in sentences for w in s.words if w.pos == "PROPN"}
+    assert min(len(segmenter.pieces(n)) for n in names) >= 2
+    # With sentencepiece's default length limit the same text keeps words whole: the option matters.
+    train_bpe(tmp_path / "src.txt", tmp_path / "whole.model", 1000)
+    assert sum(len(Segmenter(tmp_path / "whole.model").pieces(w)) == 1 for w in lexicon.pos) > len(lexicon.pos) / 2
 
 
 def test_names_are_rare_and_regular_words_are_not():
@@ -143,10 +190,10 @@ def test_names_are_rare_and_regular_words_are_not():
 
 
 def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp_path):
-    """Train a tiny Transformer on a small version of the language (no names): the role analysis
-    must find a syntactic head for a planted relation. (Positional heads are planted too, but
-    models this small carry the neighbours' tones in several diffuse heads, none of which puts 90%
-    of its argmaxes on one offset: docs/results.md, "Positive control".)"""
+    """Train a tiny Transformer on a small version of the language (15 words, no names): the role
+    analysis must find syntactic heads for planted relations. (Its positional heads are not sharp
+    yet: the full-size control's model, 3000 steps on the default grammar, has a -1 head at 0.97,
+    about 3 minutes of training, too long for the suite: docs/results.md, "Positive control".)"""
     import torch
 
     from headcount.io import read_lines
@@ -163,13 +210,13 @@ def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp
     write_corpus(grammar, 1, sizes, paths, str(tmp_path / "stats.json"), log=lambda m: None)
     segmenters = {}
     for side in ("src", "tgt"):
-        train_bpe(paths["train"][side], tmp_path / f"{side}.model", 300)
+        train_bpe(paths["train"][side], tmp_path / f"{side}.model", 300, max_piece_length=PIECE_LENGTH)
         segmenters[side] = Segmenter(tmp_path / f"{side}.model")
     data = {split: [segmenters[side].encode(read_lines(paths[split][side])) for side in ("src", "tgt")]
             for split in sizes}
     torch.manual_seed(1)
     model = Transformer(ModelConfig(src_vocab=len(segmenters["src"]), tgt_vocab=len(segmenters["tgt"]), d_model=64,
-                                    n_heads=4, d_ff=128, enc_layers=2, dec_layers=1, dropout=0.0, attn_dropout=0.0,
+                                    n_heads=4, d_ff=128, enc_layers=3, dec_layers=1, dropout=0.0, attn_dropout=0.0,
                                     relu_dropout=0.0, max_len=128))
     cfg = TrainConfig(max_tokens=800, max_steps=STEPS, warmup_steps=60, lr_scale=0.5, label_smoothing=0.0,
                       log_interval=STEPS,
@@ -184,7 +231,7 @@ def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"], min_instances=10, rare_margin=0.1)
     found = found_heads(roles, stats["syntactic"], settings)
     hits = found.dropna(subset=["layer"])
-    assert set(hits["function"]) & {"nsubj v->s", "obj v->o", "amod adj->noun", "advmod adv->v"}, found.to_string()
+    assert len(set(hits["function"]) & {"nsubj", "obj", "amod", "advmod"}) >= 3, found.to_string()
     assert (hits["rate"] >= hits["baseline"] + 0.3).any(), found.to_string()  # sharp, not marginal
 
 
@@ -197,6 +244,13 @@ def _role_tables():
                           "rate_two_rarest": [0.1] * 4, "rare_uniform_two_rarest": [0.2] * 4})
     syntactic = pd.DataFrame({"relation": "nsubj", "name": "v->s", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
                               "accuracy": [0.3, 0.2, 0.45, 0.8], "n": 50, "baseline_accuracy": 0.4})
+    # obj is found from the object's end (0.1: o->v), not the verb's; amod by neither, and its miss is
+    # reported against adj->noun, the direction whose baseline (0.5) a head could beat.
+    syntactic = pd.concat([syntactic, pd.DataFrame({
+        "relation": ["obj"] * 4 + ["amod"] * 4,
+        "name": ["v->o", "v->o", "o->v", "o->v"] + ["noun->adj"] * 2 + ["adj->noun"] * 2,
+        "layer": [0, 1, 0, 1] * 2, "head": [1, 1, 1, 0] * 2, "accuracy": [0.2, 0.25, 0.9, 0.3, 0.95, 0.9, 0.3, 0.2],
+        "n": 50, "baseline_accuracy": [0.2, 0.2, 0.3, 0.3, 1.0, 1.0, 0.5, 0.5]})], ignore_index=True)
     scores = pd.DataFrame({"type": "enc_self", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
                            "lrp": [0.7, 0.3, 0.4, 0.6], "delta_loss": [0.2, 0.01, 0.3, 0.1]})
     gates = [{"setting": "enc", "lambda": lam, "heads": [
@@ -212,22 +266,32 @@ def test_planted_vs_found_lists_found_heads_ranks_and_closing_lambdas():
     roles, syntactic, scores, gates = _role_tables()
     table = planted_vs_found(roles, syntactic, scores, gates, {"syntactic_margin": 0.10, "min_instances": 10})
     found = table.dropna(subset=["layer"]).set_index("function")
-    assert list(found.index) == ["positional -1", "nsubj v->s"]  # 1.0 at +1 is below the threshold
-    assert (found.loc["positional -1", ["layer", "head", "rate"]].tolist()) == [0, 0, 0.95]
-    assert found.loc["nsubj v->s", "rate"] == 0.8 and found.loc["nsubj v->s", "baseline"] == 0.4
-    assert found.loc["positional -1", "lrp_rank"] == 1 and found.loc["positional -1", "delta_loss_rank"] == 1
-    assert found.loc["nsubj v->s", "lrp_rank"] == 1 and found.loc["nsubj v->s", "delta_loss_rank"] == 2
-    assert pd.isna(found.loc["positional -1", "closes_at_enc"])  # never closes
-    assert found.loc["nsubj v->s", "closes_at_enc"] == 1.0
+    assert list(found.index) == ["positional -1/+1", "nsubj", "obj"]  # 1.0 at +1 is below the threshold
+    assert found.loc["obj", ["layer", "head", "via", "rate", "baseline"]].tolist() == [0, 1, "o->v", 0.9, 0.3]
+    assert (found.loc["positional -1/+1", ["layer", "head", "rate"]].tolist()) == [0, 0, 0.95]
+    assert found.loc["nsubj", "rate"] == 0.8 and found.loc["nsubj", "baseline"] == 0.4
+    assert found.loc["nsubj", "via"] == "v->s" and found.loc["positional -1/+1", "via"] == "-1"
+    assert found.loc["positional -1/+1", "lrp_rank"] == 1 and found.loc["positional -1/+1", "delta_loss_rank"] == 1
+    assert found.loc["nsubj", "lrp_rank"] == 1 and found.loc["nsubj", "delta_loss_rank"] == 2
+    assert pd.isna(found.loc["positional -1/+1", "closes_at_enc"])  # never closes
+    assert found.loc["nsubj", "closes_at_enc"] == 1.0
     closing = closing_lambdas(gates).set_index(["layer", "head"])["closes_at"]
     assert closing[(0, 1)] == 0.1 and closing[(1, 0)] == 1.0  # the first lambda that closes it
     missing = table[table["layer"].isna()]["function"].tolist()
-    assert "positional +1" in missing and "rare token" in missing
+    assert missing == ["amod", "advmod", "rare token"]
+    amod = table.set_index("function").loc["amod"]
+    assert (amod["via"], amod["baseline"]) == ("adj->noun", 0.5)
     order = gate_order(roles, gates)
     assert order[["lambda", "open", "specialised_open", "other_open"]].values.tolist() == [
         [0.0, 4, 2, 2], [0.1, 3, 2, 1], [1.0, 1, 1, 0]]
     text = report_markdown(table, order, n_heads=2)
-    assert "| positional -1 | yes | 1.1 | 0.95 |" in text and "| positional +1 | **NO** |" in text
+    assert "| positional -1/+1 | yes | 1.1 (-1) | 0.95 |" in text and "| rare token | **NO** |" in text
+    assert "| nsubj | yes | 2.2 (v->s) | 0.80 | 0.40 |" in text
+    # A head at +1 joins the pieces as well as one at -1; one at +2 or 0 does not.
+    for offset, found_it in ((1, True), (2, False), (0, False)):
+        moved = roles.assign(positional_offset=[offset, 0, 1, 0])
+        table = planted_vs_found(moved, syntactic, scores, gates, {"syntactic_margin": 0.10, "min_instances": 10})
+        assert table.set_index("function")["layer"].notna()["positional -1/+1"] == found_it, offset
 
 
 def _shipped_config():
@@ -251,6 +315,8 @@ def test_the_control_experiment_is_valid_and_reads_no_source(tmp_path):
      "'experiments.control.train': a synthetic experiment generates its data; remove train"),
     (lambda c: c["roles"].update(treebanks=["UD_English-EWT/en_ewt-ud-dev.conllu"]),
      "'experiments.control.roles.treebanks': a synthetic experiment's gold parses are generated"),
+    (lambda c: c["subwords"].update(max_piece_length=16),
+     "'experiments.control.subwords.max_piece_length': a synthetic experiment's words are 4 letters"),
     (lambda c: c["synthetic"].pop("dev"), "experiments.control.synthetic"),
     (lambda c: c.pop("synthetic"), "'train' is a required property"),
 ])

@@ -356,6 +356,10 @@ def test_uniform_reference_points_at_the_word_with_most_pieces():
     table = stats.table()
     assert table["uniform_rate_rarest"].iloc[0] == 0.0
     assert table["uniform_rate_two_rarest"].iloc[0] == 0.5
+    # Tied for the most pieces (r9, c1, r2: two of them among the two rarest): 2/3 of a hit.
+    stats.update(flat, words, pieces_per_word=[1, 2, 2, 2])
+    assert stats.table()["uniform_rate_two_rarest"].iloc[0] == pytest.approx((1 + 0 + 2 / 3) / 3)
+    assert stats.table()["uniform_rate_rarest"].iloc[0] == pytest.approx((0 + 0 + 1 / 3) / 3)
 
 
 def test_rare_eligibility():

@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from .io import HeadcountError
+from .synthetic_language import PIECE_LENGTH
 
 MIRROR_ENV = "HEADCOUNT_MIRROR"
 # Where the workflow keeps each fetched source (a download, or a copy of the mirror's file).
@@ -187,6 +188,10 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if is_synthetic(exp) and exp["roles"]["treebanks"]:
             problems.append(f"config key 'experiments.{name}.roles.treebanks': a synthetic experiment's gold "
                             f"parses are generated with its data; set it to []")
+        if is_synthetic(exp) and exp["subwords"]["max_piece_length"] > PIECE_LENGTH:
+            problems.append(f"config key 'experiments.{name}.subwords.max_piece_length': a synthetic experiment's "
+                            f"words are {PIECE_LENGTH} letters, and a longer piece holds a whole word, which plants "
+                            f"no positional head (headcount.synthetic_language); set it to {PIECE_LENGTH}")
         # Only for the experiments built: a config that merges other defaults in (a --configfile
         # override) must not fail on a pretrained experiment it does not run.
         if is_pretrained(exp) and name in config["run"]:

@@ -399,6 +399,7 @@ class RareStats:
     the subwords are counted too (`uniform_rate_*`). Attention to a word being the sum over its
     pieces, such a head points at the word with the most pieces, and rare words are split into
     more pieces: diffuse heads can pass the 50% threshold without doing anything rare-specific.
+    Words tied for the most pieces share the uniform head's pointing equally.
     """
 
     def __init__(self, frequencies: Counter, top_k: int = 500, lowercase: bool = True, min_words: int = 3):
@@ -407,7 +408,8 @@ class RareStats:
         self.lowercase, self.min_words = lowercase, min_words
         self.rarest: np.ndarray | None = None
         self.two_rarest: np.ndarray | None = None
-        self.uniform_rarest = self.uniform_two_rarest = self.n_uniform = 0
+        self.uniform_rarest = self.uniform_two_rarest = 0.0  # expected hits, summed over sentences
+        self.n_uniform = 0
         self.n_sentences = 0
         self.n_seen = 0
 
@@ -447,9 +449,12 @@ class RareStats:
         self.two_rarest += pointed <= lowest[1]
         self.n_sentences += 1
         if pieces_per_word is not None:
-            uniform = freq[np.argmax(np.where(np.isfinite(freq), np.asarray(pieces_per_word, float), -1.0))]
-            self.uniform_rarest += uniform <= lowest[0]
-            self.uniform_two_rarest += uniform <= lowest[1]
+            # A uniform head points at a word with the most pieces; where several tie, at each of
+            # them equally often (not at the first: with all words one piece that would be word 0).
+            pieces = np.where(np.isfinite(freq), np.asarray(pieces_per_word, float), -1.0)
+            tied = freq[pieces == pieces.max()]
+            self.uniform_rarest += np.mean(tied <= lowest[0])
+            self.uniform_two_rarest += np.mean(tied <= lowest[1])
             self.n_uniform += 1
         return True
 

@@ -18,6 +18,7 @@ def train_bpe(
     seed_sentences: int = 2_000_000,
     character_coverage: float = 1.0,
     threads: int = 1,
+    max_piece_length: int = 16,
 ) -> None:
     """Learn a BPE model on one sentence per line; writes `model_path` (a .model file) atomically.
 
@@ -33,6 +34,7 @@ def train_bpe(
             vocab_size=vocab_size,
             model_type="bpe",
             character_coverage=character_coverage,
+            max_sentencepiece_length=max_piece_length,
             pad_id=PAD_ID,
             unk_id=UNK_ID,
             bos_id=BOS_ID,

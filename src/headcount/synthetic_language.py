@@ -9,55 +9,68 @@ Source sentences (words separated by spaces, no punctuation):
 
     [ADV] NP_subj ADV{0..2} VERB NP_obj [ADV]        NP = ADJ{0..max_adjectives} NOUN  |  NAME
 
-Every regular word has a hidden "tone" (one of sixteen); nouns have one of three agreement classes, verbs one
-of three verb classes. Names are drawn from a large pool (so each is rare), start with `q` or `x`
-(their class, readable from the spelling), and replace a noun phrase in `name_rate` of the
-sentences. The gold parse: the verb is the root; nsubj and obj attach the nouns (or names) to it,
-amod each adjective to its noun, advmod each adverb to the verb.
+Every regular word is spelled as two syllables, an onset and a coda, drawn from a grid: each
+onset begins words of several parts of speech and classes, and so does each coda, so only the pair
+says which word it is. Nouns have one of three agreement classes, verbs one of three verb classes.
+Names are drawn from a large pool (so each is rare), start with `q` or `x` (their class, readable
+from the spelling), and replace a noun phrase in `name_rate` of the sentences. The gold parse:
+the verb is the root; nsubj and obj attach the nouns (or names) to it, amod each adjective to its
+noun, advmod each adverb to the verb.
 
-The target is a deterministic function of the source, built so that each planted function is
-needed to produce it:
+The target is a deterministic function of the source. Each regular word becomes its translation
+and agreement morphemes: a verb shows its subject's and its object's class, an adjective its
+noun's, an adverb its verb's; a name is copied verbatim. The target then lists the words by a
+class, source order within a class: the subject by its own, an adjective by its noun's, the verb
+by its subject's, the object and the adverbs by the verb's. To find the next word the one-layer
+decoder must match that class against each source word, so the encoder has to bring the class to
+the word:
 
-    positional  every target word ends in two suffixes: one given by the tone of the PREVIOUS source
-                word, one by the tone of the NEXT (0 at the sentence edges): offsets -1 and +1;
-    syntactic   the verb agrees with its subject's and its object's class (v->s, v->o), an
-                adjective with its noun's class (adj->noun), an adverb with its verb's class
-                (adv->v); the partners sit at varying distances, so no fixed offset finds them;
-    rare token  a name is copied verbatim, and its class sets the register: which of three suffix
-                alphabets every target word uses (no name: the first);
+    positional  from the word's own two pieces: class, part of speech and translation are
+                functions of the pair (a head at -1 from the coda, or at +1 from the onset);
+    syntactic   from its partner at a varying distance, so no fixed offset finds it: the verb's
+                subject (nsubj, v->s), the object's verb (obj, o->v), the adjective's noun
+                (amod, adj->noun), the adverb's verb (advmod, adv->v); where a model brings the
+                class the other way (the subject to the verb), the other direction finds it;
+    rare token  a name's class (q or x) sets the register: which of three translations every
+                regular word takes (no name: the first).
 
-and the target order (ADV* VERB NP_obj NP_subj, adjectives before their noun) puts each word
-before the partner it agrees with, so the decoder cannot read the feature off its own output.
+The first version planted positional heads with suffixes given by the previous and the next
+word's hidden tone, and agreement without the reordering by class. Models fetched each neighbour
+and partner through the decoder-encoder attention, and no encoder head became positional
+(docs/results.md, "Positive control"): what the decoder can look up itself needs no encoder
+head. A class the decoder must match at a source word can only come from the encoder.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-# What the grammar plants, as the role analysis (headcount.roles) names it.
+# What the grammar plants, as the role analysis (headcount.roles) names it. The positional
+# function is one: a word's two pieces joined, by a head at -1 (at the coda) or at +1 (at the
+# onset); either serves, so either finds it.
 PLANTED_OFFSETS = (-1, 1)
-PLANTED_RELATIONS = (("nsubj", "v->s"), ("obj", "v->o"), ("amod", "adj->noun"), ("advmod", "adv->v"))
+# The relations the target needs (module docstring). Which end of an arc looks at the other is the
+# model's choice (the verb at its subject, or the subject at its verb), so either direction finds it.
+PLANTED_RELATIONS = ("nsubj", "obj", "amod", "advmod")
+# Four letters a word, so sentencepiece pieces of at most four characters (the word-start mark
+# counts as one) can never hold a whole word: config `subwords.max_piece_length`.
+PIECE_LENGTH = 4
 
 N_NOUN_CLASSES = N_VERB_CLASSES = 3
+N_REGISTERS = 3  # no name, a q-name, an x-name
 NAME_PREFIXES = ("q", "x")  # a name's class is its first letter; regular words use neither
 SOURCE_CONSONANTS = "bdfgklmnprstvz"
 TARGET_CONSONANTS = "bcdfghjklmnprstvwz"
 VOWELS = "aeiou"
 # Agreement morphemes: subject / noun class (verbs, adjectives), object class (verbs), verb class
-# (adverbs). Suffixes: the previous word's tone, in one alphabet per register, then the next word's.
+# (adverbs).
 NOUN_AGREEMENT = ("n", "r", "s")
 OBJECT_AGREEMENT = ("m", "l", "t")
 VERB_AGREEMENT = ("k", "p", "v")
-# Sixteen tones rather than two: a head that mixes a neighbour with other positions cannot carry a
-# sixteen-way identity through its few dimensions, so only a sharp +-1 head serves (with two
-# tones, tiny models solved the task with diffuse heads whose argmax was on -1 in 40% of queries).
-N_TONES = 16
-TONE_CODES = tuple(c + v for c in "bdgk" for v in "aeio")
-SUFFIXES = tuple(tuple(mark + code for code in TONE_CODES) for mark in ("", "u", "y"))
-NEXT_SUFFIXES = tuple("n" + code for code in TONE_CODES)
-MORPHEME = "-"  # marks agreement morphemes and suffixes in the target text
+MORPHEME = "-"  # marks agreement morphemes in the target text
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,10 @@ class Grammar:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def regular_words(self) -> int:
+        return self.nouns + self.verbs + self.adjectives + self.adverbs
 
 
 @dataclass
@@ -102,30 +119,44 @@ class Sentence:
 
 
 class Lexicon:
-    """The words of both languages, their hidden tones and classes, drawn from one seed."""
+    """The words of both languages, their syllables and classes, drawn from one seed."""
 
     def __init__(self, grammar: Grammar, seed: int):
         rng = random.Random(f"lexicon-{seed}")
-        taken: set[str] = set()
+        syllables = [c + v for c in SOURCE_CONSONANTS for v in VOWELS]
+        rng.shuffle(syllables)
+        # The smallest square grid that holds every regular word; onsets and codas disjoint, so a
+        # syllable says where in the word it stands but not which word it is.
+        side = math.ceil(math.sqrt(grammar.regular_words))
+        if 2 * side > len(syllables):
+            raise ValueError(f"{grammar.regular_words} regular words need a grid of {side}x{side} syllables; "
+                             f"there are {len(syllables)} (at most {(len(syllables) // 2) ** 2} regular words)")
+        self.onsets, self.codas = syllables[:side], syllables[side:2 * side]
+        cells = [a + b for a in self.onsets for b in self.codas]
+        rng.shuffle(cells)
+        self.grammar = grammar
+        counts = {"NOUN": grammar.nouns, "VERB": grammar.verbs, "ADJ": grammar.adjectives, "ADV": grammar.adverbs}
+        self.words, start = {}, 0
+        for pos, n in counts.items():
+            self.words[pos], start = cells[start:start + n], start + n
+        self.pos = {w: pos for pos, forms in self.words.items() for w in forms}
+        self.noun_class = {w: i % N_NOUN_CLASSES for i, w in enumerate(self.words["NOUN"])}
+        self.verb_class = {w: i % N_VERB_CLASSES for i, w in enumerate(self.words["VERB"])}
+        taken = set(self.pos)
 
-        def fresh(consonants: str, syllables: int, prefix: str = "") -> str:
+        def fresh(consonants: str, prefix: str = "") -> str:
             while True:
-                form = prefix + "".join(rng.choice(consonants) + rng.choice(VOWELS) for _ in range(syllables))
+                form = prefix + "".join(rng.choice(consonants) + rng.choice(VOWELS) for _ in range(2))
                 if form not in taken:
                     taken.add(form)
                     return form
 
-        self.grammar = grammar
-        counts = {"NOUN": grammar.nouns, "VERB": grammar.verbs, "ADJ": grammar.adjectives, "ADV": grammar.adverbs}
-        self.words = {pos: [fresh(SOURCE_CONSONANTS, 2) for _ in range(n)] for pos, n in counts.items()}
-        self.pos = {w: pos for pos, forms in self.words.items() for w in forms}
-        self.tone = {w: rng.randrange(N_TONES) for w in self.pos}
-        self.noun_class = {w: i % N_NOUN_CLASSES for i, w in enumerate(self.words["NOUN"])}
-        self.verb_class = {w: i % N_VERB_CLASSES for i, w in enumerate(self.words["VERB"])}
-        # Target stems are drawn after the source words so their letters cannot collide.
-        self.stem = {w: fresh(TARGET_CONSONANTS, 2) for w in self.pos}
-        self.names = [fresh(SOURCE_CONSONANTS, rng.choice((2, 3)), prefix=NAME_PREFIXES[i % 2])
-                      for i in range(grammar.names)]
+        # One translation per register; target letters cannot collide with source words.
+        self.stem = {w: tuple(fresh(TARGET_CONSONANTS) for _ in range(N_REGISTERS)) for w in self.pos}
+        most = 3 * len(NAME_PREFIXES) * len(syllables) ** 2 // 4  # rejection sampling stays quick below this
+        if grammar.names > most:
+            raise ValueError(f"names: {grammar.names} is more than a two-syllable spelling allows ({most})")
+        self.names = [fresh(SOURCE_CONSONANTS, prefix=NAME_PREFIXES[i % 2]) for i in range(grammar.names)]
 
     def name_class(self, name: str) -> int:
         return NAME_PREFIXES.index(name[0])
@@ -186,9 +217,6 @@ def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
     subject = next(i for i, w in enumerate(words) if w.relation == "nsubj")
     obj = next(i for i, w in enumerate(words) if w.relation == "obj")
 
-    def tone(i: int) -> int:
-        return lexicon.tone.get(words[i].form, 0) if 0 <= i < len(words) else 0
-
     def form(i: int) -> str:
         w = words[i]
         if w.pos == "PROPN":
@@ -202,13 +230,25 @@ def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
             agreement = [VERB_AGREEMENT[lexicon.verb_class[words[verb].form]]]
         else:
             agreement = []
-        suffixes = (SUFFIXES[register][tone(i - 1)], NEXT_SUFFIXES[tone(i + 1)])
-        return " ".join([lexicon.stem[w.form], *(MORPHEME + m for m in (*agreement, *suffixes))])
+        return " ".join([lexicon.stem[w.form][register], *(MORPHEME + m for m in agreement)])
 
-    def phrase(noun: int) -> list[int]:
-        return [j for j, w in enumerate(words) if w.relation == "amod" and w.head == noun + 1] + [noun]
+    def key(i: int) -> int:
+        """The class a word is listed by: the subject its own, an adjective its noun's, the verb
+        its subject's, the object and the adverbs the verb's (one partner each, so one head can
+        fetch it)."""
+        w = words[i]
+        if w.relation == "nsubj":
+            return lexicon.agreement_class(w.form)
+        if w.pos == "ADJ":
+            return lexicon.agreement_class(words[w.head - 1].form)
+        if w.pos == "VERB":
+            return lexicon.agreement_class(words[subject].form)
+        return lexicon.verb_class[words[verb].form]  # the object and the adverbs
 
-    order = [j for j, w in enumerate(words) if w.pos == "ADV"] + [verb] + phrase(obj) + phrase(subject)
+    # The target lists the words by that class, source order within a class: to find the next
+    # word the decoder needs each word's class at the word itself, so the encoder must bring it
+    # there, from the word's own two pieces and from its syntactic partner.
+    order = sorted(range(len(words)), key=lambda i: (key(i), i))
     return [form(i) for i in order]
 
 

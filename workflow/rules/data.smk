@@ -125,5 +125,6 @@ rule train_subwords:
     params:
         vocab_size=lambda w: exp_config(w)["subwords"][f"{w.side}_vocab"],
         character_coverage=lambda w: exp_config(w)["subwords"]["character_coverage"],
+        max_piece_length=lambda w: exp_config(w)["subwords"]["max_piece_length"],
     script:
         "../scripts/train_subwords.py"

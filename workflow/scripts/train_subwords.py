@@ -8,6 +8,7 @@ with job(snakemake) as log:
         snakemake.output[0],
         vocab_size=snakemake.params.vocab_size,
         character_coverage=snakemake.params.character_coverage,
+        max_piece_length=snakemake.params.max_piece_length,
         threads=snakemake.threads,
     )
     log(f"BPE model with {len(Segmenter(snakemake.output[0]))} pieces")
