@@ -136,7 +136,8 @@ def report_markdown(table: pd.DataFrame, order: pd.DataFrame, n_heads: int) -> s
         found = group["layer"].notna().any()
         for i, r in enumerate(group.itertuples()):
             cells = [function if i == 0 else "", ("yes" if found else "**NO**") if i == 0 else "",
-                     f"{int(r.layer) + 1}.{int(r.head) + 1} ({r.via})" if found else "-", _cell(r.rate),
+                     (f"{int(r.layer) + 1}.{int(r.head) + 1}" + ("" if pd.isna(r.via) else f" ({r.via})"))
+                     if found else "-", _cell(r.rate),
                      _cell(r.baseline),
                      _cell(getattr(r, "lrp_rank", np.nan), "{:.0f}"),
                      _cell(getattr(r, "delta_loss_rank", np.nan), "{:.0f}")]
