@@ -21,7 +21,7 @@ def config():
 
 def test_the_shipped_config_is_valid_and_complete(config):
     experiments = load_experiments(config, SCHEMA)
-    assert config["run"] == ["multi30k_en_de"]
+    assert config["run"] == ["multi30k_en_de", "control"]
     assert {"multi30k_en_de", "multi30k_en_fr", "wmt_en_ru", "wmt_en_de", "wmt_en_fr",
             "opensubtitles_en_ru"} <= set(experiments)
     default = experiments["multi30k_en_de"]
