@@ -23,7 +23,9 @@ def pretrained_config(mirror, model_dir) -> dict:
     config["defaults"]["heads"].update(ablation=False)
     config["defaults"]["prune"].update(
         # Snakemake merges this config into config/config.yaml's: a setting is left out with [] / false.
-        lambdas={"enc": [0, 2.0], "all": []}, from_scratch={"all": False}, michel_step=0.5,
+        # No baseline schedule to read: a pretrained model takes the authors' recipe.
+        lambdas={"enc": [0, 2.0], "all": []}, from_scratch={"all": False}, michel_step=0.5, lr_schedule="noam",
+        heal_steps=0,
         training={"max_steps": 6, "warmup_steps": 2, "lr_scale": 0.3, "log_interval": 2, "eval_interval": 6,
                   "checkpoint_interval": 6})
     config["experiments"]["toy"].update(pretrained=str(model_dir), analysis={"set": "test_2016_flickr"})

@@ -129,11 +129,11 @@ def test_smoke_run_end_to_end(smoke_run):
     controls = pruning[pruning["control"]]
     assert len(controls) == 2 and (controls["retained_total"] == 24).all()
     pruned = pruning[(pruning["setting"] == "all") & ~pruning["control"]].iloc[0]
-    assert pd.notna(pruned["bleu_scratch"]) and pruned["steps"] == pruned["steps_scratch"] == 200 + 40
+    assert pd.notna(pruned["bleu_scratch"]) and pruned["steps"] == pruned["steps_scratch"] == 200 + 40 + 10
     assert pruned["d_baseline_low"] <= pruned["d_baseline"] <= pruned["d_baseline_high"]
     assert pd.notna(pruned["d_pruned_scratch_low"]) and pd.notna(pruned["d_control_high"])
     scratch_run = json.loads((results / "prune/all/lambda_0.5/scratch/training.json").read_text())
-    assert scratch_run["train_config"]["max_steps"] == 240 and scratch_run["train_config"]["select"] == "last"
+    assert scratch_run["train_config"]["max_steps"] == 250 and scratch_run["train_config"]["select"] == "last"
     assert (pruning[[c for c in pruning if c.startswith("role_")]].sum(axis=1)
             == pruning["retained_enc_self"]).all()
     michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")

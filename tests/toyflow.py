@@ -47,7 +47,8 @@ def smoke_config(mirror: Path) -> dict:
     config["defaults"]["decoding"].update(max_tokens=2000)
     config["defaults"]["heads"].update(ablation_bleu_sentences=20)
     config["defaults"]["prune"].update(
-        lambdas={"enc": [0, 2.0], "all": [0, 0.5]}, from_scratch={"all": True}, michel_step=0.25,
+        # The default recipe (constant rate, then healing with gates fixed), with a short healing phase.
+        lambdas={"enc": [0, 2.0], "all": [0, 0.5]}, from_scratch={"all": True}, michel_step=0.25, heal_steps=10,
         training={"max_steps": 40, "warmup_steps": 10, "lr_scale": 0.3, "log_interval": 10, "eval_interval": 20,
                   "checkpoint_interval": 10})
     config["experiments"] = {"toy": {
