@@ -22,7 +22,7 @@ from headcount.synthetic_language import (
     write_corpus,
 )
 
-STEPS = 1500  # the tiny model has learned the order by then, and its syntactic heads are sharp
+STEPS = 1000  # the tiny model has learned the order by then, and its syntactic heads are sharp
 
 
 def corpus(n=2000, seed=1, **grammar):
