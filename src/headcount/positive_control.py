@@ -41,12 +41,10 @@ def found_heads(roles: pd.DataFrame, syntactic: pd.DataFrame, settings: dict) ->
     offset or the direction it has), rate, baseline. A function no head has gets one row with
     layer/head NaN."""
     rows = []
-    function = POSITIONAL_FUNCTION
     hits = roles[roles["is_positional"].astype(bool) & roles["positional_offset"].isin(PLANTED_OFFSETS)]
-    rows += [{"function": function, "kind": "positional", "layer": r.layer, "head": r.head,
+    rows += [{"function": POSITIONAL_FUNCTION, "kind": "positional", "layer": r.layer, "head": r.head,
               "via": f"{int(r.positional_offset):+d}", "rate": r.positional_fraction, "baseline": np.nan}
-             for r in hits.itertuples()] or [
-        {"function": function, "kind": "positional"}]
+             for r in hits.itertuples()] or [{"function": POSITIONAL_FUNCTION, "kind": "positional"}]
     margin, min_n = settings["syntactic_margin"], settings["min_instances"]
     for relation in PLANTED_RELATIONS:
         scored = syntactic[syntactic["relation"] == relation]
@@ -137,8 +135,7 @@ def report_markdown(table: pd.DataFrame, order: pd.DataFrame, n_heads: int) -> s
         for i, r in enumerate(group.itertuples()):
             cells = [function if i == 0 else "", ("yes" if found else "**NO**") if i == 0 else "",
                      (f"{int(r.layer) + 1}.{int(r.head) + 1}" + ("" if pd.isna(r.via) else f" ({r.via})"))
-                     if found else "-", _cell(r.rate),
-                     _cell(r.baseline),
+                     if found else "-", _cell(r.rate), _cell(r.baseline),
                      _cell(getattr(r, "lrp_rank", np.nan), "{:.0f}"),
                      _cell(getattr(r, "delta_loss_rank", np.nan), "{:.0f}")]
             cells += [_cell(getattr(r, f"closes_at_{s}"), "{:g}") if found and not pd.isna(getattr(r, f"closes_at_{s}"))
