@@ -106,7 +106,7 @@ def test_mirror_from_environment_or_config(config, tmp_path, monkeypatch):
          "table, Table 2 and Figure 7 compare against (the cost of fine-tuning alone); add 0 to the grid"),
         (lambda c: c["defaults"]["prune"].update(from_scratch={"all": [0, 0.1]}),
          "'experiments.multi30k_en_de.prune.from_scratch.all': 0 is the control, which prunes no head; leave it out"),
-        (lambda c: c["defaults"].update(seeds=[2, 3]),
+        (lambda c: c["experiments"]["multi30k_en_de"].update(seeds=[2, 3]),
          "'experiments.multi30k_en_de.seeds': [2, 3] lacks training.seed (1), the main run; add it"),
         (lambda c: c["defaults"]["prune"].update(lr_schedule="cosine"),
          "'defaults.prune.lr_schedule': 'cosine' is not one of ['noam', 'constant', 'continue']"),
