@@ -22,7 +22,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .batching import positions
 from .io import DataError, atomic_path, iter_lines, sha256_file, write_lines
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -322,6 +321,8 @@ def check_evaluation_pairs(src: list[str], tgt: list[str], max_chars: int, where
 
 def overlong_pairs(src_ids: list[list[int]], tgt_ids: list[list[int]], max_len: int) -> list[tuple[int, str, int]]:
     """(index, side, subwords) of the pairs with a side longer than a model of `max_len` takes."""
+    from .batching import positions  # batching imports torch, which fetch and cleaning jobs need not load
+
     over = []
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         for side, ids in (("source", s), ("target", t)):

@@ -7,7 +7,8 @@ import numpy as np
 from sacrebleu import significance
 from sacrebleu.metrics import BLEU, CHRF
 
-from .io import DataError
+from .io import DataError, read_lines, write_json
+from .provenance import provenance
 
 
 def score_translations(hypotheses: list[str], references: list[str], lowercase: bool = False) -> dict:
@@ -26,6 +27,15 @@ def score_translations(hypotheses: list[str], references: list[str], lowercase: 
         "chrf_signature": str(chrf.get_signature()),
         "sentences": len(hypotheses),
     }
+
+
+
+def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, extra: dict | None = None) -> dict:
+    """Score a file of translations against its references and write the scores with provenance."""
+    scores = score_translations(read_lines(hyp_path), read_lines(ref_path), lowercase=lowercase)
+    scores = {**scores, **(extra or {}), "provenance": provenance()}
+    write_json(out_path, scores)
+    return scores
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str], lowercase: bool = False) -> float:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
-import torch
-
 from . import __version__
+
+
+def _torch_version() -> str:
+    """torch's version without importing it: jobs that only score or plot skip its 1.5 s import."""
+    torch = sys.modules.get("torch")
+    return torch.__version__ if torch is not None else metadata.version("torch")
 
 
 def provenance() -> dict:
@@ -21,6 +27,6 @@ def provenance() -> dict:
                                 cwd=Path(__file__).parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"headcount": __version__, "headcount_commit": commit, "torch": torch.__version__,
+    return {"headcount": __version__, "headcount_commit": commit, "torch": _torch_version(),
             "sacrebleu": sacrebleu.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -1,15 +1,12 @@
-"""Translating a file with a trained model and scoring translations: what translate.py and
-score.py call."""
+"""Translating a file with a trained model: what translate.py calls."""
 
 from __future__ import annotations
 
 import time
 
 from .decode import translate
-from .evaluate import score_translations
-from .io import read_lines, write_json, write_lines
+from .io import read_lines, write_lines
 from .progress import Progress
-from .provenance import provenance
 from .seq2seq import load_model
 from .subwords import open_tokenizer
 from .train import pick_device
@@ -38,10 +35,3 @@ def translate_file(
     seconds = time.perf_counter() - start
     log(f"{len(hyps)} sentences in {seconds:.1f} s ({len(hyps) / seconds:.1f} sentences/s) on {dev}")
     write_lines(out_path, tgt_seg.decode(hyps))
-
-
-def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, extra: dict | None = None) -> dict:
-    scores = score_translations(read_lines(hyp_path), read_lines(ref_path), lowercase=lowercase)
-    scores = {**scores, **(extra or {}), "provenance": provenance()}
-    write_json(out_path, scores)
-    return scores
