@@ -220,6 +220,38 @@ def test_a_head_right_80_percent_of_the_time_scores_0_8():
     assert expected.tolist() == pytest.approx([0.8, 0.8])  # the planted maps, counted directly
 
 
+def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does_not():
+    """Head 0 attends from each continuation piece to the piece before it and from each word-initial
+    piece to itself: pooled it is no positional head, per kind it is exact at both."""
+    from headcount.roles import PIECE_KINDS, continuation_mask, with_piece_kinds
+
+    sentences = [["\u2581a", "b", "\u2581c", "\u2581d", "e", "f"], ["\u2581g", "h", "\u2581i"], ["\u2581j"]]
+    S = max(map(len, sentences)) + 1
+    probs = np.zeros((1, len(sentences), 1, S, S))
+    for b, pieces in enumerate(sentences):
+        n = len(pieces)  # EOS at n, padding after
+        for q, piece in enumerate(pieces):
+            probs[0, b, 0, q, :n + 1] = 0.1 / (n + 1)
+            probs[0, b, 0, q, n] += 0.5  # EOS: excluded from the argmax
+            probs[0, b, 0, q, q if piece.startswith("\u2581") else q - 1] += 0.4
+        probs[0, b, 0, :n, n + 1:] = 0.9  # padding keys
+    probs = torch.tensor(probs, dtype=torch.float32)
+    lengths = [len(p) + 1 for p in sentences]
+    mask = continuation_mask(sentences, S)
+    assert mask.tolist()[1] == [False, True, False, False, False, False, False]
+    pooled, by_kind = PositionalStats(), {kind: PositionalStats() for kind in PIECE_KINDS}
+    pooled.update(probs, lengths)
+    by_kind["initial"].update(probs, lengths, ~mask)
+    by_kind["continuation"].update(probs, lengths, mask)
+    row = with_piece_kinds(pooled.table(), by_kind).iloc[0]
+    assert (row["offset"], row["fraction"]) == (0, pytest.approx(6 / 10))  # 6 initial of 10 pieces
+    assert (row["continuation_offset"], row["continuation_fraction"], row["continuation_queries"]) == (-1, 1.0, 4)
+    assert (row["initial_offset"], row["initial_fraction"], row["initial_queries"]) == (0, 1.0, 6)
+    # Validity counted per query of the kind: +1 has a key from b, e and h, not from f (EOS follows).
+    continuation = by_kind["continuation"]
+    assert continuation.valid[continuation.radius + 1] == 3 and continuation.valid[continuation.radius - 1] == 4
+
+
 def test_positional_accepts_layer_list_and_merges_batches_of_different_size():
     lengths = [12, 15, 20]
     probs = positional_batch(lengths)

@@ -17,6 +17,10 @@ Positional statistics stay on subword tokens. The share of an offset k counts on
 which q + k is a valid key (inside the sentence, not EOS, not padding): a head that always attends
 to the previous token has no valid target at the first token, and would otherwise score
 1 - 1/length instead of 1.0. The paper's reading (every query in the denominator) is kept beside it.
+The same shares are also reported per piece kind (PIECE_KINDS): over the word-initial pieces only
+and over the continuation pieces only (`continuation_offset`, `continuation_fraction`, ...). They
+do not decide the positional role; they show a head that joins subwords into words, which the
+pooled share mixes with whatever the head does at the other kind of piece.
 
 Indices: `layer` and `head` are 0-based, as in the model's tensors; word/token indices inside this
 module are 0-based positions in the sentence.
@@ -68,6 +72,10 @@ DIRECTION_NAMES = {
     ("advmod", "head->dep"): "v->adv", ("advmod", "dep->head"): "adv->v",
 }
 WORD_START = "\u2581"  # sentencepiece's word-start marker
+# Query tokens by their place in the word: its first subword, or one that continues it. A head that
+# joins a word's pieces (-1 from a continuation piece, +1 from an initial one) need not look at any
+# neighbour from the other kind, so its pooled positional share can stay low.
+PIECE_KINDS = ("initial", "continuation")
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,26 +224,30 @@ class PositionalStats:
         self.radius = 0
         self.n_queries = 0
 
-    def update(self, probs, lengths) -> None:
-        """probs: per-layer [(B, H, S, S)] or (L, B, H, S, S); lengths (B,) real tokens incl. EOS."""
+    def update(self, probs, lengths, queries=None) -> None:
+        """probs: per-layer [(B, H, S, S)] or (L, B, H, S, S); lengths (B,) real tokens incl. EOS;
+        queries: optional (B, S) bool, the query tokens to count (default: every real one)."""
         probs = _stack_layers(probs)
         L, B, H, S, _ = probs.shape
         lengths = torch.as_tensor(lengths, device=probs.device).reshape(B)
         pos = torch.arange(S, device=probs.device)
         n_real = lengths - int(self.exclude_last)  # (B,) valid keys and queries per sentence
         real = pos[None, :] < n_real[:, None]  # (B, S) keys and queries
+        counted = real if queries is None else real & torch.as_tensor(queries, device=probs.device)[:, :S]
         scores = probs.masked_fill(~real[None, :, None, None, :], float("-inf"))
         offsets = scores.argmax(dim=-1) - pos  # (L, B, H, S)
         bins = 2 * S - 1
         head_index = torch.arange(L * H, device=probs.device).view(L, 1, H, 1)
         flat = head_index * bins + offsets + (S - 1)
-        keep = real[None, :, None, :].expand_as(flat)
+        keep = counted[None, :, None, :].expand_as(flat)
         counts = torch.bincount(flat[keep], minlength=L * H * bins).view(L, H, bins)
-        # A sentence of n valid tokens has n - |k| queries whose q + k is a valid key.
-        k = torch.arange(-(S - 1), S, device=probs.device).abs()
-        valid = (n_real[:, None] - k[None, :]).clamp(min=0).sum(dim=0)
+        # Offset k is valid for a counted query q when q + k is a real key.
+        k = torch.arange(-(S - 1), S, device=probs.device)
+        target = pos[None, :, None] + k[None, None, :]  # (1, S, 2S - 1)
+        inside = (target >= 0) & (target < n_real[:, None, None])  # (B, S, 2S - 1)
+        valid = (inside & counted[:, :, None]).sum(dim=(0, 1))
         self._add(counts.cpu().numpy(), valid.cpu().numpy().astype(np.int64), S - 1)
-        self.n_queries += int(real.sum())
+        self.n_queries += int(counted.sum())
 
     def _add(self, counts: np.ndarray, valid: np.ndarray, radius: int) -> None:
         if self.counts is None:
@@ -276,6 +288,31 @@ class PositionalStats:
                              "second_fraction": shares[layer, head, second] if len(o) > 1 else 0.0,
                              "n_valid": int(self.valid[o[0]]), "n_queries": self.n_queries})
         return pd.DataFrame(rows, columns=cols)
+
+
+def continuation_mask(pieces: Sequence[Sequence[str]], width: int) -> torch.Tensor:
+    """(B, width) bool: True at the pieces that continue a word (no word-start marker); False at
+    word-initial pieces and past each sentence's pieces (EOS, padding)."""
+    mask = torch.zeros(len(pieces), width, dtype=torch.bool)
+    for row, sentence in enumerate(pieces):
+        n = min(len(sentence), width)
+        mask[row, :n] = torch.tensor([not p.startswith(WORD_START) for p in sentence[:n]], dtype=torch.bool)
+    return mask
+
+
+def with_piece_kinds(table: pd.DataFrame, by_kind: dict[str, PositionalStats]) -> pd.DataFrame:
+    """The pooled positional table with each piece kind's best offset, its share among that kind's
+    queries where it is valid, and the number of queries of that kind: `{kind}_offset`,
+    `{kind}_fraction`, `{kind}_queries`."""
+    for kind in PIECE_KINDS:
+        part = by_kind[kind].table()
+        if part.empty:  # no piece of this kind in the text
+            table = table.assign(**{f"{kind}_offset": pd.NA, f"{kind}_fraction": np.nan, f"{kind}_queries": 0})
+            continue
+        part = part[["layer", "head", "offset", "fraction", "n_queries"]].rename(
+            columns={"offset": f"{kind}_offset", "fraction": f"{kind}_fraction", "n_queries": f"{kind}_queries"})
+        table = table.merge(part, on=["layer", "head"], how="left")
+    return table
 
 
 # --------------------------------------------------------------------------------------------
@@ -529,9 +566,11 @@ def _positional_columns(statistics: dict, rules: dict) -> pd.DataFrame:
     positional = statistics["positional"]
     if "fraction_paper" not in positional.columns:  # a table from elsewhere with one share only
         positional = positional.assign(fraction_paper=positional["fraction"])
-    return positional[["layer", "head", "offset", "fraction", "fraction_paper"]].rename(
+    kinds = [f"{kind}_{column}" for kind in PIECE_KINDS for column in ("offset", "fraction")]
+    return positional[["layer", "head", "offset", "fraction", "fraction_paper",
+                       *[c for c in kinds if c in positional.columns]]].rename(
         columns={"offset": "positional_offset", "fraction": "positional_fraction",
-                 "fraction_paper": "positional_fraction_paper"})
+                 "fraction_paper": "positional_fraction_paper", **{c: f"positional_{c}" for c in kinds}})
 
 
 def _best_syntactic(syntactic: pd.DataFrame, min_instances: int) -> pd.DataFrame:
@@ -694,12 +733,17 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     texts = [t.lower() if lowercase else t for t in texts]
     keep, _, no_room = _fitting(segmenter, texts, model, None)
     positional, rare = PositionalStats(), RareStats(frequencies, top_k, lowercase)
+    by_kind = {kind: PositionalStats() for kind in PIECE_KINDS}
     unplaced = total_words = 0
     for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
+        pieces = [segmenter.pieces(texts[i]) for i in chunk]
         positional.update(probs, lengths)
+        continuation = continuation_mask(pieces, probs.shape[-1])
+        by_kind["initial"].update(probs, lengths, ~continuation)
+        by_kind["continuation"].update(probs, lengths, continuation)
         for row, i in enumerate(chunk):
             words = frequency_words(texts[i], lowercase)
-            piece_to_word = align_pieces(words, segmenter.pieces(texts[i]))
+            piece_to_word = align_pieces(words, pieces[row])
             wa = word_attention(probs[:, row, :, :lengths[row], :lengths[row]], piece_to_word, len(words))
             total_words += len(words)
             unplaced += int((~aligned_words(wa)).sum())
@@ -710,7 +754,7 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     if rare.n_uniform:
         log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
             f"words in {rare.uniform_two_rarest / rare.n_uniform:.0%} of the eligible sentences")
-    return {"positional": positional.table(), "rare": rare.table()}
+    return {"positional": with_piece_kinds(positional.table(), by_kind), "rare": rare.table()}
 
 
 @torch.no_grad()
