@@ -157,6 +157,20 @@ def test_batches_cover_every_sentence_once_within_the_budget(max_tokens):
     assert padded < 1.3 * sum(src_lens)
 
 
+def test_batches_group_pairs_by_the_longer_side_the_budget_counts():
+    """Short sources with alternately long and short targets: sorted by the longer side, the 50
+    pairs whose longer side is 30 share batches of 4 (13 batches) and the 50 of at most 5 fill two
+    (30 of at most 3, 20 of 4 and 5); sorted by the source, every batch would hold a 30 and at most
+    4 pairs (20 batches)."""
+    src_lens = [1 + k % 5 for k in range(100)]
+    tgt_lens = [30 if k % 2 else 1 + k % 5 for k in range(100)]
+    batches = make_batches(src_lens, tgt_lens, 120, seed=0, pool_batches=1000)
+    assert sorted(i for b in batches for i in b) == list(range(100))
+    assert len(batches) == 13 + 2
+    for b in batches:
+        assert len({tgt_lens[i] == 30 for i in b}) == 1  # never long and short pairs in one batch
+
+
 def test_tensors_add_eos_and_bos():
     src = source_tensor([[5, 6], [7]])
     tgt_in, tgt_out = target_tensors([[8, 9, 10]])
