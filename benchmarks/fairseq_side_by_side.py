@@ -46,7 +46,8 @@ TORCH = "torch==2.13.0"
 # The default experiment's model and training settings (config/config.yaml defaults), spelled out so
 # the two sides cannot drift apart silently; the headcount worker checks them against headcount's config.
 MODEL = {"d_model": 256, "n_heads": 8, "d_ff": 1024, "enc_layers": 6, "dec_layers": 6, "dropout": 0.1,
-         "attn_dropout": 0.1, "relu_dropout": 0.0, "tie_target_embeddings": True, "max_len": 512}
+         "attn_dropout": 0.1, "relu_dropout": 0.0, "tie_target_embeddings": True, "max_len": 512,
+         "dropout_masks": "fast"}  # as the default experiment trains (config/config.yaml)
 TRAIN = {"max_tokens": 1600, "warmup_steps": 800, "lr_scale": 1.0, "adam_betas": (0.9, 0.98), "adam_eps": 1e-9,
          "label_smoothing": 0.1, "clip_norm": 1.0, "seed": 1}
 PEAK_LR = TRAIN["lr_scale"] * MODEL["d_model"] ** -0.5 * TRAIN["warmup_steps"] ** -0.5  # Noam's peak
