@@ -62,7 +62,7 @@ def resources_of(dry_run: str, rule: str, exp: str) -> dict[str, str]:
 COMMANDS_WITHOUT_CORES = ["--unlock", "--dag", "--rulegraph", "--summary", "--detailed-summary"]
 # A partial run: the baseline scored and the heads scored, nothing of roles or pruning.
 PARTIAL = ["results/toy/baseline/scores.tsv", "results/toy/heads/correlations.tsv",
-           "results/toy/heads/figures/lrp.enc_self.png"]
+           "results/toy/heads/figures/heatmaps"]
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +74,15 @@ def commands(tmp_path_factory):
     # A second experiment that asks for a GPU, beside the toy one that asks for none.
     config["experiments"]["toy_gpu"] = {**copy.deepcopy(config["experiments"]["toy"]), "resources": {"gpu": 1}}
     smoke = toyflow.write_config(workdir / "smoke.yaml", config)
-    for path in PARTIAL:
+    for path in PARTIAL[:2]:
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
-        (workdir / path).write_bytes(b"score\t1\n" if path.endswith(".tsv") else b"\x89PNG\r\n\x1a\n")
+        (workdir / path).write_bytes(b"score\t1\n")
+    heatmaps = workdir / PARTIAL[2]  # the heatmaps folder with its 13 figures
+    heatmaps.mkdir(parents=True)
+    for score in ("confidence", "lrp", "michel", "delta_loss"):
+        for kind in ("enc_self", "dec_self", "dec_enc"):
+            (heatmaps / f"{score}.{kind}.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (heatmaps / "delta_bleu.enc_self.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     broken = toyflow.copy_workflow(root / "broken")
     text = (broken / "config/config.yaml").read_text().splitlines()
     line = next(i for i, t in enumerate(text) if t.startswith("run:"))
@@ -105,7 +111,9 @@ def test_a_report_of_a_partial_run_holds_what_exists(commands):
     assert code == 0, err[-3000:]
     html = (commands["workdir"] / "report.html").read_text()
     results = json.loads(re.search(r"var results = (\{.*?\});\n", html, flags=re.S).group(1))
-    assert sorted(results) == sorted(PARTIAL)
+    heatmaps = [path for path in results if path.startswith(PARTIAL[2] + "/")]  # the folder's figures
+    assert sorted(set(results) - set(heatmaps)) == sorted(PARTIAL[:2])
+    assert len(heatmaps) == 13 and all(path.endswith(".png") for path in heatmaps)
 
 
 def test_every_rule_says_what_it_does(commands):

@@ -93,8 +93,12 @@ def test_smoke_run_end_to_end(smoke_run):
     assert heads.loc[heads["type"] == "enc_self", "delta_bleu"].notna().all()
     correlations = pd.read_csv(results / "heads/correlations.tsv", sep="\t")
     assert set(correlations["score"]) == {"confidence", "lrp", "michel"}
-    for name in ("lrp.enc_self", "confidence.enc_self", "delta_loss.dec_enc", "delta_bleu.enc_self"):
-        assert (results / f"heads/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # One job draws every heatmap: 4 scores x 3 attention types, and ablation's BLEU for encoder heads.
+    heatmaps = sorted(path.name for path in (results / "heads/figures/heatmaps").glob("*.png"))
+    assert heatmaps == sorted([f"{score}.{kind}.png" for score in ("confidence", "lrp", "michel", "delta_loss")
+                               for kind in ("enc_self", "dec_self", "dec_enc")] + ["delta_bleu.enc_self.png"])
+    for name in heatmaps:
+        assert (results / "heads/figures/heatmaps" / name).read_bytes()[:4] == b"\x89PNG"
 
     # Head roles on the toy treebank: every encoder head gets a role; Table 1 has amod both ways.
     roles = pd.read_csv(results / "syntax/roles.csv")

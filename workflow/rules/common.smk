@@ -234,18 +234,18 @@ def analysis_label(wildcards):
 
 
 def head_figures(exp):
-    """The head-score heatmaps an experiment's settings produce: every registered measure's score
-    (headcount.measures; ablation's only if run) for every attention type, and ablation's BLEU
-    impact for encoder heads."""
+    """The head-score heatmaps an experiment's settings produce, as (score, kind of attention):
+    every registered measure's score (headcount.measures; ablation's only if run) for every
+    attention type, and ablation's BLEU impact for encoder heads. One job draws them all into
+    heads/figures/heatmaps/<score>.<kind>.png."""
     settings = EXPERIMENTS[exp]["heads"]
     figures = [
-        f"results/{exp}/heads/figures/{score}.{kind}.png"
+        [score, kind]
         for score in score_names(optional=settings["ablation"])
         for kind in ATTENTION_TYPES
     ]
     if settings["ablation"] and settings["ablation_bleu_sentences"]:
-        bleu_impact = MEASURES["ablation"].columns[1]
-        figures.append(f"results/{exp}/heads/figures/{bleu_impact}.enc_self.png")
+        figures.append([MEASURES["ablation"].columns[1], "enc_self"])
     return figures
 
 
@@ -316,7 +316,7 @@ def final_outputs(exp):
     return [
         f"results/{exp}/baseline/scores.tsv",
         f"results/{exp}/heads/correlations.tsv",
-        *head_figures(exp),
+        f"results/{exp}/heads/figures/heatmaps",
         *(
             [f"results/{exp}/heads/figures/specialisation.png"]
             if EXPERIMENTS[exp]["training"].get("snapshot_interval", 0)

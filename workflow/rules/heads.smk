@@ -42,24 +42,27 @@ rule score_heads:
 
 
 rule plot_head_scores:
-    """One heatmap (layer x head) of one head score for one kind of attention."""
+    """The heatmaps (layer x head) of every head score for every kind of attention
+    (common.head_figures), in one job: a figure takes a fraction of a second, a job seconds to start."""
     input:
         "results/{exp}/heads/scores.parquet",
     output:
         report(
-            "results/{exp}/heads/figures/{score}.{kind}.png",
+            directory("results/{exp}/heads/figures/heatmaps"),
+            patterns=["{score}.{kind}.png"],
             caption="../report/head_heatmap.rst",
             category="Head importance",
             subcategory="{exp}",
-            labels={"score": "{score}", "attention": "{kind}"},
         ),
     log:
-        "results/{exp}/logs/plot_head_scores.{score}.{kind}.log",
+        "results/{exp}/logs/plot_head_scores.log",
     conda:
         ENV
     resources:
         mem_mb=2000,
         runtime=10,
+    params:
+        figures=lambda w: head_figures(w.exp),
     script:
         "../scripts/plot_head_scores.py"
 

@@ -5,6 +5,7 @@ src/headcount. A HeadcountError (bad data, bad config) is written to the job's l
 message and fails the job without a traceback; anything else keeps its traceback.
 """
 
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -35,12 +36,12 @@ class Log:
 def job(snakemake):
     """with job(snakemake) as log: ... -- threads set, errors reported."""
     log = Log(snakemake.log[0])
-    try:
-        import torch
-
-        torch.set_num_threads(max(1, snakemake.threads))
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    # The job's threads, read by torch when (and only if) the job's code imports it: fetching,
+    # scoring and plotting jobs never load torch (1.5-2.5 s a job).
+    threads = str(max(1, snakemake.threads))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = threads
+    if "torch" in sys.modules:  # pragma: no cover - imported before the job: its pool is sized already
+        sys.modules["torch"].set_num_threads(int(threads))
     log(f"rule {snakemake.rule}, wildcards {dict(snakemake.wildcards)}")
     try:
         yield log

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pandas as pd
 from _common import job
 
@@ -5,4 +7,8 @@ from headcount.plots import head_heatmap
 
 with job(snakemake) as log:
     table = pd.read_parquet(snakemake.input[0])
-    head_heatmap(table, snakemake.wildcards.score, snakemake.wildcards.kind, snakemake.output[0])
+    folder = Path(snakemake.output[0])
+    folder.mkdir(parents=True, exist_ok=True)
+    for score, kind in snakemake.params.figures:
+        head_heatmap(table, score, kind, folder / f"{score}.{kind}.png")
+    log(f"{len(snakemake.params.figures)} heatmaps in {folder}")
