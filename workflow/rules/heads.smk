@@ -43,7 +43,8 @@ rule score_heads:
 
 rule plot_head_scores:
     """The heatmaps (layer x head) of every head score for every kind of attention
-    (common.head_figures), in one job: a figure takes a fraction of a second, a job seconds to start."""
+    (common.head_figures), in one job: a figure takes a fraction of a second, a job seconds to start.
+    """
     input:
         "results/{exp}/heads/scores.parquet",
     output:
