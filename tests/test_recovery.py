@@ -203,6 +203,28 @@ def test_an_error_about_a_mirror_copy_names_the_mirror_file(tmp_path, monkeypatc
     assert "results/x.txt is a copy" not in log
 
 
+def test_a_job_loads_no_torch_itself_and_torch_takes_the_jobs_threads(tmp_path):
+    """The job wrapper sizes torch's thread pool through OMP_NUM_THREADS, so jobs that never use
+    torch do not pay for importing it, and a job that does gets its `threads` (1 here, where
+    torch alone would take both cores)."""
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(toyflow.REPO / "workflow/scripts")!r})
+from _common import job
+snakemake = type("Snakemake", (), {{"log": ["job.log"], "threads": 1, "rule": "r", "wildcards": {{}}, "input": []}})()
+with job(snakemake):
+    before = "torch" in sys.modules
+    import torch
+    print(before, torch.get_num_threads(), flush=True)
+    os._exit(0)  # before the wrapper writes provenance, which needs a whole snakemake object
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "1"]
+
+
 def test_random_bytes_named_gz_are_not_gzip_data(tmp_path):
     from headcount.data import fetch_source, read_text_lines
     from headcount.io import DataError
