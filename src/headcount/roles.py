@@ -18,7 +18,9 @@ which q + k is a valid key (inside the sentence, not EOS, not padding): a head t
 to the previous token has no valid target at the first token, and would otherwise score
 1 - 1/length instead of 1.0. The paper's reading (every query in the denominator) is kept beside it.
 The same shares are also reported per piece kind (PIECE_KINDS): over the word-initial pieces only
-and over the continuation pieces only (`continuation_offset`, `continuation_fraction`, ...). They
+and over the continuation pieces only (`continuation_offset`, `continuation_fraction`, ...), with
+pieces marked the sentencepiece way (WORD_START opens a word, as in headcount's and Marian's
+vocabularies; a WordPiece "##" vocabulary would need its own mask). They
 do not decide the positional role; they show a head that joins subwords into words, which the
 pooled share mixes with whatever the head does at the other kind of piece.
 
