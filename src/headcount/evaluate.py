@@ -29,7 +29,6 @@ def score_translations(hypotheses: list[str], references: list[str], lowercase: 
     }
 
 
-
 def score_file(hyp_path: str, ref_path: str, lowercase: bool, out_path: str, extra: dict | None = None) -> dict:
     """Score a file of translations against its references and write the scores with provenance."""
     scores = score_translations(read_lines(hyp_path), read_lines(ref_path), lowercase=lowercase)
