@@ -10,6 +10,9 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
 - train_experiment: headcount's training as the default experiment configures it (relu_dropout 0)
 - train_masks: that configuration with torch's dropout masks against model.dropout_masks "fast",
   alternating in one process
+- train_threads: the machine's cores as one training job with every thread against one single-thread
+  training job per core running at once (what `resources.train_threads` chooses for the workflow),
+  alternating; each job a process of its own
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
 - lrp_trained: the same on the trained default model and the 500 sentences score_heads explains
 - decode: beam-search sentences per second (the trained default model if results/ has it)
@@ -212,6 +215,50 @@ def part_train_masks(steps: int) -> dict:
                                                              dropout_masks=masks) for masks in ("torch", "fast")})
 
 
+def part_train_worker(steps: int, seed: int) -> dict:
+    """One training job of the default experiment's config, at the threads OMP_NUM_THREADS sets."""
+    import torch
+
+    step = training_step("headcount", "default", relu_dropout=0.0, dropout_masks="fast")
+    batches = synthetic_batches(SIZES["default"][3], steps + 2, seed=seed)
+    for batch in batches[:2]:  # warm-up
+        step(batch)
+    start = time.perf_counter()
+    for batch in batches[2:]:
+        step(batch)
+    seconds = time.perf_counter() - start
+    tokens = sum(int(s.ne(0).sum()) + int(o.ne(0).sum()) for s, _, o in batches[2:])
+    return {"tokens": tokens, "seconds": seconds, "threads": torch.get_num_threads()}
+
+
+def part_train_threads(steps: int, repeats: int = 3) -> dict:
+    """Training throughput of the machine: one job using every core, against one single-thread job
+    per core at once (the workflow's `resources.train_threads: 1`), alternating, best of each kept.
+
+    A job's threads do not scale linearly (shared caches, memory bandwidth, serial element-wise
+    work), so independent training jobs (seeds, the lambda grid, from-scratch runs) may finish
+    sooner side by side. Throughput counts every job's tokens over the time the last one took."""
+    import os
+
+    cores = os.cpu_count() or 1
+
+    def workers(n: int, threads: int) -> float:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        cmd = [sys.executable, __file__, "--part", "train_worker", "--steps", str(steps)]
+        procs = [subprocess.Popen(cmd + ["--seed", str(i)], env=env, stdout=subprocess.PIPE, text=True)
+                 for i in range(n)]
+        results = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+        assert all(r["threads"] == threads for r in results), results
+        return sum(r["tokens"] for r in results) / max(r["seconds"] for r in results)
+
+    best_one, best_many = 0.0, 0.0
+    for _ in range(repeats):
+        best_one = max(best_one, workers(1, cores))
+        best_many = max(best_many, workers(cores, 1))
+    return {"cores": cores, "one_job_tokens_per_s": best_one, "jobs_per_core_tokens_per_s": best_many,
+            "ratio": best_many / best_one}
+
+
 def _matmul_share(step, batches) -> dict:
     """Share of a training step's CPU time spent in matrix products (forward and backward)."""
     from torch.profiler import profile
@@ -402,6 +449,8 @@ PARTS = {
     "train_experiment": lambda a: part_train("headcount", a.size, a.steps, relu_dropout=0.0),
     "train_masks": lambda a: part_train_masks(a.steps),
     "train_pair": lambda a: part_train_pair(a.size, a.steps),
+    "train_worker": lambda a: part_train_worker(a.steps, a.seed),
+    "train_threads": lambda a: part_train_threads(a.steps),
     "lrp": lambda a: part_lrp(a.size),
     "lrp_trained": lambda a: part_lrp_trained(),
     "decode": lambda a: part_decode(),
@@ -415,6 +464,7 @@ def _training_diagnostics(size: str, steps: int) -> list[str]:
     compiled = run_part("train_compiled", size, steps)
     profile = run_part("train_profile", size, steps)
     masks = run_part("train_masks", size, steps)
+    threads = run_part("train_threads", size, steps)
     return [
         f"| {size} | headcount training as the default experiment configures it (relu_dropout 0), tokens/s | "
         f"{experiment['tokens_per_s']:.0f} | {experiment['max_rss_mb']:.0f} |",
@@ -429,6 +479,10 @@ def _training_diagnostics(size: str, steps: int) -> list[str]:
         f"| {size} | ... MFU with torch's / fast masks (of the matmul peak measured between the passes) | "
         f"{masks['torch_flops_per_s'] / masks['peak_flops_per_s']:.2f} / "
         f"{masks['fast_flops_per_s'] / masks['peak_flops_per_s']:.2f} | |",
+        f"| {size} | training tokens/s of the machine, one job on {threads['cores']} threads / {threads['cores']} "
+        f"single-thread jobs at once | {threads['one_job_tokens_per_s']:.0f} / {threads['jobs_per_core_tokens_per_s']:.0f} | |",
+        f"| {size} | ... single-thread jobs at once / one job (`resources.train_threads: 1` against 0) | "
+        f"{threads['ratio']:.2f} | |",
     ]
 
 
@@ -444,6 +498,7 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="default")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
+    parser.add_argument("--seed", type=int, default=0, help="train_worker: the synthetic batches' seed")
     parser.add_argument("--fairseq", action="store_true",
                         help="also run fairseq_side_by_side.py (about 15 minutes; installs fairseq-fixed once)")
     args = parser.parse_args()

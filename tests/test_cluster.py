@@ -168,3 +168,31 @@ def test_a_toy_run_on_slurm(tmp_path, toy_mirror):
     # Nothing left to do afterwards, by the same profile.
     rerun = subprocess.run(cmd + ["-n"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert "Nothing to be done" in rerun.stdout + rerun.stderr, rerun.stdout[-2000:]
+
+
+def planned_threads(workdir, config) -> dict[str, set[int]]:
+    """rule -> the thread counts of its planned jobs, from a dry run on 2 cores."""
+    config_path = write_config(workdir / "threads.yaml", config)
+    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
+                             "--configfile", str(config_path), "-n"],
+                            cwd=workdir, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    threads: dict[str, set[int]] = {}
+    for rule, block in re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", result.stdout, flags=re.M):
+        count = re.search(r"^    threads: (\d+)", block, flags=re.M)  # Snakemake leaves out "threads: 1"
+        threads.setdefault(rule, set()).add(int(count.group(1)) if count else 1)
+    return threads
+
+
+def test_train_threads_sizes_the_training_jobs_only(tmp_path, toy_mirror):
+    config = smoke_config(toy_mirror)
+    config["defaults"]["seeds"] = [1, 2]
+    every_core = planned_threads(tmp_path, config)
+    config["defaults"]["resources"]["train_threads"] = 1
+    one = planned_threads(tmp_path, config)
+    training = {"train_baseline", "train_baseline_seed", "prune_heads", "prune_control_seed", "train_from_scratch"}
+    assert training <= set(one), set(one)
+    assert {rule: every_core[rule] for rule in training} == dict.fromkeys(training, {2})
+    assert {rule: one[rule] for rule in training} == dict.fromkeys(training, {1})
+    # Decoding and LRP keep every core: nothing runs beside them that they would wait for.
+    assert one["translate"] == one["score_heads"] == {2}

@@ -126,6 +126,17 @@ def all_cores(wildcards):
     return workflow.resource_settings.cores or workflow.cores
 
 
+def training_threads(wildcards):
+    """Threads of a training job: `resources.train_threads`, or every core it is given (0).
+
+    One thread per job lets independent training runs (seeds, the lambda grid, from-scratch runs)
+    share the cores side by side, which trains more tokens per second on a small CPU than one job
+    on all of them (benchmarks/RESULTS.md, "Training jobs side by side")."""
+    cores = all_cores(wildcards)
+    threads = exp_config(wildcards)["resources"]["train_threads"]
+    return min(threads, cores) if threads else cores
+
+
 # The GPU type to ask a SLURM cluster for (profiles/slurm): only jobs that ask for a GPU name
 # it, since the plugin turns a model with 0 GPUs into --gpus=<model>:0.
 GPU_MODEL_ENV = "HEADCOUNT_SLURM_GPU_MODEL"

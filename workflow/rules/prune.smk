@@ -24,7 +24,7 @@ rule prune_heads:
         benchmark_path("prune/{setting}/lambda_{lam}/prune_heads")
     conda:
         ENV
-    threads: all_cores
+    threads: training_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,
@@ -61,7 +61,7 @@ rule train_from_scratch:
         benchmark_path("prune/{setting}/lambda_{lam}/train_from_scratch")
     conda:
         ENV
-    threads: all_cores
+    threads: training_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

@@ -25,7 +25,7 @@ rule train_baseline_seed:
         seed="[0-9]+",
     conda:
         ENV
-    threads: all_cores
+    threads: training_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,
@@ -62,7 +62,7 @@ rule prune_control_seed:
         seed="[0-9]+",
     conda:
         ENV
-    threads: all_cores
+    threads: training_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

@@ -22,7 +22,7 @@ rule train_baseline:
         exp=TRAINED_EXPERIMENTS,
     conda:
         ENV
-    threads: all_cores
+    threads: training_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,
