@@ -20,7 +20,9 @@ What it does (issue 19, item 1):
    each continuing where it stopped, and reports each window's tokens/s (source + target tokens that are
    not padding, EOS included, counted the same way for both) and the ratio headcount / fairseq of each
    window pair, with its median and range. `uptime` is printed before and after every window.
-Time to a dev BLEU is not measured here (see RESULTS.md).
+5. With --bleu-every N, instead: trains each side N steps at a time (alternating, ABBA), translates the
+   dev set greedily after each stretch (fairseq's SequenceGenerator, headcount's greedy search, the same
+   length limits) and reports the training time each needed to reach the dev BLEU levels both reached.
 The table is printed and written to benchmarks/fairseq_latest.md (git-ignored).
 """
 
@@ -50,6 +52,7 @@ MODEL = {"d_model": 256, "n_heads": 8, "d_ff": 1024, "enc_layers": 6, "dec_layer
          "dropout_masks": "fast"}  # as the default experiment trains (config/config.yaml)
 TRAIN = {"max_tokens": 1600, "warmup_steps": 800, "lr_scale": 1.0, "adam_betas": (0.9, 0.98), "adam_eps": 1e-9,
          "label_smoothing": 0.1, "clip_norm": 1.0, "seed": 1}
+DECODE = {"max_len_a": 1.5, "max_len_b": 10}  # the default experiment's length limits; greedy, as dev BLEU is
 PEAK_LR = TRAIN["lr_scale"] * MODEL["d_model"] ** -0.5 * TRAIN["warmup_steps"] ** -0.5  # Noam's peak
 
 
@@ -220,8 +223,28 @@ def fairseq_worker(bin_dir: str, threads: int, warmup_steps: int) -> None:
             trainer.train_step([sample])
         return src, tgt, sample["target"].numel()
 
+    def translate_dev(n: int) -> list[str]:
+        """Greedy translations of the first n dev sentences, as space-separated pieces, in order."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        if "valid" not in task.datasets:
+            task.load_dataset("valid")
+        dataset = task.dataset("valid")
+        ids = list(range(min(n, len(dataset))))
+        generator = SequenceGenerator([trainer.model], task.target_dictionary, beam_size=1,
+                                      max_len_a=DECODE["max_len_a"], max_len_b=DECODE["max_len_b"])
+        out = {}
+        trainer.model.eval()
+        with torch.no_grad():
+            for start in range(0, len(ids), 64):
+                sample = dataset.collater([dataset[i] for i in ids[start:start + 64]])
+                for sid, hypos in zip(sample["id"].tolist(), generator.generate([trainer.model], sample)):
+                    out[sid] = task.target_dictionary.string(hypos[0]["tokens"])
+        trainer.model.train()
+        return [out[i] for i in ids]
+
     serve(step, warmup_steps, lambda: {"epoch": epoch_itr.epoch, "updates": trainer.get_num_updates(),
-                                       "lr": trainer.get_lr()})
+                                       "lr": trainer.get_lr()}, translate_dev)
 
 
 def headcount_worker(exp: str, threads: int, warmup_steps: int) -> None:
@@ -275,17 +298,32 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int) -> None:
         float(loss_sum.detach()), float(nll_sum)  # as train() reads them each step
         return int(src.ne(pad_id).sum()), n_tokens, tgt_out.numel()
 
-    serve(step, warmup_steps, lambda: {"epoch": state["epoch"], "updates": state["step"]})
+    dev_src = src_seg.encode(read_lines(exp / "data" / "dev.src.txt"))
+
+    def translate_dev(n: int) -> list[str]:
+        """Greedy translations of the first n dev sentences, as space-separated pieces, in order."""
+        from headcount.decode import translate
+
+        hyps = translate(model, dev_src[:n], beam=1, max_len_a=DECODE["max_len_a"], max_len_b=DECODE["max_len_b"])
+        return [" ".join(tgt_seg.sp.id_to_piece(i) for i in hyp) for hyp in hyps]
+
+    serve(step, warmup_steps, lambda: {"epoch": state["epoch"], "updates": state["step"]}, translate_dev)
 
 
-def serve(step, warmup_steps: int, status) -> None:
+def serve(step, warmup_steps: int, status, translate_dev) -> None:
     """Warm up, say ready, then for each line {"seconds": s} or {"steps": n} on stdin train whole steps
-    until s seconds have passed (or n steps are done) and answer with the counts."""
+    until s seconds have passed (or n steps are done) and answer with the counts; {"dev": n} answers
+    with the greedy translations (pieces) of the first n dev sentences and the seconds they took."""
     for _ in range(warmup_steps):
         step()
     print(json.dumps({"ready": True, **status()}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
+        if "dev" in command:
+            start = time.perf_counter()
+            pieces = translate_dev(command["dev"])
+            print(json.dumps({"pieces": pieces, "seconds": time.perf_counter() - start}), flush=True)
+            continue
         seconds, max_steps = command.get("seconds", float("inf")), command.get("steps", float("inf"))
         steps = src_tokens = tgt_tokens = padded_tgt = 0
         start = time.perf_counter()
@@ -323,6 +361,77 @@ class Worker:
 
 
 # --------------------------------------------------------------------------------------------
+# Time to a dev BLEU
+
+
+def seconds_to_reach(curve: list[tuple[float, float]], target: float) -> float | None:
+    """Training seconds at which a (seconds, BLEU) curve, read as straight lines between its
+    evaluations (starting at (0, 0)), first reaches target BLEU; None if it never does."""
+    previous = (0.0, 0.0)
+    for seconds, bleu in curve:
+        if bleu >= target:
+            (s0, b0), (s1, b1) = previous, (seconds, bleu)
+            return s0 + (target - b0) / (b1 - b0) * (s1 - s0) if b1 > b0 else s1
+        previous = (seconds, bleu)
+    return None
+
+
+def time_to_bleu(workers: dict, args, exp: Path, cpu: dict, started, versions: list[str]) -> str:
+    """Train both sides --bleu-every steps at a time, alternating (ABBA), with a greedy dev BLEU
+    after each stretch; report the curves and the training time each side needed to reach BLEU
+    levels that both reached. Decoding time is measured but not counted as training time."""
+    import sentencepiece as spm
+
+    sys.path.insert(0, str(REPO / "src"))
+    from headcount.evaluate import corpus_bleu
+
+    sp = spm.SentencePieceProcessor(model_file=str(exp / "subwords" / "tgt.model"))
+    refs = (exp / "data" / "dev.tgt.txt").read_text(encoding="utf-8").splitlines()[: args.dev_sentences]
+    curves = {name: [] for name in workers}
+    rows = []
+    trained = dict.fromkeys(workers, 0.0)
+    for k in range(1, args.bleu_evals + 1):
+        order = ("headcount", "fairseq") if k % 2 == 0 else ("fairseq", "headcount")
+        for name in order:
+            before = uptime()
+            result = workers[name].train({"steps": args.bleu_every})
+            trained[name] += result["seconds"]
+            dev = workers[name].train({"dev": args.dev_sentences})
+            hyps = [sp.decode_pieces(line.split()) if line else "" for line in dev["pieces"]]
+            bleu = corpus_bleu(hyps, refs)
+            curves[name].append((trained[name], bleu))
+            rows.append({"eval": k, "name": name, "updates": result["updates"], "train_seconds": trained[name],
+                         "tokens_per_s": (result["src_tokens"] + result["tgt_tokens"]) / result["seconds"],
+                         "bleu": bleu, "decode_seconds": dev["seconds"], "load": before.split("load average:")[-1]})
+            log(f"eval {k} {name}: update {result['updates']}, {trained[name]:.0f} s of training, dev BLEU "
+                f"{bleu:.2f} (greedy, {len(hyps)} sentences, decoded in {dev['seconds']:.1f} s)")
+    command = "python benchmarks/fairseq_side_by_side.py " + " ".join(sys.argv[1:])
+    lines = [
+        f"fairseq side by side, time to a dev BLEU, {started:%Y-%m-%d %H:%M} UTC: `{command.strip()}`",
+        f"CPU {cpu['model']}, {cpu['cpus']} CPUs, AVX2 {cpu['avx2']}, AVX512-BF16 {cpu['avx512_bf16']}; fp32, "
+        f"{args.threads} threads; fairseq env: torch {versions[0] if versions else '?'}, "
+        f"fairseq {versions[1] if len(versions) > 1 else '?'}; data: {exp}",
+        f"greedy dev BLEU (sacrebleu) on the first {len(refs)} dev sentences after every {args.bleu_every} "
+        f"training steps (after {args.warmup_steps} untimed warm-up steps each); training seconds exclude decoding",
+        "",
+        "| eval | updates | fairseq s | fairseq BLEU | headcount s | headcount BLEU | fairseq / headcount s | load |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for k in range(1, args.bleu_evals + 1):
+        f, h = (next(r for r in rows if r["eval"] == k and r["name"] == n) for n in ("fairseq", "headcount"))
+        lines.append(f"| {k} | {h['updates']} | {f['train_seconds']:.0f} | {f['bleu']:.2f} | "
+                     f"{h['train_seconds']:.0f} | {h['bleu']:.2f} | {f['train_seconds'] / h['train_seconds']:.2f} | "
+                     f"{h['load'].strip()} |")
+    reached = min(max(b for _, b in curve) for curve in curves.values())
+    lines += ["", "| dev BLEU reached | fairseq s | headcount s | fairseq / headcount (time-to-BLEU speed-up) |",
+              "|---|---|---|---|"]
+    for target in [t for t in (2, 5, 10, 15, 20, 25, 30) if t <= reached]:
+        f, h = seconds_to_reach(curves["fairseq"], target), seconds_to_reach(curves["headcount"], target)
+        lines.append(f"| {target} | {f:.0f} | {h:.0f} | {f / h:.2f} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
 
 
 def main() -> int:
@@ -335,6 +444,11 @@ def main() -> int:
     ap.add_argument("--window-steps", type=int, default=0,
                     help="windows of this many steps instead of --window-seconds: short windows in many pairs "
                          "see the same load on both sides where the machine's load swings within a minute")
+    ap.add_argument("--bleu-every", type=int, default=0,
+                    help="time to a dev BLEU instead of windows: train each side this many steps between greedy "
+                         "dev BLEU evaluations (alternating, ABBA), --bleu-evals times")
+    ap.add_argument("--bleu-evals", type=int, default=4)
+    ap.add_argument("--dev-sentences", type=int, default=1014, help="dev sentences translated for dev BLEU")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps each worker takes first")
     ap.add_argument("--experiment-dir", help="a prepared multi30k_en_de results directory (data/, subwords/)")
@@ -383,6 +497,11 @@ def main() -> int:
                                                 str(bin_dir)] + common, env)
         workers["headcount"] = Worker("headcount", [sys.executable, here, "--worker", "headcount", "--worker-data",
                                                     str(exp)] + common, env)
+        if args.bleu_every:
+            text = time_to_bleu(workers, args, exp, cpu, started, versions)
+            print("\n" + text)
+            Path(args.out).write_text(text + "\n")
+            return 0
         rows = []
         for window in range(1, args.windows + 1):
             pair = {}

@@ -480,7 +480,8 @@ def _training_diagnostics(size: str, steps: int) -> list[str]:
         f"{masks['torch_flops_per_s'] / masks['peak_flops_per_s']:.2f} / "
         f"{masks['fast_flops_per_s'] / masks['peak_flops_per_s']:.2f} | |",
         f"| {size} | training tokens/s of the machine, one job on {threads['cores']} threads / {threads['cores']} "
-        f"single-thread jobs at once | {threads['one_job_tokens_per_s']:.0f} / {threads['jobs_per_core_tokens_per_s']:.0f} | |",
+        f"single-thread jobs at once | {threads['one_job_tokens_per_s']:.0f} / "
+        f"{threads['jobs_per_core_tokens_per_s']:.0f} | |",
         f"| {size} | ... single-thread jobs at once / one job (`resources.train_threads: 1` against 0) | "
         f"{threads['ratio']:.2f} | |",
     ]
