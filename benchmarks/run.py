@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import resource
@@ -35,6 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+# The trained default experiment that the lrp_trained, decode and pruned parts read; another run's
+# results (a copy kept elsewhere, a clone's) with HEADCOUNT_BENCH_EXPERIMENT=<its results/multi30k_en_de>.
+TRAINED_EXPERIMENT = Path(os.environ.get("HEADCOUNT_BENCH_EXPERIMENT", REPO / "results/multi30k_en_de"))
 
 SIZES = {  # name: (d_model, d_ff, layers, vocab)
     "default": (256, 1024, 6, 6000),
@@ -73,6 +78,34 @@ def training_flops(d: int, ff: int, layers: int, vocab: int, batches) -> float:
         forward = 2 * (enc_params * n_src + dec_params * n_tgt + d * vocab * real_tgt)
         forward += 2 * 2 * d * layers * (n_src * S + n_tgt * T / 2 + n_tgt * S)  # scores and weighted sums
         total += 3 * forward
+    return total
+
+
+def lrp_flop_floor(d: int, ff: int, layers: int, vocab: int, batches) -> float:
+    """Matrix-product FLOPs that any exact implementation of the paper's per-step LRP ("ding" rule)
+    must spend on the batches' sentences, taken alone (no padding, no wasted positions).
+
+    One forward pass (with the vocabulary projection that finds each step's top-1 token), then for
+    every target step t one backward pass to the activations (no weight gradients, so each matrix
+    product costs what it costs forward) over only the positions its relevance reaches: in the top
+    decoder layer position t alone, below it positions 1..t, in the encoder every source position (the
+    cross-attention spreads it there). Attention probabilities are constants under the rule, so
+    queries and keys get no backward pass; values and W^O do. The value projection of the lowest
+    layers only leads to the embeddings, which no head needs, so it is not counted."""
+    total = 0.0
+    enc_layer, dec_layer = 2 * (4 * d * d + 2 * d * ff), 2 * (6 * d * d + 2 * d * ff)  # forward, per position
+    for src, _, tgt_out in batches:
+        for S, T in zip(src.ne(0).sum(dim=1).tolist(), tgt_out.ne(0).sum(dim=1).tolist()):
+            forward = layers * (S * enc_layer + T * dec_layer + 2 * S * 2 * d * d)  # + cross K, V on memory
+            forward += layers * 2 * 2 * d * (S * S + T * T / 2 + T * S) + 2 * d * vocab * T
+            encoder = layers * S * (2 * d * d + 4 * d * ff + 2 * S * d) + (layers - 1) * S * 2 * d * d
+            backward = 0.0
+            for t in range(1, T + 1):
+                top = 2 * d * d + 4 * d * ff + 2 * d * d + 2 * S * d + 2 * t * d + 2 * t * d * d  # FFN, cross, self
+                below = t * (2 * d * d + 4 * d * ff + 2 * d * d + 2 * S * d + 2 * d * d) + t * (t + 1) * d
+                memory = layers * 2 * S * d * d  # the cross-attention value projections, into the encoder
+                backward += top + (layers - 1) * below - t * 2 * d * d + memory + encoder
+            total += forward + backward
     return total
 
 
@@ -238,7 +271,6 @@ def part_train_threads(steps: int, repeats: int = 3) -> dict:
     A job's threads do not scale linearly (shared caches, memory bandwidth, serial element-wise
     work), so independent training jobs (seeds, the lambda grid, from-scratch runs) may finish
     sooner side by side. Throughput counts every job's tokens over the time the last one took."""
-    import os
 
     cores = os.cpu_count() or 1
 
@@ -305,8 +337,12 @@ def lrp_against_forward_backward(model, batches, repeats: int = 3, relevance=Non
         lrp_times.append(time.perf_counter() - start)
     pass_seconds, lrp_seconds = min(pass_times), min(lrp_times)
     steps = sum(int(o.ne(0).sum()) for _, _, o in batches)
+    cfg = model.cfg
+    dims = (cfg.d_model, cfg.d_ff, cfg.enc_layers, cfg.tgt_vocab)
+    floor = lrp_flop_floor(*dims, batches) / training_flops(*dims, batches)
     return {"lrp_over_forward_backward": lrp_seconds / pass_seconds, "lrp_target_steps_per_s": steps / lrp_seconds,
-            "lrp_seconds": lrp_seconds, "forward_backward_seconds": pass_seconds}
+            "lrp_seconds": lrp_seconds, "forward_backward_seconds": pass_seconds,
+            "lrp_flop_floor_over_forward_backward_flops": floor}
 
 
 def part_lrp(size: str) -> dict:
@@ -330,7 +366,7 @@ def trained_lrp_inputs(sentences: int = 500, max_tokens: int = 2000):
     from headcount.subwords import Segmenter
     from headcount.train import load_model
 
-    base = REPO / "results/multi30k_en_de"
+    base = TRAINED_EXPERIMENT
     if not (base / "baseline/translations/dev.txt").exists():
         return None
     model = load_model(base / "baseline/model.pt").eval()
@@ -342,7 +378,7 @@ def trained_lrp_inputs(sentences: int = 500, max_tokens: int = 2000):
 def part_lrp_trained() -> dict:
     inputs = trained_lrp_inputs()
     if inputs is None:
-        return {"skipped": "no trained default model and dev translations in results/"}
+        return {"skipped": f"no trained default model and dev translations in {TRAINED_EXPERIMENT}"}
     return lrp_against_forward_backward(*inputs, repeats=2)
 
 
@@ -354,9 +390,9 @@ def part_decode() -> dict:
     from headcount.subwords import Segmenter
     from headcount.train import load_model
 
-    base = REPO / "results/multi30k_en_de"
+    base = TRAINED_EXPERIMENT
     if not (base / "baseline/model.pt").exists():
-        return {"skipped": "no trained default model in results/"}
+        return {"skipped": f"no trained default model in {TRAINED_EXPERIMENT}"}
     model = load_model(base / "baseline/model.pt").eval()
     src = Segmenter(base / "subwords/src.model").encode(read_lines(base / "data/test_2016_flickr.src.txt"))
     out = {}
@@ -384,10 +420,10 @@ def part_pruned() -> dict:
     from headcount.subwords import Segmenter
     from headcount.train import load_model
 
-    base = REPO / "results/multi30k_en_de"
+    base = TRAINED_EXPERIMENT
     pruned_paths = sorted(glob.glob(str(base / "prune/all/lambda_*/model.pt")))
     if not pruned_paths:
-        return {"skipped": "no pruned default model in results/ (run the prune stage)"}
+        return {"skipped": f"no pruned default model in {TRAINED_EXPERIMENT} (run the prune stage)"}
     masked = [load_model(p).eval() for p in pruned_paths]
     masked_model = min(masked, key=lambda m: sum(int(x.sum()) for x in m.head_mask().values()))
     kept = {k: int(v.sum()) for k, v in masked_model.head_mask().items()}

@@ -8,7 +8,7 @@ import torch
 from conftest import random_batch, tiny_config
 from torch import nn
 
-from headcount.lrp import head_relevance, lrp_forward, make_rules, step_relevance
+from headcount.lrp import head_relevance, lrp_forward, make_rules, step_relevance, sub_batches
 from headcount.model import BOS_ID, PAD_ID, Transformer
 
 torch.set_num_threads(1)
@@ -282,19 +282,25 @@ def test_invariant_to_batch_composition_and_padding(rule, max_seeds):
             torch.testing.assert_close(batch[kind][: t.shape[1], b], alone[kind][:, 0], rtol=1e-9, atol=1e-12)
 
 
+def ragged_batch(src_lengths: list[int], tgt_lengths: list[int], seed: int):
+    """A padded batch of random sentences: source lengths with EOS, target lengths with BOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.zeros(len(src_lengths), max(src_lengths), dtype=torch.long)
+    tgt_in = torch.zeros(len(tgt_lengths), max(tgt_lengths), dtype=torch.long)
+    for b, (s_len, t_len) in enumerate(zip(src_lengths, tgt_lengths)):
+        src[b, :s_len] = torch.randint(4, 12, (s_len,), generator=g)
+        tgt_in[b, 0], tgt_in[b, 1:t_len] = BOS_ID, torch.randint(4, 12, (t_len - 1,), generator=g)
+    return src, tgt_in
+
+
 @pytest.mark.parametrize("max_seeds", [2, 3])
 def test_ragged_batch_matches_each_sentence_alone(max_seeds):
     """Target lengths 2..9 and source lengths 3..8: the set of sentences taking part (and the
     source columns they need) changes from chunk to chunk; every step, head share and cut must
     still be the sentence's own, with zeros where a sentence has no such step."""
     model = tiny_lrp_model(seed=6, enc_layers=2, dec_layers=2)
-    g = torch.Generator().manual_seed(6)
     src_lengths, tgt_lengths = [5, 3, 8, 4], [2, 9, 4, 7]  # with EOS / with BOS
-    src = torch.zeros(4, 8, dtype=torch.long)
-    tgt_in = torch.zeros(4, 9, dtype=torch.long)
-    for b, (s_len, t_len) in enumerate(zip(src_lengths, tgt_lengths)):
-        src[b, :s_len] = torch.randint(4, 12, (s_len,), generator=g)
-        tgt_in[b, 0], tgt_in[b, 1:t_len] = BOS_ID, torch.randint(4, 12, (t_len - 1,), generator=g)
+    src, tgt_in = ragged_batch(src_lengths, tgt_lengths, seed=6)
     batch = step_relevance(model, src, tgt_in, max_seeds=max_seeds)
     for b, t_len in enumerate(tgt_lengths):
         s, t = src[b : b + 1, : src_lengths[b]], tgt_in[b : b + 1, :t_len]
@@ -324,6 +330,39 @@ def test_head_relevance_averages_normalised_steps():
         torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(got.sum(dim=1), torch.ones(2, dtype=torch.float64))
     assert table.loc[("enc_self", 0, 1), "lrp"] == 0.0  # a masked head receives no relevance
+
+
+def test_sub_batches_regroup_every_sentence_once_without_extra_padding():
+    model = tiny_lrp_model(seed=7, enc_layers=1, dec_layers=1)
+    src_lengths, tgt_lengths = [5, 3, 8, 4, 2, 6, 9], [2, 9, 4, 7, 3, 3, 5]
+    src, tgt_in = ragged_batch(src_lengths, tgt_lengths, seed=7)
+    parts = sub_batches(model, src, tgt_in, max_tokens=16)
+    assert len(parts) > 2
+    seen = []
+    for s, t in parts:
+        assert s.shape[0] == t.shape[0]
+        assert s.shape[0] == 1 or s.shape[0] * max(s.shape[1], t.shape[1]) <= 16  # the budget, longer side
+        assert s[:, -1].ne(PAD_ID).any() and t[:, -1].ne(PAD_ID).any()  # cut to its longest sentence
+        for row_s, row_t in zip(s, t):  # which sentence each row is: its unpadded source and target
+            matches = [b for b in range(len(src_lengths))
+                       if torch.equal(src[b, : src_lengths[b]], row_s[row_s.ne(PAD_ID)])
+                       and torch.equal(tgt_in[b, : tgt_lengths[b]], row_t[row_t.ne(PAD_ID)])]
+            seen += matches[:1]
+    assert sorted(seen) == list(range(len(src_lengths)))
+
+
+@pytest.mark.parametrize("rule", ["ding", "attnlrp"])
+def test_head_relevance_is_the_same_in_sub_batches(rule):
+    model = tiny_lrp_model(seed=8, enc_layers=2, dec_layers=2)
+    src, tgt_in = ragged_batch([5, 3, 8, 4, 2, 6, 9], [2, 9, 4, 7, 3, 3, 5], seed=8)
+    whole = head_relevance(model, [(src, tgt_in)], rule=rule, max_tokens=10**6)
+    parts = head_relevance(model, [(src, tgt_in)], rule=rule, max_tokens=16)
+    assert whole.table["n_steps"].iloc[0] == parts.table["n_steps"].iloc[0] == int(tgt_in.ne(PAD_ID).sum())
+    torch.testing.assert_close(torch.tensor(parts.table["lrp"].values), torch.tensor(whole.table["lrp"].values),
+                               rtol=1e-9, atol=1e-12)
+    for column in ("mean_total", "mean_abs_error", "max_abs_error"):
+        torch.testing.assert_close(torch.tensor(parts.conservation[column].values),
+                                   torch.tensor(whole.conservation[column].values), rtol=1e-9, atol=1e-12)
 
 
 def test_unknown_rule_rejected():
