@@ -368,3 +368,44 @@ def test_head_relevance_is_the_same_in_sub_batches(rule):
 def test_unknown_rule_rejected():
     with pytest.raises(ValueError, match="unknown LRP rule"):
         make_rules("lrp-gamma")
+
+
+@pytest.mark.parametrize("layers, heads", [((2, 2), 2), ((3, 1), 4), ((1, 3), 2)])
+def test_hand_written_ding_backward_matches_autograd(layers, heads):
+    """The hand-written "ding" backward (packed decoder rows) against autograd's, on a ragged batch
+    with a closed head and a half-open gate: every step, head and cut."""
+    from headcount.headcount_lrp import ding_step_relevance
+
+    model = tiny_lrp_model(seed=9, enc_layers=layers[0], dec_layers=layers[1], n_heads=heads, d_model=8)
+    model.set_head_mask({"dec_self": torch.ones(layers[1], heads).index_fill_(1, torch.tensor([1]), 0.0)})
+    with torch.no_grad():
+        model.encoder_layers[0].self_attn.out_proj.weight[:, :2] *= 0.5  # as a gate of 0.5 would
+    src, tgt_in = ragged_batch([5, 3, 8, 4, 6], [2, 9, 4, 7, 1], seed=9)
+    expected = step_relevance(model, src, tgt_in, max_seeds=3)
+    got = ding_step_relevance(model, src, tgt_in)
+    assert torch.equal(got.valid, expected.valid)
+    for kind in expected.heads:
+        torch.testing.assert_close(got.heads[kind], expected.heads[kind], rtol=1e-9, atol=1e-12)
+    assert not got.heads["dec_self"][:, :, :, 1].any()  # the closed head
+    for cut in expected.cuts:
+        torch.testing.assert_close(got.cuts[cut], expected.cuts[cut], rtol=1e-9, atol=1e-12)
+
+
+def test_head_relevance_uses_the_hand_written_backward_for_ding_only(monkeypatch):
+    import headcount.headcount_lrp as headcount_lrp
+
+    model = tiny_lrp_model(seed=10, enc_layers=1, dec_layers=1)
+    src, tgt_in = ragged_batch([5, 3], [4, 2], seed=10)
+    calls = []
+    original = headcount_lrp.ding_step_relevance
+    monkeypatch.setattr(headcount_lrp, "ding_step_relevance", lambda *a, **k: calls.append(1) or original(*a, **k))
+    fast = head_relevance(model, [(src, tgt_in)], rule="ding")
+    assert calls
+    calls.clear()
+    head_relevance(model, [(src, tgt_in)], rule="attnlrp")
+    assert not calls
+    reference = step_relevance(model, src, tgt_in).normalised()
+    for kind, r in reference.items():
+        mean = r[tgt_in.ne(PAD_ID).T].mean(dim=0)  # (L, H)
+        table = fast.table[fast.table["type"] == kind].sort_values(["layer", "head"])
+        torch.testing.assert_close(torch.tensor(table["lrp"].values).reshape(mean.shape), mean, rtol=1e-9, atol=1e-12)

@@ -28,7 +28,11 @@ backward, while leaving every forward value unchanged:
   bilinear products of attention (Q K^T and P V) pass half of their relevance to each operand
   (gradient halved), with the epsilon rule on their outputs.
 
-Speed: per chunk of `max_seeds` target steps, a decoder forward pass over the prefix those steps
+Speed: `head_relevance` runs headcount's own models under "ding" through a hand-written backward
+pass (headcount_lrp.ding_step_relevance: the same numbers, 2.8x one forward+backward on the trained
+default model's analysis sentences, against a floor of 2.3x for any exact implementation; see
+benchmarks/RESULTS.md). The autograd path below serves every rule and architecture: per chunk of
+`max_seeds` target steps, a decoder forward pass over the prefix those steps
 can see (the decoder is causal) and one vmapped backward pass (`is_grads_batched`), over only the
 sentences that have those steps; the encoder pass is shared by the chunks until that set grows.
 Each seed starts relevance 1 at the top-1 logit of one step in every such sentence at once
@@ -297,10 +301,10 @@ def step_relevance(
         n = len(trace.contexts[kind])
         heads[kind] = all_heads[:, :, offset : offset + n]
         offset += n
-    return StepRelevance(heads, valid, _cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
+    return StepRelevance(heads, valid, cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
 
 
-def _cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
+def cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
     """Total relevance across each horizontal cut of the network, (T, B) per cut, top first.
 
     "dec.l" is the residual stream entering decoder layer l (l = L_dec: leaving the last layer,
@@ -330,10 +334,11 @@ class HeadRelevance:
 
 
 # LRP's own batches. Every step's backward pass runs over the whole batch, padding included, so
-# LRP gains from batches of like lengths more than from large ones: on the trained default model's
-# 500 analysis sentences, sub-batches of 500 padded tokens take 3.65-3.68x one forward+backward where
-# the scorers' batches of 2,000 took 4.51x (benchmarks/RESULTS.md, "LRP's own batches").
-LRP_MAX_TOKENS = 500
+# LRP gains from batches of like lengths more than from large ones (benchmarks/RESULTS.md, "LRP's
+# own batches"): on the trained default model's 500 analysis sentences the hand-written "ding"
+# backward takes 2.94x one forward+backward in sub-batches of 250 padded tokens, 3.42x in 500;
+# autograd's (step_relevance) is best at 500 (3.65x; 3.92x at 250), 4.51x in the scorers' 2,000.
+LRP_MAX_TOKENS = 250
 
 
 def sub_batches(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, max_tokens: int) -> list[tuple[Tensor, Tensor]]:
@@ -362,15 +367,20 @@ def head_relevance(
     """The paper's LRP head relevance, averaged over every generation step of the batches.
 
     Each batch is regrouped into sub-batches of at most `max_tokens` padded tokens (sub_batches):
-    the result is the same up to float rounding, and sooner."""
+    the result is the same up to float rounding, and sooner. With the "ding" rule, an architecture
+    whose LRP forward offers `ding_relevance` (headcount's own) uses that hand-written backward
+    pass instead of step_relevance's autograd one: the same numbers, fewer matrix products."""
     batches = list(batches)
+    hand_written = getattr(model.lrp_forward(), "ding_relevance", None) if rule == "ding" else None
     sums: dict[str, Tensor] = {}
     cut_sum: dict[str, list[float]] = {}
     n_steps = 0
     bar = Progress(len(batches), "LRP", log, unit="batch")
     for batch in batches:
         for src, tgt_in in sub_batches(model, batch[0], batch[1], max_tokens):
-            n_steps = _accumulate(step_relevance(model, src, tgt_in, rule, eps, max_seeds), sums, cut_sum, n_steps)
+            result = hand_written(src, tgt_in) if hand_written else step_relevance(model, src, tgt_in, rule, eps,
+                                                                                     max_seeds)
+            n_steps = _accumulate(result, sums, cut_sum, n_steps)
         bar.update(1)
     rows = [
         {"type": kind, "layer": layer, "head": head, "lrp": float(s[layer, head] / max(n_steps, 1)),
