@@ -131,6 +131,14 @@ def _attend(m: MultiHeadAttention, xq: Tensor, xkv: Tensor, allowed: Tensor):
     return F.linear(ctx_flat, w_out, m.out_proj.bias), probs, ctx_flat, w_out
 
 
+def _feed_forward_with_constants(layer, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x + FFN(LayerNorm(x)), with the LayerNorm's pass-through factor and the ReLU's 0/1 mask."""
+    normed, factor = _norm_with_factor(x, layer.ffn_norm)
+    pre = F.linear(normed, layer.ffn.w_in.weight, layer.ffn.w_in.bias)
+    mask = (pre > 0).to(pre.dtype)
+    return x + F.linear(pre * mask, layer.ffn.w_out.weight, layer.ffn.w_out.bias), factor, mask
+
+
 @torch.no_grad()
 def ding_step_relevance(model: Transformer, src: Tensor, tgt_in: Tensor, target: Tensor | None = None) -> StepRelevance:
     """lrp.step_relevance for the "ding" rule, its backward pass written out by hand.
@@ -145,8 +153,15 @@ def ding_step_relevance(model: Transformer, src: Tensor, tgt_in: Tensor, target:
     2/3 of its matrix products. Shapes: M = B*T seeds (one per sentence and step; those past a
     sentence's end stay zero), R packed decoder rows.
     """
-    model_was_training = model.training
-    model.eval()
+    was_training = model.training
+    model.eval()  # the gates' evaluation values
+    try:
+        return _ding_in_eval_mode(model, src, tgt_in, target)
+    finally:
+        model.train(was_training)
+
+
+def _ding_in_eval_mode(model: Transformer, src: Tensor, tgt_in: Tensor, target: Tensor | None) -> StepRelevance:
     special, cfg = model.special, model.cfg
     B, S = src.shape
     T = tgt_in.shape[1]
@@ -162,11 +177,7 @@ def ding_step_relevance(model: Transformer, src: Tensor, tgt_in: Tensor, target:
     for layer in model.encoder_layers:
         n, f_attn = _norm_with_factor(x, layer.self_attn_norm)
         h, probs, ctx, w_out = _attend(layer.self_attn, n, n, src_allowed)
-        a = x + h
-        m, f_ffn = _norm_with_factor(a, layer.ffn_norm)
-        pre = F.linear(m, layer.ffn.w_in.weight, layer.ffn.w_in.bias)
-        mask = (pre > 0).to(pre.dtype)
-        x = a + F.linear(pre * mask, layer.ffn.w_out.weight, layer.ffn.w_out.bias)
+        x, f_ffn, mask = _feed_forward_with_constants(layer, x + h)
         enc.append((f_attn, probs, ctx, w_out, f_ffn, mask))
         enc_inputs.append(x)
     memory, f_mem = _norm_with_factor(x, model.encoder_norm)
@@ -180,11 +191,7 @@ def ding_step_relevance(model: Transformer, src: Tensor, tgt_in: Tensor, target:
         y = y + h
         n2, _ = _norm_with_factor(y, layer.cross_attn_norm)  # the query path: no relevance under the rule
         h, p_cross, ctx_cross, w_cross = _attend(layer.cross_attn, n2, memory, src_allowed)
-        y = y + h
-        m, f_ffn = _norm_with_factor(y, layer.ffn_norm)
-        pre = F.linear(m, layer.ffn.w_in.weight, layer.ffn.w_in.bias)
-        mask = (pre > 0).to(pre.dtype)
-        y = y + F.linear(pre * mask, layer.ffn.w_out.weight, layer.ffn.w_out.bias)
+        y, f_ffn, mask = _feed_forward_with_constants(layer, y + h)
         dec.append((f_self, p_self, ctx_self, w_self, p_cross, ctx_cross, w_cross, f_ffn, mask))
         dec_inputs.append(y)
     hidden, f_final = _norm_with_factor(y, model.decoder_norm)
@@ -271,7 +278,6 @@ def ding_step_relevance(model: Transformer, src: Tensor, tgt_in: Tensor, target:
         g_n = g_v.permute(0, 1, 3, 2, 4).reshape(B, T, S, D) @ layer.self_attn.v_proj.weight
         Gv = Gv + g_n * f_attn[:, None]
         totals[:, li] = (enc_inputs[li][:, None] * Gv).sum(dim=(2, 3)).reshape(M)
-    model.train(model_was_training)
     L_of = {kind: h.shape[1] for kind, h in heads.items()}
     heads_out = {kind: h.reshape(B, T, L_of[kind], H).transpose(0, 1) for kind, h in heads.items()}
     totals = totals.reshape(B, T, -1).transpose(0, 1)
