@@ -409,3 +409,16 @@ def test_head_relevance_uses_the_hand_written_backward_for_ding_only(monkeypatch
         mean = r[tgt_in.ne(PAD_ID).T].mean(dim=0)  # (L, H)
         table = fast.table[fast.table["type"] == kind].sort_values(["layer", "head"])
         torch.testing.assert_close(torch.tensor(table["lrp"].values).reshape(mean.shape), mean, rtol=1e-9, atol=1e-12)
+
+
+def test_a_batch_too_large_for_the_hand_written_backward_takes_autograds(monkeypatch):
+    import headcount.headcount_lrp as headcount_lrp
+
+    model = tiny_lrp_model(seed=11, enc_layers=1, dec_layers=2)
+    src, tgt_in = ragged_batch([5, 3, 7], [4, 6, 2], seed=11)
+    hand = model.lrp_forward().ding_relevance(src, tgt_in)
+    monkeypatch.setattr(headcount_lrp, "HAND_WRITTEN_MAX_BYTES", 1000)
+    monkeypatch.setattr(headcount_lrp, "ding_step_relevance", lambda *a, **k: pytest.fail("hand-written path taken"))
+    fallback = model.lrp_forward().ding_relevance(src, tgt_in)
+    for kind in hand.heads:
+        torch.testing.assert_close(fallback.heads[kind], hand.heads[kind], rtol=1e-9, atol=1e-12)

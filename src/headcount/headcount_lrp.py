@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .lrp import EncoderTrace, StepRelevance, Trace, cut_totals, top1_targets
+from .lrp import EncoderTrace, StepRelevance, Trace, cut_totals, step_relevance, top1_targets
 from .model import MultiHeadAttention, Transformer
 from .seq2seq import ATTENTION_TYPES
 
@@ -42,6 +42,10 @@ def _feed_forward(rules, layer, x: Tensor) -> Tensor:
     return rules.add(x, rules.linear(hidden, layer.ffn.w_out))
 
 
+# The most memory one tensor of the hand-written "ding" backward may take (see ding_relevance).
+HAND_WRITTEN_MAX_BYTES = 2**30
+
+
 class PreNormLRPForward:
     """headcount's Transformer with LRP backward rules (Transformer.lrp_forward())."""
 
@@ -49,7 +53,15 @@ class PreNormLRPForward:
         self.model = model
 
     def ding_relevance(self, src: Tensor, tgt_in: Tensor, target: Tensor | None = None) -> StepRelevance:
-        """lrp.step_relevance(rule="ding"), faster: ding_step_relevance below."""
+        """lrp.step_relevance(rule="ding"), faster: ding_step_relevance below, which holds every
+        step of the batch at once; where its largest tensor would pass HAND_WRITTEN_MAX_BYTES (a
+        sentence of hundreds of subwords), autograd's step_relevance, whose memory is bounded by
+        its chunks of steps."""
+        cfg = self.model.cfg
+        (B, S), T = src.shape, tgt_in.shape[1]
+        elements = B * T * max(cfg.n_heads * T * max(T, S), S * cfg.d_ff)  # seeds x (attention or FFN) per seed
+        if elements * self.model.generator.weight.element_size() > HAND_WRITTEN_MAX_BYTES:
+            return step_relevance(self.model, src, tgt_in, "ding", target=target)
         return ding_step_relevance(self.model, src, tgt_in, target)
 
     def _embed(self, embed: nn.Embedding, tokens: Tensor) -> Tensor:
