@@ -247,7 +247,7 @@ def fairseq_worker(bin_dir: str, threads: int, warmup_steps: int) -> None:
                                        "lr": trainer.get_lr()}, translate_dev)
 
 
-def headcount_worker(exp: str, threads: int, warmup_steps: int) -> None:
+def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float = 1.0) -> None:
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
@@ -265,6 +265,10 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int) -> None:
     cfg = TrainConfig(**{**TRAIN, "precision": "fp32", "device": "cpu", "threads": threads})
     torch.manual_seed(cfg.seed)
     model = Transformer(ModelConfig(src_vocab=len(src_seg), tgt_vocab=len(tgt_seg), **MODEL))
+    if qkv_gain != 1.0:  # an experiment: fairseq initialises W^Q, W^K, W^V with Xavier x 1/sqrt(2)
+        for name, module in model.named_modules():
+            if name.endswith(("q_proj", "k_proj", "v_proj")):
+                torch.nn.init.xavier_uniform_(module.weight, gain=qkv_gain)
     groups = parameter_groups(model)
     params = [p for group in groups for p in group["params"]]
     optimizer = torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
@@ -450,6 +454,9 @@ def main() -> int:
     ap.add_argument("--bleu-evals", type=int, default=4)
     ap.add_argument("--dev-sentences", type=int, default=1014, help="dev sentences translated for dev BLEU")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--headcount-qkv-gain", type=float, default=1.0,
+                    help="re-initialise headcount's W^Q, W^K, W^V with Xavier x this gain (fairseq: 0.7071), to "
+                         "test whether initialisation explains a difference in time to a dev BLEU")
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps each worker takes first")
     ap.add_argument("--experiment-dir", help="a prepared multi30k_en_de results directory (data/, subwords/)")
     ap.add_argument("--venv", default=str(VENV))
@@ -467,7 +474,7 @@ def main() -> int:
         fairseq_worker(args.worker_data, args.threads, args.warmup_steps)
         return 0
     if args.worker == "headcount":
-        headcount_worker(args.worker_data, args.threads, args.warmup_steps)
+        headcount_worker(args.worker_data, args.threads, args.warmup_steps, args.headcount_qkv_gain)
         return 0
 
     started = datetime.datetime.now(datetime.timezone.utc)
@@ -489,7 +496,8 @@ def main() -> int:
                               capture_output=True, text=True).stdout.split()
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    common = ["--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps)]
+    common = ["--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps),
+              "--headcount-qkv-gain", str(args.headcount_qkv_gain)]
     here = str(Path(__file__).resolve())
     workers = {}
     try:
