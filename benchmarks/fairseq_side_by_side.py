@@ -15,7 +15,7 @@ What it does (issue 19, item 1):
    loss, schedule, clipping). Same architecture (6+6 layers, d_model 256, FFN 1024, 8 heads, pre-LN,
    tied target embeddings, dropout 0.1, attention dropout 0.1, ReLU dropout 0), label smoothing 0.1,
    Adam (0.9, 0.98, 1e-9), clip norm 1.0, the Noam schedule (fairseq: inverse_sqrt with the same peak
-   and warm-up), max-tokens 1600, fp32, 2 threads.
+   and warm-up), max-tokens 1600, fp32 (headcount: --headcount-precision), 2 threads.
 4. Alternates them in windows of --window-seconds of training each (fairseq, headcount, fairseq, ...),
    each continuing where it stopped, and reports each window's tokens/s (source + target tokens that are
    not padding, EOS included, counted the same way for both) and the ratio headcount / fairseq of each
@@ -247,7 +247,8 @@ def fairseq_worker(bin_dir: str, threads: int, warmup_steps: int) -> None:
                                        "lr": trainer.get_lr()}, translate_dev)
 
 
-def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float = 1.0) -> None:
+def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float = 1.0,
+                     precision: str = "fp32") -> None:
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
@@ -255,14 +256,15 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float 
     from headcount.io import read_lines
     from headcount.model import ModelConfig, Transformer
     from headcount.subwords import Segmenter
-    from headcount.train import TrainConfig, noam_lr, parameter_groups, sequence_loss
+    from headcount.train import TrainConfig, noam_lr, parameter_groups, pick_autocast_dtype, sequence_loss
 
     torch.set_num_threads(threads)
     exp = Path(exp)
     src_seg, tgt_seg = Segmenter(exp / "subwords" / "src.model"), Segmenter(exp / "subwords" / "tgt.model")
     src_data = src_seg.encode(read_lines(exp / "data" / "train.src.txt"))
     tgt_data = tgt_seg.encode(read_lines(exp / "data" / "train.tgt.txt"))
-    cfg = TrainConfig(**{**TRAIN, "precision": "fp32", "device": "cpu", "threads": threads})
+    cfg = TrainConfig(**{**TRAIN, "precision": precision, "device": "cpu", "threads": threads})
+    autocast_dtype = pick_autocast_dtype(cfg.precision, torch.device("cpu"))  # as headcount.train.train
     torch.manual_seed(cfg.seed)
     model = Transformer(ModelConfig(src_vocab=len(src_seg), tgt_vocab=len(tgt_seg), **MODEL))
     if qkv_gain != 1.0:  # an experiment: fairseq initialises W^Q, W^K, W^V with Xavier x 1/sqrt(2)
@@ -274,12 +276,12 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float 
     optimizer = torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
     src_lens, tgt_lens = [len(s) + 1 for s in src_data], [len(t) + 1 for t in tgt_data]
     print(f"headcount {sum(p.numel() for p in model.parameters()):,} parameters; vocabularies "
-          f"{len(src_seg)}, {len(tgt_seg)}", file=sys.stderr, flush=True)
+          f"{len(src_seg)}, {len(tgt_seg)}; {autocast_dtype or torch.float32}", file=sys.stderr, flush=True)
     state = {"step": 0, "epoch": 0, "batch": 0,
              "batches": make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000)}
     pad_id = model.special.pad
 
-    def step():  # the body of headcount.train.train's loop, fp32, without its logging and checkpoints
+    def step():  # the body of headcount.train.train's loop, without its logging and checkpoints
         if state["batch"] >= len(state["batches"]):
             state["epoch"], state["batch"] = state["epoch"] + 1, 0
             state["batches"] = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + state["epoch"])
@@ -290,7 +292,8 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float 
         lr = noam_lr(state["step"] + 1, model.d_model, cfg.warmup_steps, cfg.lr_scale)
         for group in optimizer.param_groups:
             group["lr"] = lr * group["lr_scale"]
-        loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
         loss = loss_sum / n_tokens
         if not torch.isfinite(loss):
             raise RuntimeError(f"headcount loss {float(loss)} at step {state['step'] + 1}")
@@ -412,7 +415,8 @@ def time_to_bleu(workers: dict, args, exp: Path, cpu: dict, started, versions: l
     command = "python benchmarks/fairseq_side_by_side.py " + " ".join(sys.argv[1:])
     lines = [
         f"fairseq side by side, time to a dev BLEU, {started:%Y-%m-%d %H:%M} UTC: `{command.strip()}`",
-        f"CPU {cpu['model']}, {cpu['cpus']} CPUs, AVX2 {cpu['avx2']}, AVX512-BF16 {cpu['avx512_bf16']}; fp32, "
+        f"CPU {cpu['model']}, {cpu['cpus']} CPUs, AVX2 {cpu['avx2']}, AVX512-BF16 {cpu['avx512_bf16']}; fairseq fp32, "
+        f"headcount precision {args.headcount_precision}, "
         f"{args.threads} threads; fairseq env: torch {versions[0] if versions else '?'}, "
         f"fairseq {versions[1] if len(versions) > 1 else '?'}; data: {exp}",
         f"greedy dev BLEU (sacrebleu) on the first {len(refs)} dev sentences after every {args.bleu_every} "
@@ -457,6 +461,9 @@ def main() -> int:
     ap.add_argument("--headcount-qkv-gain", type=float, default=1.0,
                     help="re-initialise headcount's W^Q, W^K, W^V with Xavier x this gain (fairseq: 0.7071), to "
                          "test whether initialisation explains a difference in time to a dev BLEU")
+    ap.add_argument("--headcount-precision", choices=["fp32", "auto", "bf16"], default="fp32",
+                    help="headcount's training.precision: auto and bf16 train under bf16 autocast where the CPU has "
+                         "AVX512-BF16 or AMX (fairseq's CPU path has no bf16 autocast: it stays fp32)")
     ap.add_argument("--warmup-steps", type=int, default=10, help="untimed steps each worker takes first")
     ap.add_argument("--experiment-dir", help="a prepared multi30k_en_de results directory (data/, subwords/)")
     ap.add_argument("--venv", default=str(VENV))
@@ -474,13 +481,15 @@ def main() -> int:
         fairseq_worker(args.worker_data, args.threads, args.warmup_steps)
         return 0
     if args.worker == "headcount":
-        headcount_worker(args.worker_data, args.threads, args.warmup_steps, args.headcount_qkv_gain)
+        headcount_worker(args.worker_data, args.threads, args.warmup_steps, args.headcount_qkv_gain,
+                         args.headcount_precision)
         return 0
 
     started = datetime.datetime.now(datetime.timezone.utc)
     cpu = cpu_description()
     log(f"{started:%Y-%m-%d %H:%M} UTC; CPU {cpu['model']} ({cpu['cpus']} CPUs), AVX2 {cpu['avx2']}, "
-        f"AVX512F {cpu['avx512f']}, AVX512-BF16 {cpu['avx512_bf16']}, AMX-BF16 {cpu['amx_bf16']}; fp32, "
+        f"AVX512F {cpu['avx512f']}, AVX512-BF16 {cpu['avx512_bf16']}, AMX-BF16 {cpu['amx_bf16']}; fairseq fp32, "
+        f"headcount precision {args.headcount_precision}, "
         f"{args.threads} threads")
     exp = find_experiment_dir(args.experiment_dir)
     work = Path(args.work)
@@ -497,7 +506,7 @@ def main() -> int:
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     common = ["--threads", str(args.threads), "--warmup-steps", str(args.warmup_steps),
-              "--headcount-qkv-gain", str(args.headcount_qkv_gain)]
+              "--headcount-qkv-gain", str(args.headcount_qkv_gain), "--headcount-precision", args.headcount_precision]
     here = str(Path(__file__).resolve())
     workers = {}
     try:
@@ -541,7 +550,8 @@ def main() -> int:
     lines = [
         f"fairseq side by side, {started:%Y-%m-%d %H:%M} UTC: `{command.strip()}`",
         f"CPU {cpu['model']}, {cpu['cpus']} CPUs, AVX2 {cpu['avx2']}, AVX512-BF16 {cpu['avx512_bf16']}, "
-        f"AMX-BF16 {cpu['amx_bf16']}; fp32, {args.threads} threads; {platform.python_version()}",
+        f"AMX-BF16 {cpu['amx_bf16']}; fairseq fp32, headcount precision "
+        f"{args.headcount_precision}, {args.threads} threads; {platform.python_version()}",
         f"headcount: torch {__import__('importlib.metadata').metadata.version('torch')}; fairseq env: "
         f"torch {versions[0] if versions else '?'}, fairseq {versions[1] if len(versions) > 1 else '?'}",
         f"data: {exp} (sentencepiece models and cleaned train set)",

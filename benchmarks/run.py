@@ -58,12 +58,13 @@ def synthetic_batches(vocab: int, n_batches: int, max_tokens: int = 1600, seed: 
     return [(source_tensor([src[i] for i in b]), *target_tensors([tgt[i] for i in b])) for b in batches]
 
 
-def autocast_dtype():
+def autocast_dtype(precision: str = "auto"):
+    """The dtype headcount's training autocasts to on this CPU for training.precision (None: fp32)."""
     import torch
 
     from headcount.train import pick_autocast_dtype
 
-    return pick_autocast_dtype("auto", torch.device("cpu"))
+    return pick_autocast_dtype(precision, torch.device("cpu"))
 
 
 def training_flops(d: int, ff: int, layers: int, vocab: int, batches) -> float:
@@ -130,7 +131,7 @@ def part_matmul() -> dict:
 
 
 def training_step(which: str, size: str, compiled: bool = False, relu_dropout: float = 0.1,
-                  dropout_masks: str = "torch"):
+                  dropout_masks: str = "torch", precision: str = "auto"):
     """One optimizer step of headcount's Transformer or of a plain torch.nn.Transformer: step(batch)."""
     import torch
     import torch.nn.functional as F
@@ -139,7 +140,7 @@ def training_step(which: str, size: str, compiled: bool = False, relu_dropout: f
     from headcount.train import sequence_loss
 
     d, ff, layers, vocab = SIZES[size]
-    dtype = autocast_dtype()
+    dtype = autocast_dtype(precision)
     torch.manual_seed(0)
     if which == "headcount":
         # Dropout 0.1 everywhere by default, as torch.nn.Transformer applies it (the default
@@ -246,6 +247,14 @@ def part_train_masks(steps: int) -> dict:
     """The default experiment's config (relu_dropout 0) with torch's and with the fast dropout masks."""
     return alternate("default", steps, {masks: training_step("headcount", "default", relu_dropout=0.0,
                                                              dropout_masks=masks) for masks in ("torch", "fast")})
+
+
+def part_train_precision(steps: int) -> dict:
+    """The default experiment's config in fp32 and under bf16 autocast, alternating (issue 19's fp32
+    and bf16 tokens/s); on a CPU without AVX512-BF16 or AMX, bf16 is emulated and slow."""
+    return alternate("default", steps, {precision: training_step("headcount", "default", relu_dropout=0.0,
+                                                                 dropout_masks="fast", precision=precision)
+                                        for precision in ("fp32", "bf16")})
 
 
 def part_train_worker(steps: int, seed: int) -> dict:
@@ -484,6 +493,7 @@ PARTS = {
     "train_profile": lambda a: part_train("headcount", a.size, a.steps, profile=True),
     "train_experiment": lambda a: part_train("headcount", a.size, a.steps, relu_dropout=0.0),
     "train_masks": lambda a: part_train_masks(a.steps),
+    "train_precision": lambda a: part_train_precision(a.steps),
     "train_pair": lambda a: part_train_pair(a.size, a.steps),
     "train_worker": lambda a: part_train_worker(a.steps, a.seed),
     "train_threads": lambda a: part_train_threads(a.steps),
@@ -501,6 +511,7 @@ def _training_diagnostics(size: str, steps: int) -> list[str]:
     profile = run_part("train_profile", size, steps)
     masks = run_part("train_masks", size, steps)
     threads = run_part("train_threads", size, steps)
+    precision = run_part("train_precision", size, steps)
     return [
         f"| {size} | headcount training as the default experiment configures it (relu_dropout 0), tokens/s | "
         f"{experiment['tokens_per_s']:.0f} | {experiment['max_rss_mb']:.0f} |",
@@ -520,6 +531,10 @@ def _training_diagnostics(size: str, steps: int) -> list[str]:
         f"{threads['jobs_per_core_tokens_per_s']:.0f} | |",
         f"| {size} | ... single-thread jobs at once / one job (`resources.train_threads: 1` against 0) | "
         f"{threads['ratio']:.2f} | |",
+        f"| {size} | the default experiment's config in fp32 / under bf16 autocast, alternating, tokens/s | "
+        f"{precision['fp32_tokens_per_s']:.0f} / {precision['bf16_tokens_per_s']:.0f} | "
+        f"{precision['max_rss_mb']:.0f} |",
+        f"| {size} | ... bf16 / fp32 | {precision['bf16_tokens_per_s'] / precision['fp32_tokens_per_s']:.2f} | |",
     ]
 
 
