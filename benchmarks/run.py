@@ -249,9 +249,16 @@ def part_train_masks(steps: int) -> dict:
                                                              dropout_masks=masks) for masks in ("torch", "fast")})
 
 
+def part_profile_experiment(steps: int) -> dict:
+    """Where a step of the default experiment's own config goes (relu_dropout 0, fast masks), at the
+    precision `auto` picks on this CPU."""
+    step = training_step("headcount", "default", relu_dropout=0.0, dropout_masks="fast")
+    return {**_matmul_share(step, synthetic_batches(SIZES["default"][3], steps + 3)), "precision": step.precision}
+
+
 def part_train_precision(steps: int) -> dict:
     """The default experiment's config in fp32 and under bf16 autocast, alternating (issue 19's fp32
-    and bf16 tokens/s); on a CPU without AVX512-BF16 or AMX, bf16 is emulated and slow."""
+    and bf16 tokens/s))."""
     return alternate("default", steps, {precision: training_step("headcount", "default", relu_dropout=0.0,
                                                                  dropout_masks="fast", precision=precision)
                                         for precision in ("fp32", "bf16")})
@@ -492,6 +499,7 @@ PARTS = {
     "train_compiled": lambda a: part_train_compiled(a.size, a.steps),
     "train_profile": lambda a: part_train("headcount", a.size, a.steps, profile=True),
     "train_experiment": lambda a: part_train("headcount", a.size, a.steps, relu_dropout=0.0),
+    "train_profile_experiment": lambda a: part_profile_experiment(a.steps),
     "train_masks": lambda a: part_train_masks(a.steps),
     "train_precision": lambda a: part_train_precision(a.steps),
     "train_pair": lambda a: part_train_pair(a.size, a.steps),

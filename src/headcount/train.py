@@ -102,7 +102,8 @@ def pick_device(name: str) -> torch.device:
 
 
 def cpu_has_bf16() -> bool:
-    """bf16 matrix products pay on CPUs with AVX512-BF16 or AMX (measured: ~1.8x on AVX512-BF16)."""
+    """bf16 matrix products pay on CPUs with AVX512-BF16 or AMX (measured: 1.58x a training step
+    on AVX512-BF16, benchmarks/RESULTS.md)."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
