@@ -258,7 +258,7 @@ def part_profile_experiment(steps: int) -> dict:
 
 def part_train_precision(steps: int) -> dict:
     """The default experiment's config in fp32 and under bf16 autocast, alternating (issue 19's fp32
-    and bf16 tokens/s))."""
+    and bf16 tokens/s)."""
     return alternate("default", steps, {precision: training_step("headcount", "default", relu_dropout=0.0,
                                                                  dropout_masks="fast", precision=precision)
                                         for precision in ("fp32", "bf16")})
