@@ -446,7 +446,7 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv")}
+    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), michel=[],
                            roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
@@ -477,6 +477,8 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     pruned_line = next(line for line in markdown.splitlines() if "| 0.5 |" in line)
     assert ", difference |" in pruned_line.split("|")[4] + "|"
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
+    claims = (tmp_path / "report/claims").read_text()
+    assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims
 
 
 TYPES_ = ("enc_self", "dec_self", "dec_enc")

@@ -143,6 +143,7 @@ def test_smoke_run_end_to_end(smoke_run):
     michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")
     assert list(michel["retained_enc_self"]) == [8, 6, 4, 2]  # 25% steps of 8 heads
     assert "Voita et al. (2019)" in (results / "prune/table2.md").read_text()
+    assert "the paper's pruning findings" in (results / "prune/claims.md").read_text()
     for name in ("figure7_bleu_vs_heads", "figure8_functions", "figure9_types", "figure10_decoder_layers"):
         assert (results / f"prune/figures/{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert (results / "prune/all/lambda_0.5/gates.gif").read_bytes()[:6] == b"GIF89a"

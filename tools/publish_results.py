@@ -30,6 +30,7 @@ PUBLISHED = {
     "tables/pruning.tsv": ("main", "prune/pruning.tsv"),
     "tables/table2.md": ("main", "prune/table2.md"),
     "tables/table2.csv": ("main", "prune/table2.csv"),
+    "tables/pruning_claims.md": ("main", "prune/claims.md"),
     "tables/michel.enc.tsv": ("main", "prune/enc/michel.tsv"),
     "tables/michel.all.tsv": ("main", "prune/all/michel.tsv"),
     "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),

@@ -1,6 +1,6 @@
 """The pruning report: the pruning table, Table 2 beside the paper's with paired bootstrap
-intervals, Figures 7 to 10, and the BLEU spread across seeds. What pruning_report.py and
-seed_spread.py call."""
+intervals, the paper's findings checked, Figures 7 to 10, and the BLEU spread across seeds.
+What pruning_report.py and seed_spread.py call."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .claims import claims_markdown, pruning_claims
 from .evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 from .io import HeadcountError, atomic_path, read_lines
 from .pruning import is_control
@@ -30,7 +31,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                    pruned_translations: list[str] = (), scratch_translations: list[str] = (),
                    baseline_training: str | None = None, scratch_training: list[str] = (),
                    lowercase: bool = False) -> pd.DataFrame:
-    """The pruning table, Table 2 beside the paper's, and Figures 7 to 10.
+    """The pruning table, Table 2 beside the paper's, the paper's findings checked (claims.py),
+    and Figures 7 to 10.
 
     Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
     pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
@@ -121,6 +123,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     all_heads = pd.concat(heads) if heads else pd.DataFrame(columns=["setting", "type", "lam", "layer", "retained"])
     plots.decoder_heads_per_layer(all_heads[all_heads["setting"] == "all"], out["figure10"],
                                   f"{experiment}: retained decoder heads per layer (all types pruned)")
+    with atomic_path(out["claims"]) as tmp:
+        tmp.write_text(claims_markdown(experiment, pruning_claims(pruning, all_heads)), encoding="utf-8")
     shown = ["setting", "lam", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline_low", "d_baseline_high",
              "bleu_scratch", "steps", "steps_scratch"]
     log("\n" + pruning.reindex(columns=shown).to_string(index=False))

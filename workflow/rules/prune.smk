@@ -158,7 +158,7 @@ rule plot_gate_trajectory:
 
 
 rule pruning_report:
-    """Pruning table, Table 2 beside the paper's, Figures 7-10."""
+    """Pruning table, Table 2 beside the paper's, the paper's findings checked, Figures 7-10."""
     input:
         unpack(pruning_report_inputs),
     output:
@@ -175,6 +175,12 @@ rule pruning_report:
             subcategory="{exp}",
         ),
         table2_csv="results/{exp}/prune/table2.csv",
+        claims=report(
+            "results/{exp}/prune/claims.md",
+            caption="../report/claims.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
         figure7=report(
             "results/{exp}/prune/figures/figure7_bleu_vs_heads.png",
             caption="../report/figure7.rst",

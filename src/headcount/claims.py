@@ -1,0 +1,210 @@
+"""The paper's pruning findings (SPEC section 1, item 8), each checked on one run's pruning table.
+
+A check states the paper's finding, what this run measured and a verdict. BLEU differences use
+the pruning table's 95% paired-bootstrap intervals and count as differences only when the
+interval excludes 0. Head counts and layers have no test sentences to resample, so they are
+tested against heads kept at random in the same number: an exact hypergeometric tail for how many
+heads with a role survive, a seeded Monte Carlo tail for the mean layer of the survivors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import comb
+
+import numpy as np
+import pandas as pd
+
+from .roles import NO_ROLE
+
+HOLDS, FAILS, MIXED, NOT_SHOWN = "holds", "does not hold", "mixed", "not shown either way"
+ALPHA = 0.05  # a head-count or layer test counts when its one-sided p is below this
+MONTE_CARLO_DRAWS = 20_000
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    paper: str  # the finding as Voita et al. (2019) state it
+    measured: str  # what this run shows, with intervals or p-values
+    verdict: str  # HOLDS, FAILS, MIXED or NOT_SHOWN
+
+
+def verdict_from(agree: int, disagree: int) -> str:
+    """Runs that show the finding against runs that show its opposite (runs showing neither
+    count for nothing)."""
+    if agree and not disagree:
+        return HOLDS
+    if disagree and not agree:
+        return FAILS
+    return MIXED if agree else NOT_SHOWN
+
+
+def hypergeometric_upper_tail(population: int, successes: int, draws: int, observed: int) -> float:
+    """P(X >= observed) for X the successes among `draws` items drawn without replacement."""
+    total = comb(population, draws)
+    return sum(comb(successes, k) * comb(population - successes, draws - k)
+               for k in range(observed, min(successes, draws) + 1)) / total
+
+
+def mean_layer_tails(layers: list[int], kept: list[bool], draws: int = MONTE_CARLO_DRAWS,
+                     seed: int = 0) -> tuple[float, float]:
+    """(P(mean <= observed), P(mean >= observed)) for the mean layer of as many heads as were kept,
+    drawn at random without replacement from all heads (Monte Carlo, add-one smoothed)."""
+    layers_arr = np.asarray(layers, dtype=float)
+    kept_arr = np.asarray(kept, dtype=bool)
+    n = int(kept_arr.sum())
+    observed = layers_arr[kept_arr].mean()
+    rng = np.random.default_rng(seed)
+    # One random permutation per draw: its first n heads are the random survivors.
+    order = np.argsort(rng.random((draws, len(layers_arr))), axis=1)[:, :n]
+    means = layers_arr[order].mean(axis=1)
+    eps = 1e-9  # the same mean, computed in another order
+    low = (1 + int((means <= observed + eps).sum())) / (draws + 1)
+    high = (1 + int((means >= observed - eps).sum())) / (draws + 1)
+    return low, high
+
+
+def _pruned_runs(pruning: pd.DataFrame, setting: str) -> pd.DataFrame:
+    return pruning[(pruning["setting"] == setting) & ~pruning["control"].astype(bool)].sort_values("lam")
+
+
+def _baseline(pruning: pd.DataFrame) -> pd.Series:
+    return pruning[pruning["setting"] == "baseline"].iloc[0]
+
+
+def encoder_heads_prunable(pruning: pd.DataFrame) -> Claim:
+    """Encoder-only pruning down to a quarter of the encoder heads or fewer (the paper kept 10 and
+    4 of 48) with no BLEU loss against the baseline shown."""
+    paper = ("Most encoder heads can be pruned for little BLEU (encoder only): 10 of 48 kept cost 0.15 BLEU "
+             "on WMT, 4 of 48 cost 0.25 on OpenSubtitles.")
+    name = "encoder heads prunable"
+    total = int(_baseline(pruning)["retained_enc_self"])
+    runs = _pruned_runs(pruning, "enc").dropna(subset=["d_baseline_low", "d_baseline_high"])
+    parts = [f"lambda {r.lam:g}: {int(r.retained_enc_self)}/{total} kept, {r.d_baseline:+.2f} "
+             f"[{r.d_baseline_low:+.2f}, {r.d_baseline_high:+.2f}]" for r in runs.itertuples()]
+    sparse = runs[runs["retained_enc_self"] <= total / 4]
+    if sparse.empty:
+        return Claim(name, paper, "no encoder-only run kept a quarter of the heads or fewer. " + "; ".join(parts),
+                     NOT_SHOWN)
+    free = sparse[sparse["d_baseline_high"] >= 0]  # no loss against the baseline shown
+    if free.empty:
+        return Claim(name, paper, "every run keeping a quarter of the heads or fewer loses BLEU: " + "; ".join(parts),
+                     FAILS)
+    fewest = free.sort_values("retained_enc_self").iloc[0]
+    measured = (f"fewest encoder heads kept with no loss shown: {int(fewest['retained_enc_self'])} of {total} "
+                f"(lambda {fewest['lam']:g}). " + "; ".join(parts))
+    return Claim(name, paper, measured, HOLDS)
+
+
+def pruned_beats_scratch(pruning: pd.DataFrame) -> Claim:
+    """Table 2: a pruned model beats the same head configuration trained from scratch."""
+    paper = ("Table 2: each pruned model scores above the same configuration trained from scratch "
+             "(by 0.01-0.51 BLEU).")
+    runs = _pruned_runs(pruning, "all").dropna(subset=["d_pruned_scratch_low", "d_pruned_scratch_high"])
+    if runs.empty:
+        return Claim("pruned beats from scratch", paper, "no all-types run with a from-scratch twin", NOT_SHOWN)
+    better = int((runs["d_pruned_scratch_low"] > 0).sum())
+    worse = int((runs["d_pruned_scratch_high"] < 0).sum())
+    parts = [f"lambda {r.lam:g}: pruned - from scratch {r.d_pruned_scratch:+.2f} [{r.d_pruned_scratch_low:+.2f}, "
+             f"{r.d_pruned_scratch_high:+.2f}]" for r in runs.itertuples()]
+    measured = (f"pruned better in {better}, from scratch better in {worse}, no difference shown in "
+                f"{len(runs) - better - worse} of {len(runs)}. " + "; ".join(parts))
+    return Claim("pruned beats from scratch", paper, measured, verdict_from(better, worse))
+
+
+def types_order(pruning: pd.DataFrame) -> Claim:
+    """All types gated: encoder self-attention loses most heads, decoder-encoder attention fewest."""
+    paper = "Encoder self-attention heads are pruned first; decoder-encoder attention is the most important."
+    total = int(_baseline(pruning)["retained_total"])
+    runs = _pruned_runs(pruning, "all")
+    runs = runs[runs["retained_total"] < total]  # runs that pruned something
+    if runs.empty:
+        return Claim("attention types", paper, "no all-types run pruned a head", NOT_SHOWN)
+    agree = 0
+    parts = []
+    for r in runs.itertuples():
+        enc, dec, cross = int(r.retained_enc_self), int(r.retained_dec_self), int(r.retained_dec_enc)
+        ok = enc <= min(dec, cross) and cross >= max(enc, dec)
+        agree += ok
+        parts.append(f"lambda {r.lam:g}: {enc}/{dec}/{cross}{'' if ok else ' (not in that order)'}")
+    measured = (f"retained enc-self/dec-self/dec-enc in that order in {agree} of {len(runs)} runs: "
+                + "; ".join(parts))
+    return Claim("attention types", paper, measured, verdict_from(agree, len(runs) - agree))
+
+
+def decoder_layers(heads: pd.DataFrame, kind: str, direction: str) -> Claim:
+    """Surviving heads of one decoder attention type sit in lower (or higher) layers than heads
+    kept at random would: the all-types runs' per-head table (setting, lam, type, layer, retained)."""
+    where = {"dec_self": "lower", "dec_enc": "higher"}[kind]
+    paper = (f"Decoder {'self' if kind == 'dec_self' else 'decoder-encoder'} attention heads survive in "
+             f"{where} layers.")
+    name = f"{kind} heads in {where} layers"
+    rows = heads[(heads["setting"] == "all") & (heads["type"] == kind) & (heads["lam"] > 0)]
+    agree = disagree = 0
+    parts = []
+    for lam, run in rows.groupby("lam"):
+        kept = run["retained"].astype(bool).tolist()
+        if not 0 < sum(kept) < len(kept):
+            continue
+        low, high = mean_layer_tails((run["layer"] + 1).tolist(), kept)
+        p_agree, p_disagree = (low, high) if direction == "lower" else (high, low)
+        agree += p_agree < ALPHA
+        disagree += p_disagree < ALPHA
+        mean = (run["layer"][run["retained"].astype(bool)] + 1).mean()
+        parts.append(f"lambda {lam:g}: {sum(kept)} kept, mean layer {mean:.2f} (all: {(run['layer'] + 1).mean():.2f}), "
+                     f"p {where} = {p_agree:.3f}")
+    if not parts:
+        return Claim(name, paper, "no all-types run kept some but not all of these heads", NOT_SHOWN)
+    measured = (f"against as many heads kept at random (one-sided, p < {ALPHA}): {agree} of {len(parts)} runs "
+                f"{where}, {disagree} the other way. " + "; ".join(parts))
+    return Claim(name, paper, measured, verdict_from(agree, disagree))
+
+
+def specialised_heads_last(pruning: pd.DataFrame) -> Claim:
+    """Encoder heads with a role survive encoder-only pruning more often than heads kept at random."""
+    paper = "Specialised heads (positional, syntactic, rare-token) are the last to be pruned."
+    base = _baseline(pruning)
+    total = int(base["retained_enc_self"])
+    with_role = total - int(base.get(f"role_{NO_ROLE}", total))
+    if with_role == 0:
+        return Claim("specialised heads last", paper, "no encoder head has a role", NOT_SHOWN)
+    agree = disagree = 0
+    parts = []
+    for r in _pruned_runs(pruning, "enc").itertuples():
+        kept = int(r.retained_enc_self)
+        if not 0 < kept < total:
+            continue
+        kept_with_role = kept - int(getattr(r, f"role_{NO_ROLE}"))
+        p_more = hypergeometric_upper_tail(total, with_role, kept, kept_with_role)
+        p_fewer = 1 - hypergeometric_upper_tail(total, with_role, kept, kept_with_role + 1)
+        agree += p_more < ALPHA
+        disagree += p_fewer < ALPHA
+        parts.append(f"lambda {r.lam:g}: {kept_with_role} of {with_role} heads with a role among {kept} kept "
+                     f"(at random: {kept * with_role / total:.1f}), p = {p_more:.3f}")
+    if not parts:
+        return Claim("specialised heads last", paper, "no encoder-only run kept some but not all heads", NOT_SHOWN)
+    measured = (f"heads with a role kept more often than at random (hypergeometric, p < {ALPHA}) in {agree} of "
+                f"{len(parts)} runs, less often in {disagree}. " + "; ".join(parts))
+    return Claim("specialised heads last", paper, measured, verdict_from(agree, disagree))
+
+
+def pruning_claims(pruning: pd.DataFrame, heads: pd.DataFrame) -> list[Claim]:
+    """Every check, in the paper's order: pruning.tsv's rows and the per-head table of the runs."""
+    return [encoder_heads_prunable(pruning), pruned_beats_scratch(pruning), types_order(pruning),
+            decoder_layers(heads, "dec_self", "lower"), decoder_layers(heads, "dec_enc", "higher"),
+            specialised_heads_last(pruning)]
+
+
+def claims_markdown(experiment: str, claims: list[Claim]) -> str:
+    lines = [f"### {experiment}: the paper's pruning findings", "",
+             "| finding (Voita et al., 2019) | this run | verdict |", "|---|---|---|"]
+    for c in claims:
+        lines.append(f"| {c.paper} | {c.measured} | **{c.verdict}** |")
+    lines += ["", "A BLEU difference counts only when its 95% paired-bootstrap interval excludes 0. Head counts "
+              "and layers are tested against as many heads kept at random (one-sided). A verdict is "
+              f"\"{HOLDS}\" when some runs show the finding and none its opposite, \"{FAILS}\" when runs show "
+              f"only the opposite, \"{MIXED}\" when both occur and \"{NOT_SHOWN}\" when no run shows either; "
+              "the encoder finding holds when some encoder-only run keeping a quarter of the encoder heads or "
+              "fewer shows no loss against the baseline, and does not hold when every such run shows one."]
+    return "\n".join(lines) + "\n"

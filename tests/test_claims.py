@@ -1,0 +1,108 @@
+"""The paper's pruning findings checked on a pruning table (headcount.claims)."""
+
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from headcount.claims import (
+    FAILS,
+    HOLDS,
+    MIXED,
+    NOT_SHOWN,
+    decoder_layers,
+    encoder_heads_prunable,
+    hypergeometric_upper_tail,
+    mean_layer_tails,
+    pruned_beats_scratch,
+    specialised_heads_last,
+    types_order,
+)
+
+
+def test_hypergeometric_tail_against_counting_every_subset():
+    heads = range(9)
+    with_role = {0, 4, 7}
+    for kept in range(10):
+        subsets = list(combinations(heads, kept))
+        for observed in range(4):
+            share = sum(len(with_role.intersection(s)) >= observed for s in subsets) / len(subsets)
+            assert hypergeometric_upper_tail(9, 3, kept, observed) == pytest.approx(share)
+
+
+def test_mean_layer_tails_against_every_subset():
+    layers = [1, 1, 2, 2, 3, 3, 4, 4]
+    kept = [True, False, True, False, False, False, False, True]  # mean 7/3
+    means = np.array([np.mean([layers[i] for i in s]) for s in combinations(range(8), 3)])
+    observed = 7 / 3
+    low, high = mean_layer_tails(layers, kept)
+    assert low == pytest.approx((means <= observed + 1e-9).mean(), abs=0.01)
+    assert high == pytest.approx((means >= observed - 1e-9).mean(), abs=0.01)
+
+
+def _row(setting, lam, enc, dec, cross, **extra):
+    return {"setting": setting, "lam": lam, "control": lam == 0, "retained_enc_self": enc, "retained_dec_self": dec,
+            "retained_dec_enc": cross, "retained_total": enc + dec + cross, **extra}
+
+
+def _table(*rows):
+    return pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=41), *rows])
+
+
+def test_encoder_claim_needs_a_quarter_of_the_heads_or_fewer_without_a_loss():
+    def enc(kept, low, high):
+        return _row("enc", 0.1, kept, 48, 48, d_baseline=(low + high) / 2, d_baseline_low=low, d_baseline_high=high)
+
+    assert encoder_heads_prunable(_table(enc(10, -0.8, 0.3))).verdict == HOLDS
+    assert encoder_heads_prunable(_table(enc(10, -1.5, -0.2))).verdict == FAILS
+    assert encoder_heads_prunable(_table(enc(13, -0.8, 0.3))).verdict == NOT_SHOWN  # more than a quarter
+    claim = encoder_heads_prunable(_table(enc(12, -0.5, 0.5), enc(6, -2.0, -1.0)))
+    assert claim.verdict == HOLDS and "12 of 48" in claim.measured
+
+
+def test_pruned_against_scratch_counts_only_intervals_that_exclude_zero():
+    def run(lam, low, high):
+        return _row("all", lam, 10, 20, 30, d_pruned_scratch=(low + high) / 2, d_pruned_scratch_low=low,
+                    d_pruned_scratch_high=high)
+
+    assert pruned_beats_scratch(_table(run(0.1, 0.2, 0.9), run(0.3, -0.4, 0.5))).verdict == HOLDS
+    assert pruned_beats_scratch(_table(run(0.1, -0.9, -0.2))).verdict == FAILS
+    assert pruned_beats_scratch(_table(run(0.1, 0.2, 0.9), run(0.3, -0.9, -0.2))).verdict == MIXED
+    assert pruned_beats_scratch(_table(run(0.1, -0.4, 0.5))).verdict == NOT_SHOWN
+    control = _row("all", 0, 48, 48, 48, d_pruned_scratch=2.0, d_pruned_scratch_low=1.0, d_pruned_scratch_high=3.0)
+    assert pruned_beats_scratch(_table(control)).verdict == NOT_SHOWN  # the control is no pruned model
+
+
+def test_attention_types_order():
+    assert types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 0, 4, 18))).verdict == HOLDS
+    assert types_order(_table(_row("all", 0.1, 30, 19, 36))).verdict == FAILS
+    assert types_order(_table(_row("all", 0.01, 48, 48, 48))).verdict == NOT_SHOWN  # nothing pruned
+
+
+def _heads(kind, kept_layers, layers=6, n_heads=8, lam=0.3):
+    """A per-head table of one all-types run: the heads kept are the first of each listed layer."""
+    rows = []
+    for layer in range(layers):
+        for head in range(n_heads):
+            rows.append({"setting": "all", "lam": lam, "type": kind, "layer": layer, "head": head,
+                         "retained": head < kept_layers.count(layer)})
+    return pd.DataFrame(rows)
+
+
+def test_decoder_layer_claims_against_heads_kept_at_random():
+    low_layers = _heads("dec_self", [0, 0, 0, 1, 1, 1, 0, 1])
+    assert decoder_layers(low_layers, "dec_self", "lower").verdict == HOLDS
+    assert decoder_layers(low_layers, "dec_self", "higher").verdict == FAILS
+    spread = _heads("dec_enc", [0, 1, 2, 3, 4, 5])
+    assert decoder_layers(spread, "dec_enc", "higher").verdict == NOT_SHOWN
+
+
+def test_specialised_heads_last_against_the_hypergeometric_tail():
+    # 7 of 48 heads have a role; a run keeping 8 heads, 6 of them with a role, is far above chance
+    kept_roles = _row("enc", 0.1, 8, 48, 48, role_none=2)
+    claim = specialised_heads_last(_table(kept_roles))
+    assert claim.verdict == HOLDS and "6 of 7" in claim.measured
+    assert specialised_heads_last(_table(_row("enc", 0.1, 40, 48, 48, role_none=40))).verdict == FAILS
+    no_roles = pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=48), kept_roles])
+    assert specialised_heads_last(no_roles).verdict == NOT_SHOWN
