@@ -91,11 +91,14 @@ def _heads(kind, kept_layers, layers=6, n_heads=8, lam=0.3):
 
 
 def test_decoder_layer_claims_against_heads_kept_at_random():
-    low_layers = _heads("dec_self", [0, 0, 0, 1, 1, 1, 0, 1])
-    assert decoder_layers(low_layers, "dec_self", "lower").verdict == HOLDS
-    assert decoder_layers(low_layers, "dec_self", "higher").verdict == FAILS
-    spread = _heads("dec_enc", [0, 1, 2, 3, 4, 5])
-    assert decoder_layers(spread, "dec_enc", "higher").verdict == NOT_SHOWN
+    low_layers = [0, 0, 0, 1, 1, 1, 0, 1]  # eight heads kept, four in each of the two lowest layers
+    assert decoder_layers(_heads("dec_self", low_layers), "dec_self").verdict == HOLDS
+    assert decoder_layers(_heads("dec_enc", low_layers), "dec_enc").verdict == FAILS
+    high_layers = [5 - layer for layer in low_layers]
+    assert decoder_layers(_heads("dec_enc", high_layers), "dec_enc").verdict == HOLDS
+    assert decoder_layers(_heads("dec_self", high_layers), "dec_self").verdict == FAILS
+    spread = _heads("dec_enc", [0, 1, 2, 3, 4, 5])  # one head a layer: no preference
+    assert decoder_layers(spread, "dec_enc").verdict == NOT_SHOWN
 
 
 def test_specialised_heads_last_against_the_hypergeometric_tail():

@@ -133,10 +133,14 @@ def types_order(pruning: pd.DataFrame) -> Claim:
     return Claim("attention types", paper, measured, verdict_from(agree, len(runs) - agree))
 
 
-def decoder_layers(heads: pd.DataFrame, kind: str, direction: str) -> Claim:
-    """Surviving heads of one decoder attention type sit in lower (or higher) layers than heads
-    kept at random would: the all-types runs' per-head table (setting, lam, type, layer, retained)."""
-    where = {"dec_self": "lower", "dec_enc": "higher"}[kind]
+DECODER_LAYER_FINDING = {"dec_self": "lower", "dec_enc": "higher"}  # where the paper finds survivors
+
+
+def decoder_layers(heads: pd.DataFrame, kind: str) -> Claim:
+    """Surviving heads of one decoder attention type sit in lower (dec_self) or higher (dec_enc)
+    layers than heads kept at random would: the all-types runs' per-head table (setting, lam, type,
+    layer, retained)."""
+    where = DECODER_LAYER_FINDING[kind]
     paper = (f"Decoder {'self' if kind == 'dec_self' else 'decoder-encoder'} attention heads survive in "
              f"{where} layers.")
     name = f"{kind} heads in {where} layers"
@@ -148,7 +152,7 @@ def decoder_layers(heads: pd.DataFrame, kind: str, direction: str) -> Claim:
         if not 0 < sum(kept) < len(kept):
             continue
         low, high = mean_layer_tails((run["layer"] + 1).tolist(), kept)
-        p_agree, p_disagree = (low, high) if direction == "lower" else (high, low)
+        p_agree, p_disagree = (low, high) if where == "lower" else (high, low)
         agree += p_agree < ALPHA
         disagree += p_disagree < ALPHA
         mean = (run["layer"][run["retained"].astype(bool)] + 1).mean()
@@ -192,7 +196,7 @@ def specialised_heads_last(pruning: pd.DataFrame) -> Claim:
 def pruning_claims(pruning: pd.DataFrame, heads: pd.DataFrame) -> list[Claim]:
     """Every check, in the paper's order: pruning.tsv's rows and the per-head table of the runs."""
     return [encoder_heads_prunable(pruning), pruned_beats_scratch(pruning), types_order(pruning),
-            decoder_layers(heads, "dec_self", "lower"), decoder_layers(heads, "dec_enc", "higher"),
+            *(decoder_layers(heads, kind) for kind in DECODER_LAYER_FINDING),
             specialised_heads_last(pruning)]
 
 
