@@ -12,7 +12,7 @@ from headcount.claims import (
     MIXED,
     NOT_SHOWN,
     decoder_layers,
-    encoder_heads_prunable,
+    heads_prunable,
     hypergeometric_upper_tail,
     mean_layer_tails,
     pruned_beats_scratch,
@@ -50,15 +50,20 @@ def _table(*rows):
     return pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=41), *rows])
 
 
-def test_encoder_claim_needs_a_quarter_of_the_heads_or_fewer_without_a_loss():
-    def enc(kept, low, high):
-        return _row("enc", 0.1, kept, 48, 48, d_baseline=(low + high) / 2, d_baseline_low=low, d_baseline_high=high)
+def test_prunable_claims_need_a_quarter_of_the_heads_or_fewer_without_a_loss():
+    def run(setting, kept, low, high):
+        counts = (kept, 48, 48) if setting == "enc" else (kept // 3, kept // 3, kept - 2 * (kept // 3))
+        return _row(setting, 0.1, *counts, d_baseline=(low + high) / 2, d_baseline_low=low, d_baseline_high=high)
 
-    assert encoder_heads_prunable(_table(enc(10, -0.8, 0.3))).verdict == HOLDS
-    assert encoder_heads_prunable(_table(enc(10, -1.5, -0.2))).verdict == FAILS
-    assert encoder_heads_prunable(_table(enc(13, -0.8, 0.3))).verdict == NOT_SHOWN  # more than a quarter
-    claim = encoder_heads_prunable(_table(enc(12, -0.5, 0.5), enc(6, -2.0, -1.0)))
+    assert heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "enc").verdict == HOLDS
+    assert heads_prunable(_table(run("enc", 10, -1.5, -0.2)), "enc").verdict == FAILS
+    assert heads_prunable(_table(run("enc", 13, -0.8, 0.3)), "enc").verdict == NOT_SHOWN  # more than a quarter
+    claim = heads_prunable(_table(run("enc", 12, -0.5, 0.5), run("enc", 6, -2.0, -1.0)), "enc")
     assert claim.verdict == HOLDS and "12 of 48" in claim.measured
+    # all types: a quarter of the 144 heads in all
+    assert heads_prunable(_table(run("all", 36, -0.8, 0.3)), "all").verdict == HOLDS
+    assert heads_prunable(_table(run("all", 37, -0.8, 0.3)), "all").verdict == NOT_SHOWN
+    assert heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "all").verdict == NOT_SHOWN  # no all-types run
 
 
 def test_pruned_against_scratch_counts_only_intervals_that_exclude_zero():
