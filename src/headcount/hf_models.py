@@ -31,6 +31,7 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head s
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -138,6 +139,12 @@ def _linear_columns(layer: nn.Linear, idx: Tensor) -> nn.Linear:
     return new
 
 
+def _cache_argument(module: nn.Module) -> str:
+    """The name module.forward takes the key/value cache under: `cache` from transformers 5.24 on
+    (the old name still works there, with a deprecation warning, until 5.40)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 def _silence(attention: nn.Module, gates: HeadGates) -> None:
     """An attention with no heads left: its output is W^O's bias. transformers cannot run it (a
     (B, T, 0) projection has no head count to reshape to), so its forward is replaced. The
@@ -145,6 +152,9 @@ def _silence(attention: nn.Module, gates: HeadGates) -> None:
     length off the first layer's cache."""
 
     def forward(hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+        # transformers 5.24 renamed the attention's `past_key_values` argument to `cache`.
+        if past_key_values is None:
+            past_key_values = kwargs.get("cache")
         B, T, D = hidden_states.shape
         out = hidden_states.new_zeros(B, T, D)
         if gates.proj.bias is not None:
@@ -279,7 +289,8 @@ class HFSeq2Seq(nn.Module):
         self._check_length(start + tgt_in.shape[1])
         _, decoder = self.family.stacks(self.hf)
         out = decoder(input_ids=tgt_in, encoder_hidden_states=memory, encoder_attention_mask=(~src_pad).long(),
-                      past_key_values=cache, use_cache=cache is not None, output_attentions=need_weights)
+                      **{_cache_argument(decoder): cache}, use_cache=cache is not None,
+                      output_attentions=need_weights)
         n = len(self.family.attentions(self.hf)["dec_self"])
         if need_weights:
             return out.last_hidden_state, list(out.attentions), list(out.cross_attentions)
