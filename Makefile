@@ -6,14 +6,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 CORES ?= all
 
-.PHONY: setup run test lint format bench slurm-up slurm-down test-cluster report check-report
+.PHONY: setup run test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
 
-$(BIN)/snakemake: pyproject.toml
+# The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
+# `pip install` of headcount alone accepts.
+$(BIN)/snakemake: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch==2.13.0 first: on machines that keep its CPU wheel locally, pip takes that file.
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[workflow,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[workflow,dev]'
 	touch $@
 
 setup: $(BIN)/snakemake
@@ -33,6 +35,21 @@ lint: setup
 format: setup
 	$(BIN)/ruff check --fix src tests workflow/scripts benchmarks tools
 	$(BIN)/snakefmt Snakefile workflow
+
+# The newest versions pyproject.toml allows, in a scratch venv, and the tests on them; `make lock`
+# then writes them to constraints.txt (keeping its header).
+LATEST := .venv-latest
+test-latest:
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/python -m pip install --quiet torch==2.13.0
+	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[workflow,dev]'
+	$(LATEST)/bin/python -m pytest -q
+
+lock:
+	test -x $(LATEST)/bin/python || { echo "lock: run make test-latest first"; exit 2; }
+	{ sed -n '/^#/!q;p' constraints.txt; $(LATEST)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
