@@ -47,3 +47,57 @@ def test_every_published_file_in_docs_comes_from_a_run():
     shown = {str(p.relative_to(REPO / "docs")) for folder in ("tables", "figures")
              for p in (REPO / "docs" / folder).iterdir() if p.is_file()}
     assert shown <= set(publish_results.PUBLISHED), sorted(shown - set(publish_results.PUBLISHED))
+
+
+PAGE = """# Results
+Prose the publisher must keep.
+<!-- published tables/table2.md -->
+| an older run's table |
+<!-- end tables/table2.md -->
+More prose.
+<!-- published tables/seed_spread.md -->
+<!-- end tables/seed_spread.md -->
+"""
+
+
+def test_marked_tables_on_the_pages_are_replaced_by_the_runs(tmp_path):
+    runs = _fake_runs(tmp_path)
+    docs = tmp_path / "docs"
+    (docs).mkdir()
+    (docs / "results.md").write_text(PAGE)
+    (tmp_path / "README.md").write_text("intro\n" + PAGE)
+    assert publish_results.publish(runs, docs, log=lambda _: None) == 0
+    expected = PAGE.replace("| an older run's table |\n", "main:prune/table2.md\n").replace(
+        "<!-- published tables/seed_spread.md -->\n", "<!-- published tables/seed_spread.md -->\nmain:seeds/spread.md\n")
+    assert (docs / "results.md").read_text() == expected
+    assert (tmp_path / "README.md").read_text() == "intro\n" + expected
+    lines = []  # a second run changes nothing
+    assert publish_results.publish(runs, docs, log=lines.append) == 0
+    assert not any("updated" in line for line in lines)
+
+
+def test_a_bad_marker_publishes_nothing(tmp_path):
+    runs = _fake_runs(tmp_path)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (tmp_path / "README.md").write_text(PAGE)
+    for bad, says in ((PAGE.replace("<!-- end tables/table2.md -->\n", ""), "line 3: no '<!-- end tables/table2.md -->'"),
+                      (PAGE.replace("tables/seed_spread.md", "tables/nowhere.md"), "line 7: 'tables/nowhere.md'")):
+        (docs / "results.md").write_text(bad)
+        try:
+            publish_results.publish(runs, docs, log=lambda _: None)
+        except publish_results.MarkerError as error:
+            assert str(error).startswith(f"docs/results.md, {says}"), error
+        else:
+            raise AssertionError("a bad marker was accepted")
+        assert not (docs / "tables").exists() and (tmp_path / "README.md").read_text() == PAGE
+        assert (docs / "results.md").read_text() == bad
+
+
+def test_the_pages_show_the_published_tables():
+    """What docs/results.md and README.md show between markers is docs/tables' current file."""
+    tables = {name: (REPO / "docs" / name).read_text() for name in publish_results.PUBLISHED
+              if name.endswith(".md") and (REPO / "docs" / name).is_file()}
+    for page in publish_results.PAGES:
+        text = (REPO / page).read_text()
+        assert publish_results.splice(page, text, tables) == text, f"{page}: run tools/publish_results.py"

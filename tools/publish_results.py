@@ -6,12 +6,22 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --dry-run            # what would change
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
-a pruning grid still training) publishes nothing and the message lists what is missing. Writing
-docs/results.md itself stays a person's work: the numbers need reading, not copying.
+a pruning grid still training) publishes nothing and the message lists what is missing.
+
+A markdown table the run writes is also shown inside docs/results.md and README.md between two
+marker lines, and publishing replaces what lies between them with the published file:
+
+    <!-- published tables/table2.md -->
+    ...
+    <!-- end tables/table2.md -->
+
+so the tables on those pages are always the run's own. The prose around them stays a person's
+work: the numbers need reading, not copying.
 """
 
 import argparse
 import filecmp
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -53,6 +63,45 @@ PUBLISHED = {
 }
 
 
+# The pages that show published markdown tables between markers (relative to docs/'s parent).
+PAGES = ("docs/results.md", "README.md")
+_START = re.compile(r"^<!-- published (\S+) -->$")
+_END = "<!-- end {} -->"
+
+
+class MarkerError(ValueError):
+    """A page's markers that cannot be spliced: the message names the page, the line and the fix."""
+
+
+def splice(page: str, text: str, tables: dict[str, str]) -> str:
+    """`text` with each marked region replaced by tables[name] (the published file's content)."""
+    lines = text.splitlines(keepends=True)
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        match = _START.match(line.strip())
+        i += 1
+        if not match:
+            continue
+        name = match.group(1)
+        if name not in PUBLISHED or not name.endswith(".md"):
+            raise MarkerError(f"{page}, line {i}: '{name}' is not a published markdown table "
+                              f"(tools/publish_results.py PUBLISHED lists them); fix the marker's name")
+        end = _END.format(name)
+        rest = [j for j in range(i, len(lines)) if lines[j].strip() == end]
+        if not rest:
+            raise MarkerError(f"{page}, line {i}: no '{end}' after '{line.strip()}'; add it where the table ends")
+        if name not in tables:
+            raise MarkerError(f"{page}, line {i}: docs/{name} has not been published yet; run "
+                              f"tools/publish_results.py or remove the marker")
+        body = tables[name]
+        out.append(body if body.endswith("\n") else body + "\n")
+        out.append(lines[rest[0]])
+        i = rest[0] + 1
+    return "".join(out)
+
+
 def plan(runs: dict[str, Path], docs: Path) -> tuple[list[tuple[Path, Path]], list[Path]]:
     """(source, destination) pairs, and the sources that are missing."""
     pairs = [(runs[run] / inside, docs / published) for published, (run, inside) in PUBLISHED.items()]
@@ -60,7 +109,9 @@ def plan(runs: dict[str, Path], docs: Path) -> tuple[list[tuple[Path, Path]], li
 
 
 def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print) -> int:
-    """Copy every file of PUBLISHED, or nothing when a source is missing; returns an exit status."""
+    """Copy every file of PUBLISHED and splice its markdown tables into PAGES, or do nothing when a
+    source is missing or a page's markers are bad; returns an exit status. The pages are found
+    beside docs/ (its parent is the repository)."""
     pairs, missing = plan(runs, docs)
     if missing:
         log(f"publish_results: {len(missing)} of {len(pairs)} files are missing, nothing was copied "
@@ -68,6 +119,16 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
         for source in missing:
             log(f"  {source}")
         return 2
+    tables = {name: (runs[run] / inside).read_text() for name, (run, inside) in PUBLISHED.items()
+              if name.endswith(".md")}
+    pages = {}  # every page is spliced (and its markers checked) before anything is written
+    for page in PAGES:
+        path = docs.parent / page
+        if path.is_file():
+            text = path.read_text()
+            spliced = splice(page, text, tables)
+            if spliced != text:
+                pages[path] = spliced
     changed = 0
     for source, destination in pairs:
         if destination.is_file() and filecmp.cmp(source, destination, shallow=False):
@@ -78,6 +139,12 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, destination)
     log(f"{changed} of {len(pairs)} published files {'would change' if dry_run else 'changed'}")
+    for path, text in pages.items():
+        log(f"{'would update' if dry_run else 'updated'} the published tables in {path}")
+        if not dry_run:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
     return 0
 
 
@@ -90,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
-    return publish({"main": args.results, "control": args.control}, args.docs, args.dry_run)
+    try:
+        return publish({"main": args.results, "control": args.control}, args.docs, args.dry_run)
+    except MarkerError as error:
+        print(f"publish_results: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
