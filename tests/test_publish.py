@@ -67,8 +67,9 @@ def test_marked_tables_on_the_pages_are_replaced_by_the_runs(tmp_path):
     (docs / "results.md").write_text(PAGE)
     (tmp_path / "README.md").write_text("intro\n" + PAGE)
     assert publish_results.publish(runs, docs, log=lambda _: None) == 0
+    spread = "<!-- published tables/seed_spread.md -->\n"
     expected = PAGE.replace("| an older run's table |\n", "main:prune/table2.md\n").replace(
-        "<!-- published tables/seed_spread.md -->\n", "<!-- published tables/seed_spread.md -->\nmain:seeds/spread.md\n")
+        spread, spread + "main:seeds/spread.md\n")
     assert (docs / "results.md").read_text() == expected
     assert (tmp_path / "README.md").read_text() == "intro\n" + expected
     lines = []  # a second run changes nothing
@@ -81,7 +82,8 @@ def test_a_bad_marker_publishes_nothing(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
     (tmp_path / "README.md").write_text(PAGE)
-    for bad, says in ((PAGE.replace("<!-- end tables/table2.md -->\n", ""), "line 3: no '<!-- end tables/table2.md -->'"),
+    no_end = "<!-- end tables/table2.md -->"
+    for bad, says in ((PAGE.replace(no_end + "\n", ""), f"line 3: no '{no_end}'"),
                       (PAGE.replace("tables/seed_spread.md", "tables/nowhere.md"), "line 7: 'tables/nowhere.md'")):
         (docs / "results.md").write_text(bad)
         try:
