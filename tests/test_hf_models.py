@@ -230,6 +230,47 @@ def test_greedy_search_matches_transformers_generate(family):
     assert ours == theirs
 
 
+@pytest.mark.parametrize("family", ["mbart", "m2m_100"])
+def test_search_forces_the_target_language_tag_as_generate_does(family):
+    """A multilingual model's target-language tag (SpecialIds.forced): greedy search matches
+    generate with forced_bos_token_id, and beam search starts every hypothesis with the tag."""
+    import dataclasses
+
+    from headcount.decode import beam_search, greedy_search
+
+    model = tiny(family, d_model=32, ffn=64, seed=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    src, _ = batch(model)
+    plain = greedy_search(model, src, max_len_a=0, max_len_b=8)
+    lang = 3  # a token the unforced search does not start with
+    assert all(not row or row[0] != lang for row in plain)
+    model.special = dataclasses.replace(model.special, forced=(lang,))
+    sp = model.special
+    ours = greedy_search(model, src, max_len_a=0, max_len_b=8)  # the tag, 7 tokens, then EOS forced
+    out = model.hf.generate(input_ids=src, attention_mask=src.ne(sp.pad).long(), max_new_tokens=9, num_beams=1,
+                            do_sample=False, no_repeat_ngram_size=0, repetition_penalty=1.0, min_length=0,
+                            forced_bos_token_id=lang, forced_eos_token_id=sp.eos,
+                            bad_words_ids=[[i] for i in sp.never_generated()], decoder_start_token_id=sp.bos,
+                            eos_token_id=sp.eos, pad_token_id=sp.pad)
+    theirs = [row[1:] for row in out.tolist()]
+    theirs = [row[: row.index(sp.eos)] if sp.eos in row else row for row in theirs]
+    assert ours == theirs and all(row[0] == lang for row in ours)
+    assert beam_search(model, src, beam=1, max_len_a=0, max_len_b=8) == ours
+    assert all(row[0] == lang for row in beam_search(model, src, beam=4, max_len_a=0, max_len_b=8))
+
+
+def test_forced_prefix_survives_a_checkpoint(tmp_path):
+    from headcount.seq2seq import load_model
+
+    model = HFSeq2Seq(tiny_hf("m2m_100"), forced=(5,)).eval()
+    model.save(tmp_path / "model.pt")
+    assert load_model(tmp_path / "model.pt").special.forced == (5,)
+    assert tiny("bart").special.forced == ()  # a model that names no forced token gets none
+
+
 # --------------------------------------------------------------------------------------------
 # Head masks, gates, physical pruning
 

@@ -19,14 +19,24 @@ def length_penalty(length: Tensor | int, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _max_lengths(src: Tensor, pad: int, a: float, b: int, cap: int) -> Tensor:
-    src_len = src.ne(pad).sum(dim=1)
-    return (src_len.float() * a + b).long().clamp(max=cap - 1)  # (B,) target tokens incl. EOS
+def _max_lengths(src: Tensor, special: SpecialIds, a: float, b: int, cap: int) -> Tensor:
+    """(B,) target tokens allowed, EOS and the forced prefix included (the prefix does not count
+    against a * |x| + b)."""
+    src_len = src.ne(special.pad).sum(dim=1)
+    return (src_len.float() * a + b + len(special.forced)).long().clamp(max=cap - 1)
 
 
 def _never_generated(scores: Tensor, special: SpecialIds) -> None:
     """Padding and the start token are never output (in place)."""
     scores[:, list(special.never_generated())] = float("-inf")
+
+
+def _force(scores: Tensor, t: int, special: SpecialIds) -> None:
+    """While the target's forced prefix lasts, only its token may come, at no cost (in place): as
+    transformers' forced-BOS processor does, so a language tag changes no hypothesis's score."""
+    if t < len(special.forced):
+        scores.fill_(float("-inf"))
+        scores[:, special.forced[t]] = 0.0
 
 
 def _only_eos(scores: Tensor, rows: Tensor, eos: int) -> None:
@@ -39,12 +49,13 @@ def _only_eos(scores: Tensor, rows: Tensor, eos: int) -> None:
 @torch.no_grad()
 def greedy_search(model: Seq2SeqWithHeads, src: Tensor, max_len_a: float = 1.5,
                   max_len_b: int = 10) -> list[list[int]]:
-    """src (B, S) -> best-first token ids per sentence, without BOS/EOS."""
+    """src (B, S) -> best-first token ids per sentence, without BOS/EOS (a forced prefix included,
+    as the target side's Tokenizer encodes targets)."""
     model.eval()
     special = model.special
     B = src.shape[0]
     memory, src_pad, _ = model.encode(src)
-    max_len = _max_lengths(src, special.pad, max_len_a, max_len_b, model.max_positions)
+    max_len = _max_lengths(src, special, max_len_a, max_len_b, model.max_positions)
     cache = model.new_cache()
     alive = torch.arange(B, device=src.device)  # original indices of the sentences still decoding
     last = torch.full((B, 1), special.bos, dtype=torch.long, device=src.device)
@@ -54,6 +65,7 @@ def greedy_search(model: Seq2SeqWithHeads, src: Tensor, max_len_a: float = 1.5,
         logits = model.logits(hidden[:, -1]).float()  # (B_alive, V)
         _never_generated(logits, special)
         _only_eos(logits, t + 1 >= max_len[alive], special.eos)
+        _force(logits, t, special)
         next_tok = logits.argmax(dim=-1)  # (B_alive,)
         done = next_tok.eq(special.eos)
         for row, (i, tok) in enumerate(zip(alive.tolist(), next_tok.tolist())):
@@ -79,7 +91,8 @@ def beam_search(
     max_len_a: float = 1.5,
     max_len_b: int = 10,
 ) -> list[list[int]]:
-    """Best hypothesis per sentence by log P(y|x) / lp(|y|), |y| counting EOS, without BOS/EOS.
+    """Best hypothesis per sentence by log P(y|x) / lp(|y|), |y| counting EOS, without BOS/EOS
+    (a forced prefix included, as in greedy_search).
 
     A sentence is finished once it holds `beam` finished hypotheses (or reaches its maximum
     length); finished sentences leave the batch.
@@ -90,7 +103,7 @@ def beam_search(
     device = src.device
     memory, src_pad, _ = model.encode(src)
     memory, src_pad = memory.repeat_interleave(K, 0), src_pad.repeat_interleave(K, 0)  # (B*K, ...)
-    max_len = _max_lengths(src, special.pad, max_len_a, max_len_b, model.max_positions)
+    max_len = _max_lengths(src, special, max_len_a, max_len_b, model.max_positions)
     cache = model.new_cache()
     alive = torch.arange(B, device=device)  # original sentence index of each row group
     tokens = torch.full((B * K, 1), special.bos, dtype=torch.long, device=device)  # (rows, t+1)
@@ -106,6 +119,7 @@ def beam_search(
         _never_generated(logp, special)
         force_eos = (t + 1 >= max_len[alive]).repeat_interleave(K)
         _only_eos(logp, force_eos, special.eos)
+        _force(logp, t, special)
         candidates = (scores.view(n * K, 1) + logp).view(n, K * V)
         top_scores, top_idx = candidates.topk(2 * K, dim=1)  # (n, 2K)
         top_beam, top_tok = top_idx // V, top_idx % V

@@ -229,7 +229,9 @@ def family_of(config) -> Family:
 class HFSeq2Seq(nn.Module):
     """A transformers encoder-decoder model as `Seq2SeqWithHeads`."""
 
-    def __init__(self, hf: nn.Module):
+    def __init__(self, hf: nn.Module, forced: tuple[int, ...] | None = None):
+        """forced: what search forces after the start token (SpecialIds.forced; import_pretrained
+        takes it from the target side's tokenizer); None: the model's own forced_bos_token_id."""
         super().__init__()
         self.family = family_of(hf.config)
         if hasattr(hf, "set_attn_implementation"):
@@ -239,7 +241,10 @@ class HFSeq2Seq(nn.Module):
         self.hf = hf
         config = hf.config
         eos = config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
-        self.special = SpecialIds(pad=config.pad_token_id, bos=_decoder_start(hf, eos), eos=eos)
+        if forced is None:
+            forced = _forced_bos(hf)
+        self.special = SpecialIds(pad=config.pad_token_id, bos=_decoder_start(hf, eos), eos=eos,
+                                  forced=tuple(int(t) for t in forced))
         self.max_positions = int(getattr(config, "max_position_embeddings", None)
                                  or getattr(config, "n_positions", None) or 512)
         self.d_model = int(config.d_model)
@@ -385,6 +390,7 @@ class HFSeq2Seq(nn.Module):
             "model": self.state_dict(),
             "model_config": self.config.to_json_string(use_diff=False),
             "head_counts": self.head_counts(),
+            "forced": list(self.special.forced),
         })
         with atomic_path(path) as tmp:
             torch.save(state, tmp)
@@ -396,7 +402,7 @@ class HFSeq2Seq(nn.Module):
         config_dict = json.loads(state["model_config"])
         config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
         config._attn_implementation = "eager"
-        model = cls(AutoModelForSeq2SeqLM.from_config(config))
+        model = cls(AutoModelForSeq2SeqLM.from_config(config), forced=state.get("forced"))
         weights = state["model"]
         for kind, modules in model.attention_modules().items():
             for module, n in zip(modules, state["head_counts"][kind]):
@@ -421,6 +427,16 @@ def _decoder_start(hf: nn.Module, eos: int) -> int:
         if start is not None:
             return int(start)
     return int(hf.config.pad_token_id) if hf.config.model_type == "t5" else int(eos)
+
+
+def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
+    """The token transformers' generate forces after the start token, if the model names one
+    (generation config first, then model config): BART's <s>, a one-language model's tag."""
+    for config in (getattr(hf, "generation_config", None), hf.config):
+        token = getattr(config, "forced_bos_token_id", None)
+        if token is not None:
+            return (int(token),)
+    return ()
 
 
 def _module_name(root: nn.Module, target: nn.Module) -> str:

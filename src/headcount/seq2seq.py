@@ -64,6 +64,9 @@ class SpecialIds:
     bos: int  # what the decoder input starts with (Marian: its pad id)
     eos: int
     unk: int | None = None
+    # What every target begins with after the start token, forced by search: a multilingual
+    # model's target-language tag (mBART-50, M2M100, NLLB), BART's <s>; () for most models.
+    forced: tuple[int, ...] = ()
 
     def never_generated(self) -> tuple[int, ...]:
         """Ids that search and LRP never pick as an output token."""
