@@ -69,6 +69,10 @@ def problems(config):
          "'defaults.prune.from_scratch': Additional properties are not allowed ('decoder' was unexpected)"),
         (lambda c: c["defaults"]["prune"].update(from_scratch={"all": [0.3, 0.7]}),
          "'experiments.multi30k_en_de.prune.from_scratch.all': 0.7 is not in prune.lambdas.all"),
+        (lambda c: c["experiments"]["multi30k_en_de"].update(pretrained_langs={"src": "en_XX", "tgt": "de_DE"}),
+         "'experiments.multi30k_en_de.pretrained_langs': only a pretrained model has its own language codes"),
+        (lambda c: c["experiments"]["opus_mt_en_de"].update(pretrained_langs={"src": "en_XX"}),
+         "'experiments.opus_mt_en_de.pretrained_langs': 'tgt' is a required property"),
     ],
 )
 def test_bad_configs_name_the_key(config, edit, expected):

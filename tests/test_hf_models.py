@@ -3,6 +3,7 @@ family, built from configs, with a Marian tokenizer trained here on the toy corp
 downloaded."""
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -24,8 +25,9 @@ from headcount.hf_models import (  # noqa: E402
     open_tokenizer,
     write_tiny_marian,
 )
+from headcount.io import HeadcountError  # noqa: E402
 from headcount.lrp import make_rules  # noqa: E402
-from headcount.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHeads, load_model  # noqa: E402
+from headcount.seq2seq import ATTENTION_TYPES, SPECIAL_PIECE, HeadSlots, Seq2SeqWithHeads, load_model  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -444,6 +446,122 @@ def test_missing_model_gives_a_clear_error(tmp_path):
         load_pretrained(str(tmp_path / "nowhere"))
     with pytest.raises(PretrainedModelUnavailable, match="opus-mt-xx-yy"):
         load_tokenizers("Helsinki-NLP/opus-mt-xx-yy", offline=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_m2m_dir(tmp_path_factory):
+    """A multilingual model's directory: an M2M100 tokenizer (a sentencepiece model and vocab
+    trained on the toy corpus, language tags after them) and random M2M100 weights."""
+    import sentencepiece as spm
+
+    directory = tmp_path_factory.mktemp("m2m-toy")
+    src, tgt = toy_corpus(400, seed=11)
+    (directory / "text.txt").write_text("\n".join(src + tgt) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(directory / "text.txt"), model_prefix=str(directory / "sp"),
+                                   vocab_size=60, model_type="unigram", hard_vocab_limit=False, minloglevel=2,
+                                   num_threads=1)
+    sp = spm.SentencePieceProcessor(model_file=str(directory / "sp.model"))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(sp.get_piece_size()):
+        vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    (directory / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tokenizer = transformers.M2M100Tokenizer(vocab_file=str(directory / "vocab.json"),
+                                             spm_file=str(directory / "sp.model"), src_lang="en", tgt_lang="de")
+    tokenizer.save_pretrained(str(directory))
+    size = max(*tokenizer.get_vocab().values(), *tokenizer.lang_token_to_id.values()) + 1
+    torch.manual_seed(2)  # a seed whose search output depends on the input
+    config = transformers.M2M100Config(vocab_size=size, d_model=32, encoder_layers=2, decoder_layers=2,
+                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                       decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0)
+    hf = transformers.M2M100ForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in hf.parameters():  # sharper distributions: outputs that depend on the input
+            if p.dim() == 2:
+                p.mul_(3.0)
+        hf.get_input_embeddings().weight[len(vocab):] *= 0.05  # tags: near-zero logits, text is picked
+    hf.save_pretrained(str(directory))
+    return directory
+
+
+def test_a_multilingual_model_translates_as_generate_does(tiny_m2m_dir, tmp_path):
+    """Language tags end to end: the source tag before the text, the target tag forced by search,
+    both from the tokenizer; headcount's greedy translation of imported checkpoint matches
+    transformers' generate on the tokenizer's own input."""
+    from headcount.batching import source_tensor
+    from headcount.decode import greedy_search
+
+    model = import_pretrained(tiny_m2m_dir, tmp_path / "model.pt", tmp_path / "tokenizer", src_lang="en",
+                              tgt_lang="de")
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tiny_m2m_dir), src_lang="en", tgt_lang="de")
+    en, de = hf_tok.get_lang_id("en"), hf_tok.get_lang_id("de")
+    assert load_model(tmp_path / "model.pt").special.forced == (de,) == model.special.forced
+    source, target = open_tokenizer(tmp_path / "tokenizer", "source"), open_tokenizer(tmp_path / "tokenizer", "target")
+    lines, tgt_lines = toy_corpus(4, seed=5)
+    ids = source.encode(lines)
+    assert all(row[0] == en for row in ids) and target.encode(tgt_lines)[0][0] == de
+    for line, row in zip(lines, ids):
+        pieces = source.pieces(line)
+        assert len(pieces) == len(row) and pieces[0] == SPECIAL_PIECE
+    src = source_tensor(ids, model.special)
+    theirs_in = hf_tok(lines, return_tensors="pt", padding=True)
+    assert src.tolist() == theirs_in["input_ids"].tolist()  # the tag, the text, EOS, padding
+    ours = greedy_search(model, src, max_len_a=0, max_len_b=8)
+    out = model.hf.generate(**theirs_in, forced_bos_token_id=de, max_new_tokens=9, num_beams=1, do_sample=False,
+                            forced_eos_token_id=model.special.eos,
+                            bad_words_ids=[[i] for i in model.special.never_generated()])
+    theirs = [row[1:] for row in out.tolist()]
+    theirs = [row[: row.index(model.special.eos)] if model.special.eos in row else row for row in theirs]
+    assert ours == theirs and all(row[0] == de for row in ours) and len({tuple(row) for row in ours}) > 1
+    # The forced tag is no part of the translation's text.
+    assert target.decode(ours) == hf_tok.batch_decode([row[1:] for row in ours]) != hf_tok.batch_decode(ours)
+
+
+def test_the_workflow_import_takes_the_models_language_codes(tiny_m2m_dir, tmp_path):
+    """import_pretrained_baseline (rule import_pretrained) with `pretrained_langs`."""
+    from headcount.training_runs import import_pretrained_baseline
+
+    summary = import_pretrained_baseline(str(tiny_m2m_dir), tmp_path / "model.pt", tmp_path / "training.json",
+                                         tmp_path / "tokenizer", "en", "de", model_langs={"src": "de", "tgt": "en"},
+                                         log=lambda _: None)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_m2m_dir))
+    assert summary["forced"] == [tok.get_lang_id("en")] == list(load_model(tmp_path / "model.pt").special.forced)
+    assert open_tokenizer(tmp_path / "tokenizer", "source").encode(["x"])[0][0] == tok.get_lang_id("de")
+
+
+def test_language_codes_the_tokenizer_does_not_know_are_refused(tiny_m2m_dir, tmp_path):
+    with pytest.raises(HeadcountError, match="multilingual .*pretrained_langs"):
+        import_pretrained(tiny_m2m_dir, tmp_path / "model.pt", tmp_path / "tokenizer")  # no languages given
+    with pytest.raises(HeadcountError, match="no language code 'xx'"):
+        load_tokenizers(tiny_m2m_dir, src_lang="xx", tgt_lang="de")
+    assert not (tmp_path / "model.pt").exists()
+
+    class NllbLike:
+        """Maps an unknown language code to <unk>, as NLLB's tokenizer does (id 3)."""
+        eos_token_id, unk_token_id, src_lang, tgt_lang = 2, 3, "eng_Latn", "zzz_Zzzz"
+
+        def __call__(self, lines=None, text_target=None, add_special_tokens=True):
+            text = lines if lines is not None else text_target
+            tag = [7] if lines is not None else [self.unk_token_id]
+            return {"input_ids": [(tag if add_special_tokens else []) + [10 + len(w) for w in line.split()]
+                                  + ([2] if add_special_tokens else []) for line in text]}
+
+    assert HFTokenizer(NllbLike(), "source").encode(["a bb"]) == [[7, 11, 12]]
+    with pytest.raises(HeadcountError, match="target language code 'zzz_Zzzz' is not one of"):
+        HFTokenizer(NllbLike(), "target")
+
+
+def test_a_tokenizer_with_the_language_code_after_eos_is_refused(tmp_path):
+    """mBART-cc25's tokenizer ends a sentence with EOS and then the language code; headcount's
+    batching ends it with EOS, so such a tokenizer is refused with a message that says so."""
+    import sentencepiece as spm
+
+    src, _ = toy_corpus(200, seed=3)
+    (tmp_path / "text.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "text.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=40,
+                                   model_type="unigram", hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    tokenizer = transformers.MBartTokenizer(vocab_file=str(tmp_path / "sp.model"), src_lang="en_XX", tgt_lang="de_DE")
+    with pytest.raises(HeadcountError, match="after a source sentence.*mBART-cc25"):
+        HFTokenizer(tokenizer, "source")
 
 
 # --------------------------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def test_a_head_right_80_percent_of_the_time_scores_0_8():
 def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does_not():
     """Head 0 attends from each continuation piece to the piece before it and from each word-initial
     piece to itself: pooled it is no positional head, per kind it is exact at both."""
-    from headcount.roles import PIECE_KINDS, continuation_mask, with_piece_kinds
+    from headcount.roles import PIECE_KINDS, piece_kind_masks, with_piece_kinds
 
     sentences = [["\u2581a", "b", "\u2581c", "\u2581d", "e", "f"], ["\u2581g", "h", "\u2581i"], ["\u2581j"]]
     S = max(map(len, sentences)) + 1
@@ -237,12 +237,13 @@ def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does
         probs[0, b, 0, :n, n + 1:] = 0.9  # padding keys
     probs = torch.tensor(probs, dtype=torch.float32)
     lengths = [len(p) + 1 for p in sentences]
-    mask = continuation_mask(sentences, S)
-    assert mask.tolist()[1] == [False, True, False, False, False, False, False]
+    masks = piece_kind_masks(sentences, S)
+    assert masks["continuation"].tolist()[1] == [False, True, False, False, False, False, False]
+    assert masks["initial"].tolist()[1] == [True, False, True, False, False, False, False]
     pooled, by_kind = PositionalStats(), {kind: PositionalStats() for kind in PIECE_KINDS}
     pooled.update(probs, lengths)
-    by_kind["initial"].update(probs, lengths, ~mask)
-    by_kind["continuation"].update(probs, lengths, mask)
+    for kind in PIECE_KINDS:
+        by_kind[kind].update(probs, lengths, masks[kind])
     row = with_piece_kinds(pooled.table(), by_kind).iloc[0]
     assert (row["offset"], row["fraction"]) == (0, pytest.approx(6 / 10))  # 6 initial of 10 pieces
     assert (row["continuation_offset"], row["continuation_fraction"], row["continuation_queries"]) == (-1, 1.0, 4)
@@ -250,6 +251,19 @@ def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does
     # Validity counted per query of the kind: +1 has a key from b, e and h, not from f (EOS follows).
     continuation = by_kind["continuation"]
     assert continuation.valid[continuation.radius + 1] == 3 and continuation.valid[continuation.radius - 1] == 4
+
+
+def test_a_language_tag_is_neither_kind_of_piece_nor_part_of_a_word():
+    """A multilingual tokenizer's leading tag (SPECIAL_PIECE) belongs to no word and no piece kind."""
+    from headcount.roles import align_pieces, piece_kind_masks
+    from headcount.seq2seq import SPECIAL_PIECE
+
+    pieces = [SPECIAL_PIECE, "\u2581a", "b", "\u2581cd"]
+    masks = piece_kind_masks([pieces], 5)
+    assert masks["initial"].tolist() == [[False, True, False, True, False]]
+    assert masks["continuation"].tolist() == [[False, False, True, False, False]]
+    assert align_pieces(["ab", "cd"], pieces).tolist() == [-1, 0, 0, 1]
+    assert align_pieces(["ab", "cd"], pieces[1:]).tolist() == [0, 0, 1]
 
 
 def test_positional_accepts_layer_list_and_merges_batches_of_different_size():

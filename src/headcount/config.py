@@ -196,6 +196,9 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         # override) must not fail on a pretrained experiment it does not run.
         if is_pretrained(exp) and name in config["run"]:
             problems += _pretrained_problems(name, exp)
+        if exp.get("pretrained_langs") and not is_pretrained(exp):
+            problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
+                            f"language codes; remove it or set pretrained")
         prune = exp["prune"]
         if prune["eval_split"] is not None and prune["eval_split"] not in tests:
             problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "

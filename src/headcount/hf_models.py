@@ -21,16 +21,19 @@ BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 when it
 tied), what the decoder starts from (Marian and T5: their pad id; BART, mBART, M2M100: EOS), and
 what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically: its
 relative position bias is computed once, in the first layer, for all heads of every layer.
-Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags (a source prefix, a target
-language token forced after the start token); the tokenizers here add no special tokens and
-headcount's search forces none, so their architecture is supported but their translations are
-not those of transformers' generate.
+Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags: the source language's
+tag before the source text, the target language's forced after the decoder's start token. The
+tokenizer gives both (`HFTokenizer`: its special tokens before the text are part of the ids), and
+`import_pretrained` makes the target side's into what search forces (`SpecialIds.forced`), so
+search picks what transformers' generate picks with `forced_bos_token_id`. Tokenizers that put
+the language code after EOS (mBART-cc25) are refused with a message.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, V vocabulary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -42,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from .io import HeadcountError, atomic_path
-from .seq2seq import ATTENTION_TYPES, SpecialIds, register_family
+from .seq2seq import ATTENTION_TYPES, SPECIAL_PIECE, SpecialIds, register_family
 
 # --------------------------------------------------------------------------------------------
 # Gate slots on an attention's output projection
@@ -455,35 +458,71 @@ for _name in FAMILIES:
 
 
 class HFTokenizer:
-    """One side (source or target) of a transformers tokenizer as headcount's `Tokenizer`: ids
-    without EOS or language tags (batching adds EOS)."""
+    """One side (source or target) of a transformers tokenizer as headcount's `Tokenizer`: the
+    ids the tokenizer gives with its special tokens, less the EOS at the end (batching adds EOS).
+    So a multilingual model's language tag comes first (mBART-50, M2M100, NLLB: the source
+    language on the source side, the target language on the target side, which search then
+    forces: SpecialIds.forced), BART's <s> too, and Marian and T5 get the text alone."""
 
     def __init__(self, tokenizer, side: str):
         if side not in ("source", "target"):
             raise ValueError(f"side must be 'source' or 'target', not {side!r}")
         self.tokenizer, self.side = tokenizer, side
+        self.prefix = self._prefix()
+
+    def _ids(self, lines: list[str], special: bool) -> list[list[int]]:
+        if self.side == "source":
+            return self.tokenizer(list(lines), add_special_tokens=special)["input_ids"]
+        return self.tokenizer(text_target=list(lines), add_special_tokens=special)["input_ids"]
+
+    def _prefix(self) -> list[int]:
+        """The ids the tokenizer puts before a text of this side; what it puts after must be EOS
+        alone (or nothing), as batching ends every sentence with EOS."""
+        probe = "a b c"
+        full, text = self._ids([probe], True)[0], self._ids([probe], False)[0]
+        starts = [k for k in range(len(full) - len(text) + 1) if full[k:k + len(text)] == text]
+        if not text or not starts:
+            raise HeadcountError(f"{type(self.tokenizer).__name__}: cannot tell its special tokens from the text "
+                                 f"({full} with them, {text} without) on the {self.side} side")
+        prefix, suffix = full[:starts[0]], full[starts[0] + len(text):]
+        unk = self.tokenizer.unk_token_id
+        if unk is not None and unk in prefix:  # NLLB's tokenizer maps an unknown language code to <unk>
+            lang = getattr(self.tokenizer, "src_lang" if self.side == "source" else "tgt_lang", None)
+            raise HeadcountError(f"{type(self.tokenizer).__name__}: the {self.side} language code {lang!r} is not "
+                                 f"one of this tokenizer's (it becomes <unk>); use the model's own codes")
+        if suffix not in ([], [self.tokenizer.eos_token_id]):
+            raise HeadcountError(
+                f"{type(self.tokenizer).__name__} puts {self.tokenizer.convert_ids_to_tokens(suffix)} after a "
+                f"{self.side} sentence; headcount ends every sentence with EOS alone, so a tokenizer that puts "
+                f"a language code after EOS (mBART-cc25 and its fine-tuned models) is not supported: use a "
+                f"model whose tokenizer puts the code first (mBART-50, M2M100, NLLB)")
+        return prefix
 
     def __len__(self) -> int:
         return len(self.tokenizer)
 
     def encode(self, lines: list[str]) -> list[list[int]]:
-        if self.side == "source":
-            return self.tokenizer(list(lines), add_special_tokens=False)["input_ids"]
-        return self.tokenizer(text_target=list(lines), add_special_tokens=False)["input_ids"]
+        return [self.prefix + ids for ids in self._ids(lines, False)]
 
     def pieces(self, line: str) -> list[str]:
-        """The subword strings, one per id of encode([line])[0]."""
+        """The subword strings, one per id of encode([line])[0] (SPECIAL_PIECE for the prefix)."""
         tok = self.tokenizer
+        prefix = [SPECIAL_PIECE] * len(self.prefix)
         if self.side == "target" and hasattr(tok, "_switch_to_target_mode"):
             tok._switch_to_target_mode()  # Marian: the target side has its own sentencepiece model
             try:
-                return tok.tokenize(line)
+                return prefix + tok.tokenize(line)
             finally:
                 tok._switch_to_input_mode()
-        return tok.tokenize(line)
+        return prefix + tok.tokenize(line)
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        return self.tokenizer.batch_decode([list(map(int, x)) for x in ids], skip_special_tokens=True)
+        """Text of each id list, less the prefix (a language tag, which some tokenizers would
+        write out as text) and the special tokens."""
+        rows = [list(map(int, x)) for x in ids]
+        n = len(self.prefix)
+        rows = [row[n:] if n and row[:n] == self.prefix else row for row in rows]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,6 +590,9 @@ def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None,
     kwargs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if v is not None}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only, **kwargs)
+    except KeyError as error:
+        raise HeadcountError(f"{name_or_dir}: its tokenizer has no language code {error} (asked for "
+                             f"src_lang {src_lang!r}, tgt_lang {tgt_lang!r}); use the model's own codes") from None
     except (OSError, ValueError) as error:
         raise _unavailable(str(name_or_dir), error) from None
     return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
@@ -576,7 +618,15 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     need neither the hub nor the original directory."""
     model = load_pretrained(name_or_dir, offline=offline)
     if tokenizer_dir is not None:
-        source, _ = load_tokenizers(name_or_dir, offline=offline, src_lang=src_lang, tgt_lang=tgt_lang)
+        source, target = load_tokenizers(name_or_dir, offline=offline, src_lang=src_lang, tgt_lang=tgt_lang)
+        default = getattr(source.tokenizer, "src_lang", None)
+        if default is not None and (src_lang is None or tgt_lang is None):
+            raise HeadcountError(
+                f"{name_or_dir}: its tokenizer is multilingual (source language {default!r} unless told "
+                f"otherwise); set the experiment's `pretrained_langs: {{src: ..., tgt: ...}}` to this model's "
+                f"codes (mBART-50: en_XX, de_DE; M2M100: en, de; NLLB: eng_Latn, deu_Latn)")
+        # What the target side's tokenizer puts first (a language tag) is what search must force.
+        model.special = dataclasses.replace(model.special, forced=tuple(target.prefix))
         Path(tokenizer_dir).mkdir(parents=True, exist_ok=True)
         source.tokenizer.save_pretrained(str(tokenizer_dir))
     model.save(model_out, extra={"pretrained": {"source": str(name_or_dir), "family": model.family.name,

@@ -63,6 +63,7 @@ import torch
 
 from .batching import source_tensor
 from .parses import simple_tokenize
+from .seq2seq import SPECIAL_PIECE
 
 RELATIONS = ("nsubj", "obj", "amod", "advmod")
 DIRECTIONS = ("head->dep", "dep->head")
@@ -112,7 +113,8 @@ def align_pieces(words: Sequence[str], pieces: Sequence[str]) -> np.ndarray:
     that receives no piece (it was merged into a piece that starts in the previous word, or it is
     missing from the text) has no attention row and is left out by the analyses. A piece that
     straddles two words ("▁don" over "do" + "n't") counts wholly for the first. -1 marks a piece
-    that could not be placed at all (nothing matched in the whole sentence).
+    that could not be placed at all (nothing matched in the whole sentence), and SPECIAL_PIECE
+    (a language tag, which stands for no text).
     """
     n = len(pieces)
     if n == 0:
@@ -126,6 +128,7 @@ def align_pieces(words: Sequence[str], pieces: Sequence[str]) -> np.ndarray:
         matcher = SequenceMatcher(None, piece_chars, word_chars, autojunk=False)
         for a, b, size in matcher.get_matching_blocks():
             char_word[a:a + size] = word_of_char[b:b + size]
+    special = np.array([p == SPECIAL_PIECE for p in pieces])
     piece_word = np.full(n, -1, dtype=np.int64)
     has_chars = np.zeros(n, dtype=bool)
     has_chars[np.unique(piece_of_char)] = True
@@ -141,6 +144,7 @@ def align_pieces(words: Sequence[str], pieces: Sequence[str]) -> np.ndarray:
     for i in range(n - 2, -1, -1):  # ... or, at the start, with the word after them
         if piece_word[i] < 0:
             piece_word[i] = piece_word[i + 1]
+    piece_word[special] = -1  # a language tag is no part of any word
     return piece_word
 
 
@@ -292,14 +296,16 @@ class PositionalStats:
         return pd.DataFrame(rows, columns=cols)
 
 
-def continuation_mask(pieces: Sequence[Sequence[str]], width: int) -> torch.Tensor:
-    """(B, width) bool: True at the pieces that continue a word (no word-start marker); False at
-    word-initial pieces and past each sentence's pieces (EOS, padding)."""
-    mask = torch.zeros(len(pieces), width, dtype=torch.bool)
+def piece_kind_masks(pieces: Sequence[Sequence[str]], width: int) -> dict[str, torch.Tensor]:
+    """{kind: (B, width) bool} for PIECE_KINDS: "initial" at the pieces that start a word (with the
+    word-start marker), "continuation" at those that continue one; neither at a language tag
+    (SPECIAL_PIECE) or past each sentence's pieces (EOS, padding)."""
+    masks = {kind: torch.zeros(len(pieces), width, dtype=torch.bool) for kind in PIECE_KINDS}
     for row, sentence in enumerate(pieces):
-        n = min(len(sentence), width)
-        mask[row, :n] = torch.tensor([not p.startswith(WORD_START) for p in sentence[:n]], dtype=torch.bool)
-    return mask
+        for i, p in enumerate(sentence[:width]):
+            if p != SPECIAL_PIECE:
+                masks["initial" if p.startswith(WORD_START) else "continuation"][row, i] = True
+    return masks
 
 
 def with_piece_kinds(table: pd.DataFrame, by_kind: dict[str, PositionalStats]) -> pd.DataFrame:
@@ -740,9 +746,8 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
         pieces = [segmenter.pieces(texts[i]) for i in chunk]
         positional.update(probs, lengths)
-        continuation = continuation_mask(pieces, probs.shape[-1])
-        by_kind["initial"].update(probs, lengths, ~continuation)
-        by_kind["continuation"].update(probs, lengths, continuation)
+        for kind, mask in piece_kind_masks(pieces, probs.shape[-1]).items():
+            by_kind[kind].update(probs, lengths, mask)
         for row, i in enumerate(chunk):
             words = frequency_words(texts[i], lowercase)
             piece_to_word = align_pieces(words, pieces[row])

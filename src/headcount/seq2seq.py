@@ -142,14 +142,20 @@ class LRPForward(Protocol):
     def decode(self, encoded: Any, tgt_in: Tensor, rules, target: Tensor | None = None) -> Any: ...  # -> lrp.Trace
 
 
+# The piece string of a token that stands for no text (a language tag a tokenizer puts first):
+# Tokenizer.pieces gives it so that pieces and ids stay one to one, and it belongs to no word.
+SPECIAL_PIECE = ""
+
+
 class Tokenizer(Protocol):
-    """Text <-> subword ids for one side of a model (no EOS added: batching adds it)."""
+    """Text <-> subword ids for one side of a model (no EOS added: batching adds it; a language
+    tag the model expects before the text is part of the ids)."""
 
     def __len__(self) -> int: ...
 
     def encode(self, lines: list[str]) -> list[list[int]]: ...
 
-    def pieces(self, line: str) -> list[str]: ...  # the subword strings, as the model sees them
+    def pieces(self, line: str) -> list[str]: ...  # the subword strings, one per id (SPECIAL_PIECE for a tag)
 
     def decode(self, ids: list[list[int]]) -> list[str]: ...
 

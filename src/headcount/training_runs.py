@@ -60,16 +60,21 @@ def train_translation_model(
 
 
 def import_pretrained_baseline(source: str, model_out: str, summary_out: str, tokenizer_dir: str,
-                               src_lang: str, tgt_lang: str, log=print) -> dict:
+                               src_lang: str, tgt_lang: str, model_langs: dict | None = None, log=print) -> dict:
     """A pretrained experiment's baseline: the model `source` (hub id or local directory) as a
     headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
-    the pruning table counts fine-tuning steps alone). Language tags are not used (hf_models)."""
+    the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
+    own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages."""
     from .hf_models import import_pretrained
 
-    log(f"importing pretrained model {source!r}")
-    model = import_pretrained(source, model_out, tokenizer_dir)
+    langs = model_langs or {}
+    log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
+    model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"))
+    if model.special.forced:
+        log(f"search forces {model.special.forced} after the decoder's start token (the target language tag)")
     summary = {"pretrained": str(source), "family": model.family.name, "src_lang": src_lang, "tgt_lang": tgt_lang,
+               "model_langs": langs or None, "forced": list(model.special.forced),
                "model_config": json.loads(model.cfg.to_json_string()),
                "dims": model.dims(), "heads": model.head_counts(),
                "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},

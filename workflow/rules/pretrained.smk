@@ -26,5 +26,6 @@ rule import_pretrained:
         source=lambda w: exp_config(w)["pretrained"],
         src_lang=lambda w: exp_config(w)["src_lang"],
         tgt_lang=lambda w: exp_config(w)["tgt_lang"],
+        model_langs=lambda w: exp_config(w).get("pretrained_langs"),
     script:
         "../scripts/import_pretrained.py"

@@ -10,5 +10,6 @@ with job(snakemake) as log:
         tokenizer_dir=snakemake.output.tokenizer,
         src_lang=snakemake.params.src_lang,
         tgt_lang=snakemake.params.tgt_lang,
+        model_langs=snakemake.params.model_langs,
         log=log,
     )
