@@ -4,7 +4,10 @@
 
 Each job with a `benchmark:` directive leaves results/<exp>/benchmarks/<job>.tsv (one row: seconds,
 max RSS, CPU time). A job that was interrupted and rerun keeps only its last attempt's time, so
-training times also come from the run's own records (training.json), printed beside them.
+training times also come from the run's own records (training.json, and gates.json for pruning),
+printed after the table: since 2026-11-24 they add up every attempt up to the checkpoint each
+resumed from (`attempts`, `train_seconds_all`, `train_cpu_seconds_all`); older records have only
+the last attempt's `train_seconds`.
 
 CPU time is printed beside wall time because wall time counts every pause (a job stopped with
 SIGSTOP while the machine did other work) and every slice lost to jobs sharing the cores; for a
@@ -53,10 +56,21 @@ def main(exp_dir: str) -> None:
         print(f"| {stage} | {int(r.jobs)} | {r.minutes:.1f} | {r.cpu_minutes:.1f} | {r.max_rss_mb:.0f} |")
     print(f"| **all benchmarked jobs** | {len(jobs)} | {jobs['seconds'].sum() / 60:.1f} | "
           f"{jobs['cpu_seconds'].sum() / 60:.1f} | |")
-    for summary in sorted(Path(exp_dir).rglob("training.json")):
-        record = json.loads(summary.read_text())
-        print(f"\n{summary}: {record['steps']} steps, {record['train_seconds'] / 60:.1f} min of training in its last "
-              f"attempt")
+    print()
+    for path in sorted([*Path(exp_dir).rglob("training.json"), *Path(exp_dir).rglob("gates.json")]):
+        record = json.loads(path.read_text())
+        phases = (("", record), (" (gated)", record.get("summary")), (" (healing)", record.get("heal_summary")))
+        for phase, summary in phases:
+            if isinstance(summary, dict) and "train_seconds" in summary:
+                print(f"{path}{phase}: {training_time(summary)}")
+
+
+def training_time(summary: dict) -> str:
+    """One training run's steps and time, every attempt counted where the record has them."""
+    if "train_seconds_all" in summary:
+        return (f"{summary['steps']} steps, {summary['attempts']} attempt(s), {summary['train_seconds_all'] / 60:.1f} "
+                f"min wall, {summary['train_cpu_seconds_all'] / 60:.1f} min CPU")
+    return f"{summary['steps']} steps, {summary['train_seconds'] / 60:.1f} min wall in its last attempt"
 
 
 if __name__ == "__main__":

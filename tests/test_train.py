@@ -116,7 +116,9 @@ class Killed(Exception):
 def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path, dropout_masks):
     data, dev, *sizes = toy_data
     clean = fresh_model(sizes, dropout_masks=dropout_masks)
-    train(clean, settings(), data, dev, tmp_path / "clean", log=quiet)
+    clean_summary = train(clean, settings(), data, dev, tmp_path / "clean", log=quiet)
+    assert clean_summary["attempts"] == 1
+    assert clean_summary["train_seconds_all"] == pytest.approx(clean_summary["train_seconds"], abs=0.05)
 
     def kill_at_step_17(message):
         if message.startswith("step 17/"):
@@ -125,11 +127,17 @@ def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path, dropout_ma
     interrupted = fresh_model(sizes, dropout_masks=dropout_masks)
     with pytest.raises(Killed):
         train(interrupted, settings(), data, dev, tmp_path / "killed", log=kill_at_step_17)
-    assert load_checkpoint(tmp_path / "killed/checkpoint.pt")["step"] == 15
+    first = load_checkpoint(tmp_path / "killed/checkpoint.pt")
+    assert first["step"] == 15 and first["time_so_far"]["attempts"] == 1 and first["time_so_far"]["seconds"] > 0
     resumed_from = []
     # A different init: the checkpoint must override it.
     resumed = fresh_model(sizes, seed=99, dropout_masks=dropout_masks)
-    train(resumed, settings(), data, dev, tmp_path / "killed", log=resumed_from.append)
+    summary = train(resumed, settings(), data, dev, tmp_path / "killed", log=resumed_from.append)
+    # The time of both attempts, up to the checkpoint the second resumed from.
+    assert summary["attempts"] == 2
+    assert summary["train_seconds_all"] == pytest.approx(first["time_so_far"]["seconds"] + summary["train_seconds"],
+                                                         abs=0.05)
+    assert summary["train_cpu_seconds_all"] > first["time_so_far"]["cpu_seconds"] > 0
     assert any("resuming from" in m and "step 15" in m for m in resumed_from)
     for (name, a), b in zip(clean.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name  # bitwise, on CPU with the same seed

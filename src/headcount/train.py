@@ -272,6 +272,9 @@ def train(
 
     step, epoch, batch_in_epoch, eval_pending = 0, 0, 0, False
     best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
+    # Time spent up to the checkpoint this attempt resumes from (wall and CPU seconds, attempts):
+    # Snakemake's benchmark file keeps only the last attempt of a job that was stopped and rerun.
+    earlier = {"seconds": 0.0, "cpu_seconds": 0.0, "attempts": 0}
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
         state = load_checkpoint(ckpt_path, map_location=device)
@@ -283,6 +286,8 @@ def train(
             optimizer.load_state_dict(state["optimizer"])
             step, epoch, batch_in_epoch, best = state["step"], state["epoch"], state["batch_in_epoch"], state["best"]
             eval_pending = bool(state.get("eval_pending", False))
+            # A checkpoint from before this record was kept: at least one earlier attempt, time unknown.
+            earlier = state.get("time_so_far") or {"seconds": 0.0, "cpu_seconds": 0.0, "attempts": 1}
             torch.set_rng_state(state["rng_cpu"])
             if device.type == "cuda" and state.get("rng_cuda") is not None:
                 torch.cuda.set_rng_state(state["rng_cuda"])
@@ -293,6 +298,11 @@ def train(
     _drop_snapshots_after(out_dir / "snapshots", step)
     last_checkpoint = time.monotonic()
 
+    def time_so_far() -> dict:
+        return {"seconds": earlier["seconds"] + time.perf_counter() - run_start,
+                "cpu_seconds": earlier["cpu_seconds"] + time.process_time() - cpu_start,
+                "attempts": earlier["attempts"] + 1}
+
     def checkpoint() -> None:
         nonlocal last_checkpoint
         save_checkpoint(ckpt_path, {
@@ -301,6 +311,7 @@ def train(
             "batch_in_epoch": batch_in_epoch, "best": best, "eval_pending": eval_pending,
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+            "time_so_far": time_so_far(),
         })
         last_checkpoint = time.monotonic()
         log(f"checkpoint: step {step} written to {ckpt_path}")
@@ -345,7 +356,7 @@ def train(
     src_lens, tgt_lens = [n + 1 for n in sequence_lengths(data.src)], [n + 1 for n in sequence_lengths(data.tgt)]
     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
-    run_start = time.perf_counter()
+    run_start, cpu_start = time.perf_counter(), time.process_time()
     log(f"training on {device} ({autocast_dtype or torch.float32}); {len(data.src)} pairs, "
         f"{len(batches)} batches per epoch, {sum(p.numel() for p in params):,} trained parameters")
 
@@ -427,8 +438,10 @@ def train(
     log(f"done: {step} steps; selected the weights of step {selected}")
     snapshots = [{"step": n, "path": str(out_dir / "snapshots" / f"step_{n}.pt")}
                  for n in _snapshot_steps(out_dir / "snapshots")]
+    spent = time_so_far()
     return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
-            "train_seconds": time.perf_counter() - run_start, "snapshots": snapshots}
+            "train_seconds": time.perf_counter() - run_start, "train_seconds_all": spent["seconds"],
+            "train_cpu_seconds_all": spent["cpu_seconds"], "attempts": spent["attempts"], "snapshots": snapshots}
 
 
 def parameter_groups(parameters) -> list[dict]:

@@ -19,4 +19,5 @@ with job(snakemake) as log:
         head_mask_from=snakemake.input.get("pruned"),  # train_from_scratch: the pruned model's mask
         log=log,
     )
-    log(f"trained {summary['steps']} steps in {summary['train_seconds'] / 60:.1f} min")
+    log(f"trained {summary['steps']} steps in {summary['train_seconds_all'] / 60:.1f} min "
+        f"({summary['attempts']} attempt(s), {summary['train_cpu_seconds_all'] / 60:.1f} min CPU)")
