@@ -19,6 +19,34 @@ def test_lint_is_clean():
     assert "Congratulations" in result.stdout + result.stderr
 
 
+def _requirements(specs) -> dict[str, str]:
+    """{normalised name: version constraint} of requirement strings such as 'torch==2.13.0'."""
+    import re
+
+    out = {}
+    for spec in specs:
+        name, constraint = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", spec.strip()).groups()
+        out[re.sub(r"[-_.]+", "-", name).lower()] = constraint.replace(" ", "")
+    return out
+
+
+def test_the_conda_environment_has_every_dependency_of_the_package():
+    """--software-deployment-method conda runs every job in envs/headcount.yaml: it must hold what
+    pyproject.toml's dependencies hold (the jobs import them), with the same constraints."""
+    import yaml
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    package = _requirements(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
+    env = yaml.safe_load((REPO / "envs/headcount.yaml").read_text())["dependencies"]
+    pip = next(d["pip"] for d in env if isinstance(d, dict))
+    conda = _requirements([d for d in env if isinstance(d, str) and d.split("=")[0] not in ("python", "pip")])
+    conda.update(_requirements(pip))
+    missing = {name: constraint for name, constraint in package.items() if name not in conda}
+    assert not missing, f"envs/headcount.yaml lacks {missing}"
+    differ = {name: (package[name], conda[name]) for name in package if conda[name] != package[name]}
+    assert not differ, f"constraints differ (pyproject, conda env): {differ}"
+
+
 def test_dry_run_of_the_default_config_lists_the_whole_baseline():
     env = {"HEADCOUNT_MIRROR": str(SHARED_DATA)} if SHARED_DATA.is_dir() else {}
     # --forceall: the plan from scratch, whatever results/ already holds on this machine.
