@@ -103,3 +103,34 @@ def test_the_pages_show_the_published_tables():
     for page in publish_results.PAGES:
         text = (REPO / page).read_text()
         assert publish_results.splice(page, text, tables) == text, f"{page}: run tools/publish_results.py"
+
+
+_spec_compare = importlib.util.spec_from_file_location("compare_published", REPO / "tools" / "compare_published.py")
+compare_published = importlib.util.module_from_spec(_spec_compare)
+_spec_compare.loader.exec_module(compare_published)
+
+
+def test_old_numbers_beside_new_from_git_and_a_run(tmp_path):
+    import subprocess
+
+    import pandas as pd
+
+    repo = tmp_path / "repo"
+    (repo / "docs/tables").mkdir(parents=True)
+    (repo / "docs/tables/pruning.tsv").write_text("setting\tlam\tbleu\tbleu_scratch\nall\t0.1\t34.68\t35.42\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    (repo / "docs/tables/pruning.tsv").write_text("changed in the work tree, not at HEAD\n")
+    old = compare_published.old_table("HEAD", "pruning.tsv", repo)
+    assert old.to_dict("records") == [{"setting": "all", "lam": 0.1, "bleu": 34.68, "bleu_scratch": 35.42}]
+    assert compare_published.old_table("HEAD", "nowhere.tsv", repo) is None
+    new = pd.DataFrame({"setting": ["all", "all"], "lam": [0.0, 0.1], "bleu": [36.9, 35.0],
+                        "bleu_scratch": [float("nan"), 35.1], "steps": [700, 700]})
+    table = compare_published.compare(old, new, ["setting", "lam"], ["bleu", "bleu_scratch", "retained_enc_self"])
+    lines = table.splitlines()
+    assert lines[0] == ("| setting | lam | bleu old | bleu new | bleu change | bleu_scratch old | bleu_scratch new | "
+                        "bleu_scratch change |")
+    assert lines[2:] == ["| all | 0 | - | 36.9 | - | - | - | - |",
+                         "| all | 0.1 | 34.68 | 35 | +0.32 | 35.42 | 35.1 | -0.32 |"]

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""The published numbers of an older commit beside a new run's, as markdown tables: what a
+republication puts in docs/results.md when a fix moved a published number.
+
+    .venv/bin/python tools/compare_published.py --old HEAD --results results/multi30k_en_de
+
+The old tables are read from git (docs/tables/ at --old), the new ones from the run's folder.
+Each table is joined on its key columns; a row only one side has shows "-" on the other, and each
+number gets its change (new - old). A table missing on either side is named and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+
+# name -> (file under docs/tables/, file in the run's results folder, key columns, value columns)
+TABLES = {
+    "baseline": ("baseline_scores.tsv", "baseline/scores.tsv", ["split"], ["bleu", "chrf"]),
+    "pruning": ("pruning.tsv", "prune/pruning.tsv", ["setting", "lam"],
+                ["retained_enc_self", "retained_dec_self", "retained_dec_enc", "bleu", "bleu_scratch"]),
+    "correlations": ("head_correlations.tsv", "heads/correlations.tsv", ["type", "layer", "score"], ["spearman"]),
+}
+
+
+def old_table(rev: str, name: str, repo: Path = REPO) -> pd.DataFrame | None:
+    """docs/tables/<name> as committed at `rev`, or None where that commit has no such file."""
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:docs/tables/{name}"], capture_output=True,
+                           text=True)
+    return pd.read_csv(io.StringIO(shown.stdout), sep="\t") if shown.returncode == 0 else None
+
+
+def _cell(value) -> str:
+    if pd.isna(value):
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def compare(old: pd.DataFrame, new: pd.DataFrame, keys: list[str], values: list[str]) -> str:
+    """A markdown table: the keys, then old, new and new - old for each value column both have."""
+    values = [v for v in values if v in old.columns and v in new.columns]
+    both = pd.merge(old[keys + values], new[keys + values], on=keys, how="outer", suffixes=(" old", " new"))
+    both = both.sort_values(keys, kind="stable")
+    header = keys + [f"{v} {side}" for v in values for side in ("old", "new", "change")]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for _, row in both.iterrows():
+        cells = [_cell(row[k]) for k in keys]
+        for v in values:
+            a, b = row[f"{v} old"], row[f"{v} new"]
+            change = "-" if pd.isna(a) or pd.isna(b) else f"{b - a:+.2f}"
+            cells += [_cell(a), _cell(b), change]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", default="HEAD", help="the commit whose docs/tables/ holds the old numbers")
+    parser.add_argument("--results", type=Path, default=REPO / "results" / "multi30k_en_de")
+    args = parser.parse_args(argv)
+    for title, (published, produced, keys, values) in TABLES.items():
+        old, path = old_table(args.old, published), args.results / produced
+        if old is None or not path.is_file():
+            print(f"{title}: skipped ({'no docs/tables/' + published + ' at ' + args.old if old is None else path} "
+                  f"missing)\n")
+            continue
+        print(f"### {title} ({published} at {args.old} against {path})\n")
+        print(compare(old, pd.read_csv(path, sep="\t"), keys, values) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
