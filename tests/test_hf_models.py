@@ -550,6 +550,39 @@ def test_language_codes_the_tokenizer_does_not_know_are_refused(tiny_m2m_dir, tm
         HFTokenizer(NllbLike(), "target")
 
 
+def test_the_forced_tag_counts_in_no_loss_and_no_lrp_average():
+    """The step that predicts a forced tag: padding in the decoder output (so no loss counts it),
+    and left out of LRP's average over steps."""
+    import dataclasses
+
+    from headcount.batching import target_tensors
+    from headcount.importance import summed_nll
+    from headcount.lrp import head_relevance
+
+    model = tiny("m2m_100", seed=3)
+    sp = model.special
+    tagged = dataclasses.replace(sp, forced=(7,))
+    targets = [[7, 11, 12, 13], [7, 14]]
+    tin, tout = target_tensors(targets, tagged)
+    plain_in, plain_out = target_tensors(targets, sp)
+    assert torch.equal(tin, plain_in) and tout[:, 0].eq(sp.pad).all() and torch.equal(tout[:, 1:], plain_out[:, 1:])
+    assert target_tensors([[8, 11]], tagged)[1].tolist() == [[8, 11, sp.eos]]  # no tag there: nothing dropped
+    src, _ = batch(model, B=2)
+    with torch.no_grad():
+        full, n_full = summed_nll(model, src, plain_in, plain_out)
+        without, n_without = summed_nll(model, src, tin, tout)
+        logp = model(src, plain_in)[0].log_softmax(-1)
+    assert n_full - n_without == 2
+    torch.testing.assert_close(full - without, -(logp[0, 0, 7] + logp[1, 0, 7]), rtol=1e-5, atol=1e-5)
+    plain = head_relevance(model, [(src, tin)], rule="ding")
+    model.special = tagged
+    skipped = head_relevance(model, [(src, tin)], rule="ding")
+    assert int(plain.table["n_steps"].iloc[0]) - int(skipped.table["n_steps"].iloc[0]) == 2
+    assert not np.allclose(plain.table["lrp"], skipped.table["lrp"])
+    sums = skipped.table.groupby(["type", "layer"])["lrp"].sum()
+    np.testing.assert_allclose(sums.to_numpy(), 1.0, atol=1e-6)
+
+
 def test_a_tokenizer_with_the_language_code_after_eos_is_refused(tmp_path):
     """mBART-cc25's tokenizer ends a sentence with EOS and then the language code; headcount's
     batching ends it with EOS, so such a tokenizer is refused with a message that says so."""

@@ -380,7 +380,7 @@ def head_relevance(
         for src, tgt_in in sub_batches(model, batch[0], batch[1], max_tokens):
             result = hand_written(src, tgt_in) if hand_written else step_relevance(model, src, tgt_in, rule, eps,
                                                                                      max_seeds)
-            n_steps = _accumulate(result, sums, cut_sum, n_steps)
+            n_steps = _accumulate(result, sums, cut_sum, n_steps, skip=len(model.special.forced))
         bar.update(1)
     rows = [
         {"type": kind, "layer": layer, "head": head, "lrp": float(s[layer, head] / max(n_steps, 1)),
@@ -398,15 +398,18 @@ def head_relevance(
     return HeadRelevance(pd.DataFrame(rows), conservation)
 
 
-def _accumulate(result: StepRelevance, sums: dict, cut_sum: dict, n_steps: int) -> int:
-    """Adds a batch's normalised head relevance and cut totals to the running sums; -> steps so far."""
-    mask = result.valid.to(torch.float64)[..., None, None]  # (T, B, 1, 1)
+def _accumulate(result: StepRelevance, sums: dict, cut_sum: dict, n_steps: int, skip: int = 0) -> int:
+    """Adds a batch's normalised head relevance and cut totals to the running sums; -> steps so far.
+    The first `skip` steps predict the forced prefix (a language tag search forces): not counted."""
+    valid = result.valid.clone()
+    valid[:skip] = False
+    mask = valid.to(torch.float64)[..., None, None]  # (T, B, 1, 1)
     for kind, r in result.normalised().items():
         sums[kind] = sums.get(kind, 0) + (r.double() * mask).sum(dim=(0, 1))  # (L, H)
     for name, total in result.cuts.items():
-        err = (total.double() - 1.0).abs()[result.valid]
+        err = (total.double() - 1.0).abs()[valid]
         acc = cut_sum.setdefault(name, [0.0, 0.0, 0.0])
-        acc[0] += float(total.double()[result.valid].sum())
+        acc[0] += float(total.double()[valid].sum())
         acc[1] += float(err.sum())
         acc[2] = max(acc[2], float(err.max()) if err.numel() else 0.0)
-    return n_steps + int(result.valid.sum())
+    return n_steps + int(valid.sum())
