@@ -32,8 +32,9 @@ from headcount.seq2seq import ATTENTION_TYPES, SPECIAL_PIECE, HeadSlots, Seq2Seq
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
-FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
-LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
+FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5")
+LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5")
+T5_LAYOUT = ("t5", "mt5")
 
 
 # --------------------------------------------------------------------------------------------
@@ -41,7 +42,7 @@ LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5")
 
 
 def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn: int = 32, layers: int = 2,
-            seed: int = 0, biases: bool = True, pad: int | None = None, gated: bool = False):
+            seed: int = 0, biases: bool = True, pad: int | None = None, gated: bool = False, tied: bool = True):
     """A transformers model of the family, random weights with non-trivial biases and gains, eval mode."""
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
@@ -59,16 +60,23 @@ def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn
         hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**common, scale_embedding=True))
     elif family == "m2m_100":
         hf = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common))
+    elif family == "mt5":  # gated feed-forward and an untied output layer, as mT5 checkpoints have
+        config = transformers.MT5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=ffn,
+                                        num_layers=layers, num_decoder_layers=layers, num_heads=heads,
+                                        relative_attention_num_buckets=8, dropout_rate=0.0,
+                                        feed_forward_proj="gated-gelu", tie_word_embeddings=False, pad_token_id=0,
+                                        eos_token_id=1, decoder_start_token_id=0)
+        hf = transformers.MT5ForConditionalGeneration(config)
     else:
         config = transformers.T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=ffn,
                                        num_layers=layers, num_decoder_layers=layers, num_heads=heads,
                                        relative_attention_num_buckets=8, dropout_rate=0.0,
                                        feed_forward_proj="gated-gelu" if gated else "relu", pad_token_id=0,
-                                       eos_token_id=1)
+                                       eos_token_id=1, tie_word_embeddings=tied)
         hf = transformers.T5ForConditionalGeneration(config)
     with torch.no_grad():
         for module in hf.modules():
-            if isinstance(module, nn.LayerNorm) or type(module).__name__ == "T5LayerNorm":
+            if isinstance(module, nn.LayerNorm) or type(module).__name__ in ("T5LayerNorm", "MT5LayerNorm"):
                 module.weight.uniform_(0.5, 1.5)
                 if getattr(module, "bias", None) is not None:
                     module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
@@ -128,9 +136,9 @@ def hf_reference(model: HFSeq2Seq, src, tgt_in):
                     decoder_attention_mask=torch.ones_like(tgt_in), output_attentions=True)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "t5-untied"])  # T5 v1.1 and Flan-T5 save untied embeddings
 def test_logits_and_probabilities_match_transformers(family):
-    model = tiny(family)
+    model = tiny("t5", tied=False) if family == "t5-untied" else tiny(family)
     assert isinstance(model, Seq2SeqWithHeads)
     assert all(isinstance(m, HeadSlots) for mods in model.attention_modules().values() for m in mods)
     src, tgt_in = batch(model)
@@ -159,7 +167,7 @@ def test_logits_and_probabilities_match_transformers(family):
 def test_special_ids(family):
     model = tiny(family)
     expected = {"marian": (39, 39, 0), "bart": (1, 2, 2), "mbart": (1, 2, 2), "m2m_100": (1, 2, 2),
-                "t5": (0, 0, 1)}[family]
+                "t5": (0, 0, 1), "mt5": (0, 0, 1)}[family]
     assert (model.special.pad, model.special.bos, model.special.eos) == expected
     assert model.special.eos not in model.special.never_generated()
     assert model.d_model == 16 and model.max_positions >= 64
@@ -338,7 +346,7 @@ def test_gates_multiply_each_head_and_hook_sees_contexts(family):
     assert all(g.log_alpha.grad is not None and g.log_alpha.grad.abs().sum() > 0 for g in gates)
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "t5"])
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in T5_LAYOUT])
 def test_keep_heads_equals_masking(family):
     model = tiny(family)
     src, tgt_in = batch(model)
@@ -387,7 +395,7 @@ def test_t5_cannot_remove_heads():
 def test_save_and_load_round_trip_through_the_registry(family, tmp_path):
     model = tiny(family)
     src, tgt_in = batch(model)
-    if family != "t5":
+    if family not in T5_LAYOUT:
         model.attention_modules()["enc_self"][1].keep_heads([0, 3])
         model.attention_modules()["dec_enc"][0].keep_heads([])
     gates = attach_gates(model, types=("dec_self",))
@@ -728,7 +736,7 @@ def capture(model: HFSeq2Seq, src, tgt_in):
     """(input, output) of every Linear and LayerNorm in transformers' own forward pass, sentence 0."""
     acts, hooks = {}, []
     for module in model.modules():
-        norm = isinstance(module, nn.LayerNorm) or type(module).__name__ == "T5LayerNorm"
+        norm = isinstance(module, nn.LayerNorm) or type(module).__name__ in ("T5LayerNorm", "MT5LayerNorm")
         if (isinstance(module, nn.Linear) or norm) and module is not model.hf.lm_head:
             hooks.append(module.register_forward_hook(
                 lambda mod, inp, out: acts.__setitem__(mod, (inp[0][0].detach().numpy(), out[0].detach().numpy()))))
@@ -743,7 +751,7 @@ def capture(model: HFSeq2Seq, src, tgt_in):
 def explicit_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     """Per step of sentence 0: ({type: [H sums of |R|]}, total relevance at the input streams),
     computed neuron by neuron from transformers' own activations, for a 1+1-layer model."""
-    if model.family.name == "t5":
+    if model.family.t5_layout:
         return explicit_lrp_t5(model, src, tgt_in, rule, eps)
     acts, probs, logits = capture(model, src, tgt_in)
     eps = 0.0 if rule == "ding" else eps
@@ -846,7 +854,9 @@ def explicit_lrp_t5(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     enc, dec = encoder.block[0], decoder.block[0]
     slots = {kind: mods[0] for kind, mods in model.attention_modules().items()}
     W = model.hf.lm_head.weight.detach().numpy()
-    scale = model.config.d_model**-0.5
+    # transformers' T5 scales by d_model^-0.5 when its saved config ties the embeddings; mT5 never.
+    tied = getattr(model.config, "scale_decoder_outputs", model.config.tie_word_embeddings)
+    scale = model.config.d_model**-0.5 if model.family.name == "t5" and tied else 1.0
 
     def norm_back(norm, R):
         x, y = acts[norm]

@@ -25,7 +25,8 @@ T5 (`T5LRPForward`) differs: no biases, no positions at the input but a relative
 added to every layer's attention scores (computed by the first layer, a constant here, as biases
 are), no score scaling, RMSNorm (the paper's rule passes relevance through it; AttnLRP holds the
 root mean square constant, which makes it a linear map, epsilon rule), pre-LayerNorm blocks, and
-the hidden state scaled by d_model^-0.5 before a tied output layer. Its gated feed-forward variant
+the hidden state scaled as transformers scales it before the output layer (Family.output_scale:
+d_model^-0.5 for a T5 saved with tied embeddings, 1 for mT5). Its gated feed-forward variant
 (T5 v1.1, Flan-T5: act(W0 x) * (W1 x)) multiplies two neurons: both rules give each factor half of
 the product's relevance (AttnLRP's uniform rule; the paper's rule has no case for it).
 """
@@ -41,7 +42,7 @@ from .lrp import EncoderTrace, Trace, half_gradient, pass_through
 
 def lrp_forward_of(model):
     """The LRPForward of an HFSeq2Seq, by family."""
-    if model.family.name == "t5":
+    if model.family.t5_layout:
         return T5LRPForward(model)
     return HFLRPForward(model)
 
@@ -183,8 +184,7 @@ class T5LRPForward:
         self.model, self.hf = model, model.hf
         self.encoder, self.decoder = model.family.stacks(model.hf)
         self.slots = model.attention_modules()
-        config = model.config
-        self.scale = config.d_model**-0.5 if config.tie_word_embeddings else 1.0
+        self.scale = model.family.output_scale(model.config)
 
     @staticmethod
     def _rms_norm(rules, x: Tensor, norm: nn.Module) -> Tensor:

@@ -2,7 +2,7 @@
 
 `HFSeq2Seq` wraps a transformers model so that every headcount analysis runs on it: MarianMT
 (Helsinki-NLP's opus-mt models, the architecture of Voita et al. 2019), BART/mBART, M2M100/NLLB and
-T5. The transformers model runs as it is (its own forward pass, eager attention so that it can
+T5/mT5. The transformers model runs as it is (its own forward pass, eager attention so that it can
 return attention probabilities); the adapter only replaces each attention's output projection by
 `HeadGates`, which receives the concatenated per-head contexts (B, T, H * Dh) and applies, per head,
 the `head_context` hook, the fixed 0/1 `head_mask` and the Hard Concrete gates before the original
@@ -17,8 +17,9 @@ opens for the later stages. `write_tiny_marian` writes an opus-mt-shaped directo
 trained on given lines, for tests and dry runs where the hub is out of reach.
 
 What differs between families (`Family` below): module names, how logits are formed (Marian and
-BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 when its output layer is
-tied), what the decoder starts from (Marian and T5: their pad id; BART, mBART, M2M100: EOS), and
+BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 where its saved config tied
+the embeddings, mT5 never: `Family.output_scale`), what the decoder starts from (Marian, T5 and
+mT5: their pad id; BART, mBART, M2M100: EOS), and
 what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically: its
 relative position bias is computed once, in the first layer, for all heads of every layer.
 Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags: the source language's
@@ -188,15 +189,28 @@ class Family:
     head_dim_attr: str = "head_dim"
     can_remove_heads: bool = True
     pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
+    # T5's layout (T5, mT5): blocks of sublayers, q/k/v/o, a relative position bias, RMSNorm, no
+    # position embeddings, the hidden state scaled before the output layer (output_scale).
+    t5_layout: bool = False
+    scales_output: bool = False  # T5 only: see output_scale
+
+    def output_scale(self, config) -> float:
+        """What transformers multiplies the decoder's last hidden state by before the output layer:
+        T5 d_model^-0.5 where its config says so (`scale_decoder_outputs`, which transformers 5
+        sets from the saved `tie_word_embeddings` and then ties the weights anyway), mT5 and the
+        other families 1."""
+        if self.scales_output and getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
+            return float(config.d_model) ** -0.5
+        return 1.0
 
     def stacks(self, hf: nn.Module) -> tuple[nn.Module, nn.Module]:
-        if self.name == "t5":
+        if self.t5_layout:
             return hf.encoder, hf.decoder
         return hf.model.encoder, hf.model.decoder
 
     def attentions(self, hf: nn.Module) -> dict[str, list[nn.Module]]:
         encoder, decoder = self.stacks(hf)
-        if self.name == "t5":
+        if self.t5_layout:
             return {"enc_self": [b.layer[0].SelfAttention for b in encoder.block],
                     "dec_self": [b.layer[0].SelfAttention for b in decoder.block],
                     "dec_enc": [b.layer[1].EncDecAttention for b in decoder.block]}
@@ -211,8 +225,11 @@ FAMILIES = {
     "mbart": Family("mbart", pre_norm=True),
     "m2m_100": Family("m2m_100", pre_norm=True),  # NLLB checkpoints use this architecture too
     "t5": Family("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
-                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True),
+                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True, t5_layout=True,
+                 scales_output=True),
 }
+# Multilingual T5: T5's architecture; transformers' mT5 never scales the decoder's output.
+FAMILIES["mt5"] = dataclasses.replace(FAMILIES["t5"], name="mt5", scales_output=False)
 
 
 def family_of(config) -> Family:
@@ -306,8 +323,9 @@ class HFSeq2Seq(nn.Module):
 
     def logits(self, hidden: Tensor) -> Tensor:
         """(B, T, D) -> (B, T, V), as the transformers model forms them (final_logits_bias included)."""
-        if self.family.name == "t5" and self.config.tie_word_embeddings:
-            hidden = hidden * (self.config.d_model**-0.5)
+        scale = self.family.output_scale(self.config)
+        if scale != 1.0:
+            hidden = hidden * scale
         logits = self.hf.lm_head(hidden)
         bias = getattr(self.hf, "final_logits_bias", None)
         return logits if bias is None else logits + bias.to(logits.dtype)
@@ -364,7 +382,7 @@ class HFSeq2Seq(nn.Module):
     def dims(self) -> dict[str, int]:
         """The sizes a from-scratch headcount Transformer needs to match this model."""
         c = self.config
-        if self.family.name == "t5":
+        if self.family.t5_layout:
             return dict(d_model=c.d_model, n_heads=c.num_heads, d_ff=c.d_ff, enc_layers=c.num_layers,
                         dec_layers=c.num_decoder_layers, src_vocab=c.vocab_size, tgt_vocab=c.vocab_size)
         return dict(d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
@@ -429,7 +447,7 @@ def _decoder_start(hf: nn.Module, eos: int) -> int:
         start = getattr(config, "decoder_start_token_id", None)
         if start is not None:
             return int(start)
-    return int(hf.config.pad_token_id) if hf.config.model_type == "t5" else int(eos)
+    return int(hf.config.pad_token_id) if family_of(hf.config).t5_layout else int(eos)
 
 
 def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
