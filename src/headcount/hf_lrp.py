@@ -224,6 +224,11 @@ class T5LRPForward:
         return rules.linear(hidden, dense.wo)
 
     @staticmethod
+    def _kept(bias: Tensor, slot) -> Tensor:
+        """The position bias (1, H, Tq, Tk) of the layer's remaining heads (keep_heads)."""
+        return bias.index_select(1, torch.tensor(slot.kept, dtype=torch.long, device=bias.device))
+
+    @staticmethod
     def _bias(stack: nn.Module, Tq: int, Tk: int) -> Tensor:
         with torch.no_grad():
             return stack.block[0].layer[0].SelfAttention.compute_bias(Tq, Tk)  # (1, H, Tq, Tk)
@@ -237,7 +242,7 @@ class T5LRPForward:
         for block, slot in zip(self.encoder.block, self.slots["enc_self"]):
             attn, ff = block.layer[0], block.layer[-1]
             h, ctx = self._attention(rules, slot, attn.SelfAttention, self._rms_norm(rules, x, attn.layer_norm),
-                                     self._rms_norm(rules, x, attn.layer_norm), allowed, bias)
+                                     self._rms_norm(rules, x, attn.layer_norm), allowed, self._kept(bias, slot))
             contexts.append(ctx)
             x = rules.add(x, h)
             x = rules.add(x, self._feed_forward(rules, ff, self._rms_norm(rules, x, ff.layer_norm)))
@@ -257,7 +262,7 @@ class T5LRPForward:
             attn, cross, ff = block.layer[0], block.layer[1], block.layer[2]
             normed = self._rms_norm(rules, y, attn.layer_norm)
             h, ctx = self._attention(rules, self.slots["dec_self"][i], attn.SelfAttention, normed, normed, causal,
-                                     self_bias)
+                                     self._kept(self_bias, self.slots["dec_self"][i]))
             contexts["dec_self"].append(ctx)
             y = rules.add(y, h)
             mem = encoded.memory.view_as(encoded.memory)

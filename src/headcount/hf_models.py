@@ -20,8 +20,9 @@ What differs between families (`Family` below): module names, how logits are for
 BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 where its saved config tied
 the embeddings, mT5 never: `Family.output_scale`), what the decoder starts from (Marian, T5 and
 mT5: their pad id; BART, mBART, M2M100: EOS), and
-what the LRP forward pass must re-create (hf_lrp.py). T5 cannot remove heads physically: its
-relative position bias is computed once, in the first layer, for all heads of every layer.
+what the LRP forward pass must re-create (hf_lrp.py). T5's relative position bias is computed once,
+in the first layer, for all heads of every layer: a T5 layer whose heads were removed adds the
+bias of its remaining heads and passes on the bias of all of them (`_slice_position_bias`).
 Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags: the source language's
 tag before the source text, the target language's forced after the decoder's start token. The
 tokenizer gives both (`HFTokenizer`: its special tokens before the text are part of the ids), and
@@ -66,6 +67,8 @@ class HeadGates(nn.Module):
         self.n_heads = int(getattr(attention, family.heads_attr))
         self.head_dim = int(getattr(attention, family.head_dim_attr))
         self.register_buffer("head_mask", torch.ones(self.n_heads))
+        self.kept = list(range(self.n_heads))  # the original index of each remaining head
+        self.original_heads = self.n_heads
         self.hard_concrete = None  # HardConcreteGates while pruning (gates.attach_gates)
         self.head_context = nn.Identity()  # hook point: (B, H, T, Dh), before the gates
         # The attention this projection belongs to, kept out of the module tree (no cycle).
@@ -95,11 +98,6 @@ class HeadGates(nn.Module):
     def keep_heads(self, heads: list[int]) -> None:
         """Remove every other head physically: rows of Q, K, V and columns of W^O."""
         attention, family = self._owner
-        if not family.can_remove_heads:
-            raise NotImplementedError(
-                f"{family.name}: heads cannot be removed physically (its relative position bias is computed "
-                f"once for all heads of every layer); mask them with set_head_mask instead"
-            )
         heads = sorted(int(h) for h in heads)
         if any(h < 0 or h >= self.n_heads for h in heads) or len(set(heads)) != len(heads):
             raise ValueError(f"keep_heads: {heads} are not distinct heads of 0..{self.n_heads - 1}")
@@ -115,7 +113,11 @@ class HeadGates(nn.Module):
             self.hard_concrete.log_alpha = nn.Parameter(self.hard_concrete.log_alpha.detach()[keep].clone(),
                                                         requires_grad=self.hard_concrete.log_alpha.requires_grad)
         self.n_heads = len(heads)
+        self.kept = [self.kept[h] for h in heads]
         setattr(attention, family.heads_attr, len(heads))
+        if family.t5_layout:
+            attention.inner_dim = len(heads) * Dh
+            _slice_position_bias(attention, self)
         if len(heads) == 0:
             _silence(attention, self)
 
@@ -149,16 +151,59 @@ def _cache_argument(module: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+def _full_position_bias(attention: nn.Module, gates: HeadGates, hidden_states: Tensor,
+                        key_value_states: Tensor | None, position_bias: Tensor | None, cache: Any) -> Tensor:
+    """T5: the relative position bias of all the layer stack's original heads, (1, H, T, Tk), as the
+    unpruned model passes it from layer to layer: the one given, or the one this layer computes
+    (the first self-attention layer has the bias table, read before the cache is updated; other
+    layers start from zeros)."""
+    if position_bias is not None:
+        return position_bias
+    T = hidden_states.shape[1]
+    if attention.has_relative_attention_bias:
+        past = cache.get_seq_length(attention.layer_idx) if cache is not None else 0
+        return attention.compute_bias(T, past + T, device=hidden_states.device, past_seen_tokens=past)
+    Tk = T if key_value_states is None else key_value_states.shape[1]
+    if cache is not None and key_value_states is None:
+        Tk = cache.get_seq_length(attention.layer_idx) + T
+    return hidden_states.new_zeros(1, gates.original_heads, T, Tk)
+
+
+def _slice_position_bias(attention: nn.Module, gates: HeadGates) -> None:
+    """T5 after keep_heads: the layer adds the position bias of its remaining heads only, and hands
+    the next layer the bias of all the original heads, as the unpruned layer would (transformers
+    computes the bias once, in the first layer, for every head of every layer)."""
+    if getattr(attention, "_headcount_sliced", False):
+        return  # the wrapper reads gates.kept, which later keep_heads calls update
+    original = attention.forward
+
+    def forward(hidden_states, mask=None, key_value_states=None, position_bias=None, **kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        full = _full_position_bias(attention, gates, hidden_states, key_value_states, position_bias, cache)
+        kept = torch.tensor(gates.kept, dtype=torch.long, device=full.device)
+        out, _, weights = original(hidden_states, mask=mask, key_value_states=key_value_states,
+                                   position_bias=full.index_select(1, kept), **kwargs)
+        return out, full, weights
+
+    attention.forward = forward
+    attention._headcount_sliced = True
+
+
 def _silence(attention: nn.Module, gates: HeadGates) -> None:
     """An attention with no heads left: its output is W^O's bias. transformers cannot run it (a
     (B, T, 0) projection has no head count to reshape to), so its forward is replaced. The
     self-attention cache still gets one all-zero head per step: transformers reads the decoded
     length off the first layer's cache."""
 
+    t5 = gates._owner[1].t5_layout
+
     def forward(hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
         # transformers 5.24 renamed the attention's `past_key_values` argument to `cache`.
         if past_key_values is None:
             past_key_values = kwargs.get("cache")
+        if t5:  # T5 passes the mask as `mask` and the relative position bias along the layers
+            bias = _full_position_bias(attention, gates, hidden_states, key_value_states,
+                                       kwargs.get("position_bias"), past_key_values)
         B, T, D = hidden_states.shape
         out = hidden_states.new_zeros(B, T, D)
         if gates.proj.bias is not None:
@@ -169,6 +214,8 @@ def _silence(attention: nn.Module, gates: HeadGates) -> None:
             dummy = hidden_states.new_zeros(B, 1, T, gates.head_dim)
             keys, _ = layers.update(dummy, dummy, attention.layer_idx)
             Tk = keys.shape[2]
+        if t5:
+            return out, bias, hidden_states.new_zeros(B, 0, T, Tk)
         return out, hidden_states.new_zeros(B, 0, T, Tk)
 
     attention.forward = forward
@@ -187,7 +234,6 @@ class Family:
     qkv_names: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
     heads_attr: str = "num_heads"
     head_dim_attr: str = "head_dim"
-    can_remove_heads: bool = True
     pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
     # T5's layout (T5, mT5): blocks of sublayers, q/k/v/o, a relative position bias, RMSNorm, no
     # position embeddings, the hidden state scaled before the output layer (output_scale).
@@ -225,7 +271,7 @@ FAMILIES = {
     "mbart": Family("mbart", pre_norm=True),
     "m2m_100": Family("m2m_100", pre_norm=True),  # NLLB checkpoints use this architecture too
     "t5": Family("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
-                 head_dim_attr="key_value_proj_dim", can_remove_heads=False, pre_norm=True, t5_layout=True,
+                 head_dim_attr="key_value_proj_dim", pre_norm=True, t5_layout=True,
                  scales_output=True),
 }
 # Multilingual T5: T5's architecture; transformers' mT5 never scales the decoder's output.
@@ -411,6 +457,8 @@ class HFSeq2Seq(nn.Module):
             "model": self.state_dict(),
             "model_config": self.config.to_json_string(use_diff=False),
             "head_counts": self.head_counts(),
+            # Which original heads remain, not only how many: T5 slices its position bias by them.
+            "kept_heads": {kind: [list(m.kept) for m in modules] for kind, modules in self.attention_modules().items()},
             "forced": list(self.special.forced),
         })
         with atomic_path(path) as tmp:
@@ -425,10 +473,12 @@ class HFSeq2Seq(nn.Module):
         config._attn_implementation = "eager"
         model = cls(AutoModelForSeq2SeqLM.from_config(config), forced=state.get("forced"))
         weights = state["model"]
+        kept = state.get("kept_heads") or {kind: [list(range(n)) for n in counts]
+                                             for kind, counts in state["head_counts"].items()}
         for kind, modules in model.attention_modules().items():
-            for module, n in zip(modules, state["head_counts"][kind]):
-                if n != module.n_heads:
-                    module.keep_heads(list(range(n)))
+            for module, heads in zip(modules, kept[kind]):
+                if len(heads) != module.n_heads:
+                    module.keep_heads(heads)
                 if f"{_module_name(model, module)}.hard_concrete.log_alpha" in weights:
                     from .gates import HardConcreteGates
 

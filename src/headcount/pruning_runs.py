@@ -259,7 +259,7 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
     """Physical pruning of a pruned model (gates folded into 0/1 head masks): a checkpoint whose
     attention modules compute only their kept heads (pruning.remove_pruned_heads; seq2seq.load_model
     reads it), and a record of the parameters and attention multiply-adds before and after (for one
-    pair of `src_len` and `tgt_len` tokens). Refused for a family that cannot remove heads (T5)."""
+    pair of `src_len` and `tgt_len` tokens)."""
     model = load_model(model_path).eval()
     before = {"parameters": sum(p.numel() for p in model.parameters()),
               "attention_flops": attention_flops(model, src_len, tgt_len)}
