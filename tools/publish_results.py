@@ -26,6 +26,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from headcount.io import atomic_path
+
 REPO = Path(__file__).resolve().parents[1]
 
 # docs/ path -> (which run, path inside that run's results folder)
@@ -142,9 +144,8 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
     for path, text in pages.items():
         log(f"{'would update' if dry_run else 'updated'} the published tables in {path}")
         if not dry_run:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(path)
+            with atomic_path(path) as tmp:
+                tmp.write_text(text)
     return 0
 
 

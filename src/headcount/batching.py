@@ -70,7 +70,7 @@ def target_tensors(tgt_ids: list[list[int]], special: SpecialIds = SPECIAL_IDS) 
     """Decoder input (BOS + y) and output (y + EOS), both (B, T). Where y begins with the forced
     prefix (special.forced: a language tag), the output holds padding there: search never lets
     the model choose that token, so no loss counts it (training, dev loss, ablation, Michel)."""
-    n = len(special.forced)
-    outputs = [[special.pad] * n + t[n:] + [special.eos] if n and t[:n] == list(special.forced) else t + [special.eos]
+    forced, n = list(special.forced), len(special.forced)
+    outputs = [[special.pad] * n + t[n:] + [special.eos] if n and t[:n] == forced else t + [special.eos]
                for t in tgt_ids]
     return pad([[special.bos] + t for t in tgt_ids], special.pad), pad(outputs, special.pad)

@@ -36,6 +36,7 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -145,10 +146,12 @@ def _linear_columns(layer: nn.Linear, idx: Tensor) -> nn.Linear:
     return new
 
 
-def _cache_argument(module: nn.Module) -> str:
-    """The name module.forward takes the key/value cache under: `cache` from transformers 5.24 on
-    (the old name still works there, with a deprecation warning, until 5.40)."""
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+@functools.cache
+def _cache_argument(module_type: type) -> str:
+    """The name a module class's forward takes the key/value cache under: `cache` from transformers
+    5.24 on (the old name still works there, with a deprecation warning, until 5.40). Read once per
+    class: decode calls it at every search step."""
+    return "cache" if "cache" in inspect.signature(module_type.forward).parameters else "past_key_values"
 
 
 def _full_position_bias(attention: nn.Module, gates: HeadGates, hidden_states: Tensor,
@@ -360,7 +363,7 @@ class HFSeq2Seq(nn.Module):
         self._check_length(start + tgt_in.shape[1])
         _, decoder = self.family.stacks(self.hf)
         out = decoder(input_ids=tgt_in, encoder_hidden_states=memory, encoder_attention_mask=(~src_pad).long(),
-                      **{_cache_argument(decoder): cache}, use_cache=cache is not None,
+                      **{_cache_argument(type(decoder)): cache}, use_cache=cache is not None,
                       output_attentions=need_weights)
         n = len(self.family.attentions(self.hf)["dec_self"])
         if need_weights:
@@ -489,25 +492,30 @@ class HFSeq2Seq(nn.Module):
         return model.eval()
 
 
-def _decoder_start(hf: nn.Module, eos: int) -> int:
-    """What the decoder input starts with: Marian and T5 their pad id, BART and M2M100 EOS. The
-    generation config (read with a pretrained model) comes first, then the model config; mBART
-    leaves both unset and starts from EOS followed by a language code."""
+def _generation_setting(hf: nn.Module, name: str) -> int | None:
+    """A token id generate reads: the generation config (read with a pretrained model) first, then
+    the model config; None where neither sets it."""
     for config in (getattr(hf, "generation_config", None), hf.config):
-        start = getattr(config, "decoder_start_token_id", None)
-        if start is not None:
-            return int(start)
+        value = getattr(config, name, None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+def _decoder_start(hf: nn.Module, eos: int) -> int:
+    """What the decoder input starts with: Marian and T5 their pad id, BART and M2M100 EOS. mBART
+    leaves it unset and starts from EOS followed by a language code."""
+    start = _generation_setting(hf, "decoder_start_token_id")
+    if start is not None:
+        return start
     return int(hf.config.pad_token_id) if family_of(hf.config).t5_layout else int(eos)
 
 
 def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
-    """The token transformers' generate forces after the start token, if the model names one
-    (generation config first, then model config): BART's <s>, a one-language model's tag."""
-    for config in (getattr(hf, "generation_config", None), hf.config):
-        token = getattr(config, "forced_bos_token_id", None)
-        if token is not None:
-            return (int(token),)
-    return ()
+    """The token transformers' generate forces after the start token, if the model names one:
+    BART's <s>, a one-language model's tag."""
+    token = _generation_setting(hf, "forced_bos_token_id")
+    return () if token is None else (token,)
 
 
 def _module_name(root: nn.Module, target: nn.Module) -> str:
