@@ -446,7 +446,7 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims")}
+    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), michel=[],
                            roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
@@ -479,6 +479,38 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
     claims = (tmp_path / "report/claims").read_text()
     assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims
+    assert "| 8 | baseline | 50.00 |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
+
+
+def test_encoder_table_states_intervals_the_control_and_the_nearest_michel_point():
+    """The encoder-only table: its runs in lambda order after the baseline, the control labelled,
+    each difference with its interval and verdict, and the Michel point nearest each head count,
+    read from the encoder-only curve alone."""
+    from headcount.pruning_report import encoder_markdown
+
+    nan = float("nan")
+    pruning = pd.DataFrame([
+        {"setting": "baseline", "lam": nan, "control": False, "retained_enc_self": 48, "bleu": 36.0, "steps": 3200,
+         "selection": "best_dev_bleu"},
+        {"setting": "enc", "lam": 0.1, "control": False, "retained_enc_self": 9, "retained_paper_rule_enc_self": 7,
+         "bleu": 35.5, "d_baseline": -0.5, "d_baseline_low": -1.2, "d_baseline_high": 0.2, "d_control": -1.0,
+         "d_control_low": -1.8, "d_control_high": -0.3, "steps": 3900, "selection": "last"},
+        {"setting": "enc", "lam": 0.0, "control": True, "retained_enc_self": 48, "retained_paper_rule_enc_self": 48,
+         "bleu": 36.5, "d_baseline": 0.5, "d_baseline_low": 0.1, "d_baseline_high": 0.9, "steps": 3900,
+         "selection": "last"},
+        {"setting": "all", "lam": 0.1, "control": False, "retained_enc_self": 3, "bleu": 30.0},
+    ])
+    curves = pd.DataFrame({"setting": ["enc", "enc", "enc", "all"], "retained_enc_self": [48, 10, 5, 9],
+                           "bleu": [36.0, 33.0, 30.0, 99.0]})
+    markdown = encoder_markdown("toy", pruning, curves, "nrefs:1")
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in markdown.splitlines()
+            if line.startswith("| ") and not line.startswith("| encoder heads")]
+    assert [row[1] for row in rows] == ["baseline", "0 (control)", "0.1"]
+    assert rows[0] == ["48", "baseline", "36.00", "", "", "", "3200", "best_dev_bleu"]
+    assert rows[1][3:5] == ["+0.50 [+0.10, +0.90], difference", ""]
+    assert rows[2][0] == "9 (7)"
+    assert rows[2][3:5] == ["-0.50 [-1.20, +0.20], no difference shown", "-1.00 [-1.80, -0.30], difference"]
+    assert rows[2][5] == "33.00 (10 heads)" and rows[1][5] == "36.00 (48 heads)"
 
 
 TYPES_ = ("enc_self", "dec_self", "dec_enc")

@@ -43,6 +43,7 @@ PUBLISHED = {
     "tables/table2.md": ("main", "prune/table2.md"),
     "tables/table2.csv": ("main", "prune/table2.csv"),
     "tables/pruning_claims.md": ("main", "prune/claims.md"),
+    "tables/pruning_enc.md": ("main", "prune/encoder.md"),
     "tables/michel.enc.tsv": ("main", "prune/enc/michel.tsv"),
     "tables/michel.all.tsv": ("main", "prune/all/michel.tsv"),
     "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),

@@ -113,6 +113,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
         tmp.write_text(table2_markdown(experiment, table2, baseline["bleu_signature"]), encoding="utf-8")
 
     curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
+    with atomic_path(out["encoder"]) as tmp:
+        tmp.write_text(encoder_markdown(experiment, pruning, curves, baseline["bleu_signature"]), encoding="utf-8")
     plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
                         f"{experiment}: BLEU ({baseline.get('split', '')}) against retained heads")
     enc_runs = pruning[pruning["setting"].isin(["baseline", "enc"])]
@@ -163,15 +165,66 @@ def describe_difference(diff: float, low: float, high: float) -> str:
     return f"{diff:+.2f} [{low:+.2f}, {high:+.2f}], {verdict}"
 
 
+def _number(value, fmt: str = ".2f") -> str:
+    return "" if value is None or pd.isna(value) else format(value, fmt)
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _row_value(r, name):
+    return getattr(r, name, float("nan"))
+
+
+def _lambda_label(r) -> str:
+    return "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
+
+
+def _difference_cell(r, name: str) -> str:
+    return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"))
+
+
+def _michel_at(curve: pd.DataFrame, kept: int) -> str:
+    """Michel et al.'s ranking at the grid point whose encoder head count is nearest `kept` (the
+    point with more heads on a tie), as 'BLEU (N heads)'."""
+    if curve.empty:
+        return ""
+    nearest = curve.iloc[(curve["retained_enc_self"] - kept).abs().to_numpy().argmin()]
+    return f"{nearest['bleu']:.2f} ({int(nearest['retained_enc_self'])} heads)"
+
+
+def encoder_markdown(experiment: str, pruning: pd.DataFrame, curves: pd.DataFrame, signature: str) -> str:
+    """The encoder-only runs (decoder frozen) as a markdown table: heads kept by the code's rule
+    and by the paper's, BLEU against the baseline and the lambda = 0 control with their intervals,
+    and Michel et al.'s ranking (no retraining) at the nearest head count of its curve."""
+    curve = curves[curves["setting"] == "enc"].sort_values("retained_enc_self", ascending=False) \
+        if "setting" in curves else pd.DataFrame()
+    runs = pruning[pruning["setting"] == "enc"].sort_values("lam", kind="stable")
+    lines = [f"### {experiment}: encoder self-attention only", "",
+             "| encoder heads kept (paper's log alpha rule) | lambda | BLEU | pruned - baseline | pruned - control | "
+             "Michel ranking, nearest head count | steps | selection |", "|---|---|---|---|---|---|---|---|"]
+    for r in pruning[pruning["setting"] == "baseline"].itertuples():
+        lines.append(f"| {int(r.retained_enc_self)} | baseline | {r.bleu:.2f} |  |  |  | {_number(r.steps, '.0f')} | "
+                     f"{_text(r.selection)} |")
+    for r in runs.itertuples():
+        paper = _row_value(r, "retained_paper_rule_enc_self")
+        kept = f"{int(r.retained_enc_self)}" + (f" ({int(paper)})" if not pd.isna(paper) else "")
+        lines.append(f"| {kept} | {_lambda_label(r)} | {r.bleu:.2f} | {_difference_cell(r, 'd_baseline')} | "
+                     f"{_difference_cell(r, 'd_control')} | {_michel_at(curve, int(r.retained_enc_self))} | "
+                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences as in Table 2 (95% paired bootstrap intervals; "
+              f"\"difference\" when the interval excludes 0). Michel ranking: the baseline with its least "
+              f"important encoder heads masked (Michel et al., 2019; no retraining), at the point of its curve "
+              f"nearest the run's head count; the curve keeps no translations, so it has no interval."]
+    return "\n".join(lines) + "\n"
+
+
 def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> str:
-    def bleu(value) -> str:
-        return "" if value is None or pd.isna(value) else f"{value:.2f}"
+    bleu, row_value = _number, _row_value
 
     def steps(value) -> str:
-        return "" if value is None or pd.isna(value) else f"{int(value)}"
-
-    def row_value(r, name):
-        return getattr(r, name, float("nan"))
+        return _number(value, ".0f")
 
     lines = [f"### {experiment}", "",
              "| heads (enc-self/dec-self/dec-enc) | lambda | BLEU pruned | pruned - baseline | pruned - control | "
@@ -179,9 +232,8 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
              "selection |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table2.itertuples():
         counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in ATTENTION_TYPES)
-        lam = "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
-        cells = [describe_difference(row_value(r, d), row_value(r, f"{d}_low"), row_value(r, f"{d}_high"))
-                 for d in ("d_baseline", "d_control", "d_scratch_baseline", "d_pruned_scratch")]
+        lam = _lambda_label(r)
+        cells = [_difference_cell(r, d) for d in ("d_baseline", "d_control", "d_scratch_baseline", "d_pruned_scratch")]
         budget = steps(r.steps) + (f" / {steps(row_value(r, 'steps_scratch'))}"
                                    if not pd.isna(row_value(r, "steps_scratch")) else "")
         selection = str(row_value(r, "selection") or "")

@@ -175,6 +175,12 @@ rule pruning_report:
             subcategory="{exp}",
         ),
         table2_csv="results/{exp}/prune/table2.csv",
+        encoder=report(
+            "results/{exp}/prune/encoder.md",
+            caption="../report/encoder.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
         claims=report(
             "results/{exp}/prune/claims.md",
             caption="../report/claims.rst",
