@@ -446,9 +446,13 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
+    michel_points = [{"removed_fraction": f, "retained": {"enc_self": 8 - n, "dec_self": 8, "dec_enc": 8},
+                      "translations": system(p)} for f, n, p in ((0.0, 0, 0.1), (0.25, 6, 0.3))]
+    write_lines(tmp_path / "prune/all/michel_translations.jsonl", [json.dumps(m) for m in michel_points])
     out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), michel=[],
+                           michel_translations=[str(tmp_path / "prune/all/michel_translations.jsonl")],
                            roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
                            references=str(tmp_path / "ref.txt"),
                            baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
@@ -464,6 +468,12 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     expected = paired_bootstrap(texts["prune/all/lambda_0.5"], texts["prune/all/lambda_0.5/scratch"], refs)
     assert pruned["d_pruned_scratch_low"] == pytest.approx(expected["low"], abs=0.01)
     assert pruned["d_control"] < 0 and pd.isna(control["d_control"])
+    # against Michel's ranking: the curve's point nearest 19 heads in all is the one with 18
+    expected = paired_bootstrap(texts["prune/all/lambda_0.5"], michel_points[1]["translations"], refs)
+    assert pruned["michel_heads"] == 18 and control["michel_heads"] == 24
+    assert (pruned["d_michel"], pruned["d_michel_low"], pruned["d_michel_high"]) == pytest.approx(
+        (expected["difference"], expected["low"], expected["high"]), abs=0.01)
+    assert pruned["michel_bleu"] == pytest.approx(50.0 - expected["difference"], abs=0.01)
     # the matched budget: the pruned model's steps in all, its twin's, as the runs recorded them
     assert pruned["steps"] == 32 and pruned["steps_scratch"] == 32
     assert saved[saved["setting"] == "baseline"]["steps"].item() == 20
@@ -479,13 +489,12 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
     claims = (tmp_path / "report/claims").read_text()
     assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims
-    assert "| 8 | baseline | 50.00 |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
+    assert "| 8 | baseline | 50.00 |  |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
 
 
-def test_encoder_table_states_intervals_the_control_and_the_nearest_michel_point():
+def test_encoder_table_states_intervals_the_control_and_the_michel_point():
     """The encoder-only table: its runs in lambda order after the baseline, the control labelled,
-    each difference with its interval and verdict, and the Michel point nearest each head count,
-    read from the encoder-only curve alone."""
+    each difference with its interval and verdict, the Michel point it was set against."""
     from headcount.pruning_report import encoder_markdown
 
     nan = float("nan")
@@ -494,23 +503,37 @@ def test_encoder_table_states_intervals_the_control_and_the_nearest_michel_point
          "selection": "best_dev_bleu"},
         {"setting": "enc", "lam": 0.1, "control": False, "retained_enc_self": 9, "retained_paper_rule_enc_self": 7,
          "bleu": 35.5, "d_baseline": -0.5, "d_baseline_low": -1.2, "d_baseline_high": 0.2, "d_control": -1.0,
-         "d_control_low": -1.8, "d_control_high": -0.3, "steps": 3900, "selection": "last"},
+         "d_control_low": -1.8, "d_control_high": -0.3, "michel_heads": 10, "michel_bleu": 33.0, "d_michel": 2.5,
+         "d_michel_low": 1.5, "d_michel_high": 3.5, "steps": 3900, "selection": "last"},
         {"setting": "enc", "lam": 0.0, "control": True, "retained_enc_self": 48, "retained_paper_rule_enc_self": 48,
          "bleu": 36.5, "d_baseline": 0.5, "d_baseline_low": 0.1, "d_baseline_high": 0.9, "steps": 3900,
          "selection": "last"},
         {"setting": "all", "lam": 0.1, "control": False, "retained_enc_self": 3, "bleu": 30.0},
     ])
-    curves = pd.DataFrame({"setting": ["enc", "enc", "enc", "all"], "retained_enc_self": [48, 10, 5, 9],
-                           "bleu": [36.0, 33.0, 30.0, 99.0]})
-    markdown = encoder_markdown("toy", pruning, curves, "nrefs:1")
+    markdown = encoder_markdown("toy", pruning, "nrefs:1")
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in markdown.splitlines()
             if line.startswith("| ") and not line.startswith("| encoder heads")]
     assert [row[1] for row in rows] == ["baseline", "0 (control)", "0.1"]
-    assert rows[0] == ["48", "baseline", "36.00", "", "", "", "3200", "best_dev_bleu"]
-    assert rows[1][3:5] == ["+0.50 [+0.10, +0.90], difference", ""]
+    assert rows[0] == ["48", "baseline", "36.00", "", "", "", "", "3200", "best_dev_bleu"]
+    assert rows[1][3:7] == ["+0.50 [+0.10, +0.90], difference", "", "", ""]
     assert rows[2][0] == "9 (7)"
-    assert rows[2][3:5] == ["-0.50 [-1.20, +0.20], no difference shown", "-1.00 [-1.80, -0.30], difference"]
-    assert rows[2][5] == "33.00 (10 heads)" and rows[1][5] == "36.00 (48 heads)"
+    assert rows[2][3:7] == ["-0.50 [-1.20, +0.20], no difference shown", "-1.00 [-1.80, -0.30], difference",
+                            "33.00 (10)", "+2.50 [+1.50, +3.50], difference"]
+
+
+def test_a_run_is_set_against_the_michel_point_nearest_its_head_count():
+    """Encoder heads for the encoder-only setting, all heads otherwise; more heads win a tie."""
+    from headcount.pruning_report import michel_match
+
+    def point(enc, dec):
+        return {"retained": {"enc_self": enc, "dec_self": dec, "dec_enc": 48}}
+
+    curve = [point(48, 48), point(10, 48), point(6, 48), point(4, 48)]
+    assert michel_match("enc", {"enc_self": 8, "dec_self": 20, "dec_enc": 20}, curve) is curve[1]
+    assert michel_match("enc", {"enc_self": 5, "dec_self": 48, "dec_enc": 48}, curve) is curve[2]
+    curve = [point(48, 48), point(30, 30), point(10, 10)]  # 144, 108 and 68 heads in all
+    assert michel_match("all", {"enc_self": 10, "dec_self": 48, "dec_enc": 48}, curve) is curve[1]
+    assert michel_match("all", {"enc_self": 48, "dec_self": 48, "dec_enc": 48}, []) is None
 
 
 TYPES_ = ("enc_self", "dec_self", "dec_enc")

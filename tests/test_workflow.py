@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from toyflow import CORES, REPO, SHARED_DATA, kill_when, plan, shipped_config, smoke_config, snakemake, write_config
 
-from headcount.io import sha256_file
+from headcount.evaluate import corpus_bleu
+from headcount.io import read_lines, sha256_file
 
 
 def test_lint_is_clean():
@@ -170,6 +171,12 @@ def test_smoke_run_end_to_end(smoke_run):
             == pruning["retained_enc_self"]).all()
     michel = pd.read_csv(results / "prune/enc/michel.tsv", sep="\t")
     assert list(michel["retained_enc_self"]) == [8, 6, 4, 2]  # 25% steps of 8 heads
+    points = [json.loads(line) for line in read_lines(results / "prune/enc/michel_translations.jsonl")]
+    references = read_lines(results / "data/test_2016_flickr.tgt.txt")
+    assert [p["retained"]["enc_self"] for p in points] == [8, 6, 4, 2]
+    assert [corpus_bleu(p["translations"], references) for p in points] == pytest.approx(list(michel["bleu"]), abs=0.01)
+    # every gated run is set against Michel's ranking, with an interval; the baseline is not
+    assert list(pruning["d_michel_low"].notna()) == list(pruning["setting"] != "baseline")
     assert "Voita et al. (2019)" in (results / "prune/table2.md").read_text()
     assert "the paper's pruning findings" in (results / "prune/claims.md").read_text()
     for name in ("figure7_bleu_vs_heads", "figure8_functions", "figure9_types", "figure10_decoder_layers"):

@@ -27,6 +27,7 @@ PAPER_TABLE2 = {
 
 def pruning_report(experiment: str, baseline_scores: str, gates: list[str], pruned_scores: list[str],
                    scratch_scores: list[str], michel: list[str], roles: str, out: dict, log=print,
+                   michel_translations: list[str] = (),
                    references: str | None = None, baseline_translations: str | None = None,
                    pruned_translations: list[str] = (), scratch_translations: list[str] = (),
                    baseline_training: str | None = None, scratch_training: list[str] = (),
@@ -36,8 +37,10 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
 
     Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
     pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
-    sentences (evaluate.paired_bootstrap), given the translations and references. Each row states
-    its training steps in all and its checkpoint selection, for the pruned model and its twin.
+    sentences (evaluate.paired_bootstrap), given the translations and references; so does pruned -
+    Michel et al.'s ranking at the nearest head count of the setting's curve, given the curve's
+    translations (`michel_translations`). Each row states its training steps in all and its
+    checkpoint selection, for the pruned model and its twin.
     """
     from . import plots
 
@@ -50,6 +53,9 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     scratch_hyps = {str(Path(_model_dir(p)).parent): read_lines(p) for p in scratch_translations}
     baseline_hyps = read_lines(baseline_translations) if baseline_translations else None
     baseline_run = _read_json(baseline_training) if baseline_training else {}
+    michel_points = {}
+    for path in michel_translations:
+        michel_points[Path(path).parent.name] = [json.loads(line) for line in read_lines(path) if line]
     role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
     first = _read_json(gates[0]) if gates else None
     n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in ATTENTION_TYPES} if first else {}
@@ -91,6 +97,10 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
         row.update(interval("d_control", hyps.get(folder) if control != folder else None, hyps.get(control)))
         row.update(interval("d_scratch_baseline", scratch_hyps.get(folder), baseline_hyps))
         row.update(interval("d_pruned_scratch", hyps.get(folder), scratch_hyps.get(folder)))
+        point = michel_match(record["setting"], record["retained"], michel_points.get(record["setting"], []))
+        row.update(interval("d_michel", hyps.get(folder), point["translations"] if point else None))
+        row["michel_heads"] = michel_count(record["setting"], point["retained"]) if point else float("nan")
+        row["michel_bleu"] = row["bleu"] - row["d_michel"] if point and not pd.isna(row["d_michel"]) else float("nan")
         rows.append(row)
         heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
     pruning = pd.DataFrame(rows)
@@ -114,7 +124,7 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
 
     curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
     with atomic_path(out["encoder"]) as tmp:
-        tmp.write_text(encoder_markdown(experiment, pruning, curves, baseline["bleu_signature"]), encoding="utf-8")
+        tmp.write_text(encoder_markdown(experiment, pruning, baseline["bleu_signature"]), encoding="utf-8")
     plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
                         f"{experiment}: BLEU ({baseline.get('split', '')}) against retained heads")
     enc_runs = pruning[pruning["setting"].isin(["baseline", "enc"])]
@@ -138,6 +148,20 @@ TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENT
                   "d_scratch_baseline", "d_scratch_baseline_low", "d_scratch_baseline_high", "d_pruned_scratch",
                   "d_pruned_scratch_low", "d_pruned_scratch_high", "steps", "selection", "steps_scratch",
                   "selection_scratch"]
+
+
+def michel_count(setting: str, retained: dict) -> int:
+    """The head count a run is matched on against its setting's Michel curve: encoder heads for
+    the encoder-only setting, all heads otherwise."""
+    return retained["enc_self"] if setting == "enc" else sum(retained.values())
+
+
+def michel_match(setting: str, retained: dict, points: list[dict]) -> dict | None:
+    """The point of a Michel curve whose head count is nearest the run's (the one with more heads
+    on a tie), or None for no curve."""
+    target = michel_count(setting, retained)
+    return min(points, key=lambda p: (abs(michel_count(setting, p["retained"]) - target),
+                                      -michel_count(setting, p["retained"])), default=None)
 
 
 def _read_json(path: str) -> dict:
@@ -185,38 +209,28 @@ def _difference_cell(r, name: str) -> str:
     return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"))
 
 
-def _michel_at(curve: pd.DataFrame, kept: int) -> str:
-    """Michel et al.'s ranking at the grid point whose encoder head count is nearest `kept` (the
-    point with more heads on a tie), as 'BLEU (N heads)'."""
-    if curve.empty:
-        return ""
-    nearest = curve.iloc[(curve["retained_enc_self"] - kept).abs().to_numpy().argmin()]
-    return f"{nearest['bleu']:.2f} ({int(nearest['retained_enc_self'])} heads)"
-
-
-def encoder_markdown(experiment: str, pruning: pd.DataFrame, curves: pd.DataFrame, signature: str) -> str:
+def encoder_markdown(experiment: str, pruning: pd.DataFrame, signature: str) -> str:
     """The encoder-only runs (decoder frozen) as a markdown table: heads kept by the code's rule
-    and by the paper's, BLEU against the baseline and the lambda = 0 control with their intervals,
-    and Michel et al.'s ranking (no retraining) at the nearest head count of its curve."""
-    curve = curves[curves["setting"] == "enc"].sort_values("retained_enc_self", ascending=False) \
-        if "setting" in curves else pd.DataFrame()
+    and by the paper's, BLEU against the baseline, the lambda = 0 control and Michel et al.'s
+    ranking at the nearest head count of its curve, each with its interval."""
     runs = pruning[pruning["setting"] == "enc"].sort_values("lam", kind="stable")
     lines = [f"### {experiment}: encoder self-attention only", "",
              "| encoder heads kept (paper's log alpha rule) | lambda | BLEU | pruned - baseline | pruned - control | "
-             "Michel ranking, nearest head count | steps | selection |", "|---|---|---|---|---|---|---|---|"]
+             "Michel ranking (heads) | pruned - Michel | steps | selection |", "|---|---|---|---|---|---|---|---|---|"]
     for r in pruning[pruning["setting"] == "baseline"].itertuples():
-        lines.append(f"| {int(r.retained_enc_self)} | baseline | {r.bleu:.2f} |  |  |  | {_number(r.steps, '.0f')} | "
-                     f"{_text(r.selection)} |")
+        lines.append(f"| {int(r.retained_enc_self)} | baseline | {r.bleu:.2f} |  |  |  |  | "
+                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
     for r in runs.itertuples():
-        paper = _row_value(r, "retained_paper_rule_enc_self")
+        paper, michel_heads = _row_value(r, "retained_paper_rule_enc_self"), _row_value(r, "michel_heads")
         kept = f"{int(r.retained_enc_self)}" + (f" ({int(paper)})" if not pd.isna(paper) else "")
+        michel = "" if pd.isna(michel_heads) else f"{_row_value(r, 'michel_bleu'):.2f} ({int(michel_heads)})"
         lines.append(f"| {kept} | {_lambda_label(r)} | {r.bleu:.2f} | {_difference_cell(r, 'd_baseline')} | "
-                     f"{_difference_cell(r, 'd_control')} | {_michel_at(curve, int(r.retained_enc_self))} | "
+                     f"{_difference_cell(r, 'd_control')} | {michel} | {_difference_cell(r, 'd_michel')} | "
                      f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences as in Table 2 (95% paired bootstrap intervals; "
               f"\"difference\" when the interval excludes 0). Michel ranking: the baseline with its least "
               f"important encoder heads masked (Michel et al., 2019; no retraining), at the point of its curve "
-              f"nearest the run's head count; the curve keeps no translations, so it has no interval."]
+              f"nearest the run's head count (in brackets)."]
     return "\n".join(lines) + "\n"
 
 

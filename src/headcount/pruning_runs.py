@@ -225,9 +225,12 @@ def gate_trajectory(metrics_path: Path) -> pd.DataFrame:
 def michel_curve(
     baseline: str, head_scores: str, src_spm: str, tgt_spm: str, src_text: str, ref_text: str, setting: str,
     step: float, decoding: dict, lowercase: bool, out_path: str, device: str = "auto", log=print,
+    translations_out: str | None = None,
 ) -> pd.DataFrame:
     """Michel et al. (2019): mask the least important heads of the setting's attention types in
-    steps of `step` (no retraining) and score each pruned model."""
+    steps of `step` (no retraining) and score each pruned model. `translations_out` keeps each
+    point's translations (JSON lines: removed_fraction, retained, translations), so the pruning
+    report can set a gated run against the ranking with a paired bootstrap interval."""
     model = load_model(baseline)
     dev = pick_device(device)
     model.to(dev).eval()
@@ -235,20 +238,25 @@ def michel_curve(
     n_layers, n_heads = heads_layout(model)
     src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     src, refs = src_seg.encode(read_lines(src_text)), read_lines(ref_text)
-    rows = []
+    rows, points = [], []
     for fraction, masks in michel_masks(scores, setting_types(setting), n_layers, n_heads, step):
         model.set_head_mask(masks)
         start = time.perf_counter()
         hyps = translate(model, src, beam=decoding["beam"], alpha=decoding["alpha"], max_tokens=decoding["max_tokens"],
                          max_len_a=decoding["max_len_a"], max_len_b=decoding["max_len_b"], device=dev)
-        result = score_translations(tgt_seg.decode(hyps), refs, lowercase=lowercase)
+        detokenised = tgt_seg.decode(hyps)
+        result = score_translations(detokenised, refs, lowercase=lowercase)
         counts = retained_counts(masks)
+        points.append({"removed_fraction": fraction, "retained": counts, "translations": detokenised})
         rows.append({"setting": setting, "removed_fraction": fraction,
                      **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
                      "bleu": result["bleu"], "chrf": result["chrf"], "bleu_signature": result["bleu_signature"]})
         log(f"removed {fraction:.0%} of {setting} heads: {counts} BLEU {result['bleu']:.2f} "
             f"({time.perf_counter() - start:.0f} s)")
     table = pd.DataFrame(rows)
+    if translations_out:
+        with atomic_path(translations_out) as tmp:
+            tmp.write_text("".join(json.dumps(point, ensure_ascii=False) + "\n" for point in points), encoding="utf-8")
     with atomic_path(out_path) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
     return table

@@ -112,7 +112,8 @@ rule michel_curve:
         src=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.src.txt",
         ref=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.tgt.txt",
     output:
-        "results/{exp}/prune/{setting}/michel.tsv",
+        table="results/{exp}/prune/{setting}/michel.tsv",
+        translations="results/{exp}/prune/{setting}/michel_translations.jsonl",
     log:
         log_path("prune/{setting}/michel_curve"),
     benchmark:

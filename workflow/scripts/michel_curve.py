@@ -14,7 +14,8 @@ with job(snakemake) as log:
         step=snakemake.params.step,
         decoding=snakemake.params.decoding,
         lowercase=snakemake.params.lowercase,
-        out_path=snakemake.output[0],
+        out_path=snakemake.output.table,
+        translations_out=snakemake.output.translations,
         device=snakemake.params.device,
         log=log,
     )

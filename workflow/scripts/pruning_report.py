@@ -10,6 +10,7 @@ with job(snakemake) as log:
         pruned_scores=list(snakemake.input.pruned),
         scratch_scores=list(snakemake.input.scratch),
         michel=list(snakemake.input.michel),
+        michel_translations=list(snakemake.input.michel_translations),
         roles=snakemake.input.roles,
         out=dict(snakemake.output.items()),
         references=snakemake.input.references,
