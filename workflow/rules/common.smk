@@ -372,7 +372,9 @@ def pruning_report_inputs(wildcards):
             for m in scratch_models(exp, s)
         ],
         "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
-        "michel_translations": [f"results/{exp}/prune/{s}/michel_translations.jsonl" for s in settings],
+        "michel_translations": [
+            f"results/{exp}/prune/{s}/michel_translations.jsonl" for s in settings
+        ],
         "trajectories": [
             f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
         ],
