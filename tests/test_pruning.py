@@ -492,6 +492,51 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert "| 8 | baseline | 50.00 |  |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
 
 
+def test_seed_spread_pairs_each_seeds_control_with_its_own_baseline(tmp_path):
+    """Mean and sd as the statistics module computes them; each seed's control - baseline interval
+    is paired_bootstrap over that seed's own two translations, not another seed's."""
+    import random
+    import statistics
+
+    from headcount.evaluate import paired_bootstrap
+    from headcount.pruning_report import seed_spread
+
+    rng = random.Random(5)
+    words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
+    refs = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(30)]
+    write_lines(tmp_path / "ref.txt", refs)
+    bleu = {("baseline", 1): 30.0, ("baseline", 2): 31.5, ("control", 1): 32.0, ("control", 2): 31.0}
+    noise = {("baseline", 1): 0.4, ("baseline", 2): 0.1, ("control", 1): 0.2, ("control", 2): 0.5}
+    texts, paths = {}, {}
+    for (system, seed), p in noise.items():
+        texts[system, seed] = [" ".join(w if rng.random() > p else "x" for w in r.split()) for r in refs]
+        folder = tmp_path / f"{system}{seed}"
+        write_lines(folder / "test.txt", texts[system, seed])
+        _write_json(folder / "test.json", {"bleu": bleu[system, seed], "bleu_signature": "nrefs:1"})
+        paths[system, seed] = folder
+    table = seed_spread("toy", [1, 2], ["enc"], [str(paths["baseline", s] / "test.json") for s in (1, 2)],
+                        [str(paths["control", s] / "test.json") for s in (1, 2)], str(tmp_path / "spread.tsv"),
+                        str(tmp_path / "spread.md"), log=lambda m: None, references=str(tmp_path / "ref.txt"),
+                        baseline_translations=[str(paths["baseline", s] / "test.txt") for s in (1, 2)],
+                        control_translations=[str(paths["control", s] / "test.txt") for s in (1, 2)])
+    row = table.set_index("system").loc["control enc - baseline"]
+    assert row["mean"] == pytest.approx(statistics.mean([2.0, -0.5]))
+    assert row["sd"] == pytest.approx(statistics.stdev([2.0, -0.5]))
+    for seed in (1, 2):
+        expected = paired_bootstrap(texts["control", seed], texts["baseline", seed], refs)
+        assert (row[f"seed_{seed}_low"], row[f"seed_{seed}_high"]) == pytest.approx((expected["low"], expected["high"]))
+    assert pd.isna(table.set_index("system").loc["baseline"].get("seed_1_low", float("nan")))
+    line = next(x for x in (tmp_path / "spread.md").read_text().splitlines() if x.startswith("| control enc - "))
+    expected = paired_bootstrap(texts["control", 2], texts["baseline", 2], refs)
+    assert f"-0.50 [{expected['low']:+.2f}, {expected['high']:+.2f}]" in line.split("|")[3]
+    with pytest.raises(HeadcountError, match="translations"):
+        seed_spread("toy", [1, 2], ["enc"], [str(paths["baseline", 1] / "test.json")] * 2,
+                    [str(paths["control", 1] / "test.json")] * 2, str(tmp_path / "x.tsv"), str(tmp_path / "x.md"),
+                    references=str(tmp_path / "ref.txt"),
+                    baseline_translations=[str(paths["baseline", 1] / "test.txt")])
+    assert not (tmp_path / "x.tsv").exists()
+
+
 def test_encoder_table_states_intervals_the_control_and_the_michel_point():
     """The encoder-only table: its runs in lambda order after the baseline, the control labelled,
     each difference with its interval and verdict, the Michel point it was set against."""

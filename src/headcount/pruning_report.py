@@ -272,24 +272,44 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
 
 
 def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline_scores: list[str],
-                control_scores: list[str], out_table: str, out_markdown: str, log=print) -> pd.DataFrame:
+                control_scores: list[str], out_table: str, out_markdown: str, log=print,
+                references: str | None = None, baseline_translations: list[str] = (),
+                control_translations: list[str] = (), lowercase: bool = False) -> pd.DataFrame:
     """BLEU of the baseline and of each setting's lambda = 0 control for every seed, with the mean,
     sample standard deviation, minimum and maximum across seeds; "control - baseline" rows give
-    the cost of fine-tuning seed by seed. `control_scores` lists, per setting, one file per seed."""
+    the cost of fine-tuning seed by seed. `control_scores` (and `control_translations`) list, per
+    setting, one file per seed. Given the translations and references, each seed's control -
+    baseline gets a 95% paired bootstrap interval over the test sentences (evaluate.paired_bootstrap):
+    columns seed_{s}_low and seed_{s}_high."""
     if len(baseline_scores) != len(seeds) or len(control_scores) != len(seeds) * len(settings):
         raise HeadcountError(f"seed spread: {len(baseline_scores)} baseline and {len(control_scores)} control "
                              f"scores for seeds {seeds} and settings {settings}; the rule's inputs are wrong")
+    with_intervals = references is not None
+    if with_intervals and (len(baseline_translations) != len(seeds)
+                           or len(control_translations) != len(seeds) * len(settings)):
+        raise HeadcountError(f"seed spread: {len(baseline_translations)} baseline and {len(control_translations)} "
+                             f"control translations for seeds {seeds} and settings {settings}; the rule's inputs "
+                             f"are wrong")
+    refs = read_lines(references) if with_intervals else None
     baseline = [_read_json(p)["bleu"] for p in baseline_scores]
-    systems = {"baseline": baseline}
+    systems, intervals = {"baseline": baseline}, {}
     for i, setting in enumerate(settings):
-        control = [_read_json(p)["bleu"] for p in control_scores[i * len(seeds):(i + 1) * len(seeds)]]
+        part = slice(i * len(seeds), (i + 1) * len(seeds))
+        control = [_read_json(p)["bleu"] for p in control_scores[part]]
         systems[f"control {setting}"] = control
-        systems[f"control {setting} - baseline"] = [c - b for c, b in zip(control, baseline)]
+        name = f"control {setting} - baseline"
+        systems[name] = [c - b for c, b in zip(control, baseline)]
+        if with_intervals:
+            intervals[name] = [paired_bootstrap(read_lines(c), read_lines(b), refs, lowercase=lowercase)
+                               for c, b in zip(control_translations[part], baseline_translations)]
     rows = []
     for system, values in systems.items():
         series = pd.Series(values, dtype=float)
+        bounds = {}
+        for s, result in zip(seeds, intervals.get(system, [])):
+            bounds |= {f"seed_{s}_low": result["low"], f"seed_{s}_high": result["high"]}
         rows.append({"experiment": experiment, "system": system,
-                     **{f"seed_{s}": v for s, v in zip(seeds, values)}, "seeds": len(values),
+                     **{f"seed_{s}": v for s, v in zip(seeds, values)}, **bounds, "seeds": len(values),
                      "mean": series.mean(), "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
     table = pd.DataFrame(rows)
     with atomic_path(out_table) as tmp:
@@ -299,11 +319,21 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
              "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | sd | min | max |",
              "|---|" + "---|" * (len(seeds) + 4)]
     for r in rows:
-        cells = [f"{r[f'seed_{s}']:.2f}" for s in seeds] + [f"{r[k]:.2f}" for k in ("mean", "sd", "min", "max")]
+        cells = [_seed_cell(r, s) for s in seeds] + [f"{r[k]:.2f}" for k in ("mean", "sd", "min", "max")]
         lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. sd: sample standard deviation across seeds. Each seed's "
-              f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."]
+              f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."
+              + (f" Brackets: 95% interval of the seed's control - baseline from paired bootstrap resampling of "
+                 f"the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a \"difference\" is one "
+                 f"whose interval excludes 0." if intervals else "")]
     with atomic_path(out_markdown) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     log("\n" + table.to_string(index=False))
     return table
+
+
+def _seed_cell(row: dict, seed: int) -> str:
+    value, low = row[f"seed_{seed}"], row.get(f"seed_{seed}_low")
+    if low is None:
+        return f"{value:.2f}"
+    return describe_difference(value, low, row[f"seed_{seed}_high"])

@@ -318,6 +318,17 @@ def seed_spread_inputs(wildcards):
             for setting in prune_settings(exp)
             for s in seeds
         ],
+        # Translations and references: each seed's control - baseline gets its bootstrap interval.
+        "references": f"results/{exp}/data/{split}.tgt.txt",
+        "baseline_translations": [
+            f"results/{exp}/{seed_prefix(exp, s)}baseline/translations/{split}.txt"
+            for s in seeds
+        ],
+        "control_translations": [
+            f"results/{exp}/{seed_prefix(exp, s)}prune/{setting}/lambda_0/translations/{split}.txt"
+            for setting in prune_settings(exp)
+            for s in seeds
+        ],
     }
 
 

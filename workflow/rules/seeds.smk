@@ -80,7 +80,8 @@ rule prune_control_seed:
 
 
 rule seed_spread:
-    """BLEU of the baseline and of each lambda = 0 control across seeds: mean, sd, min, max."""
+    """BLEU of the baseline and of each lambda = 0 control across seeds: mean, sd, min, max, and
+    each seed's control - baseline with its paired bootstrap interval."""
     input:
         unpack(seed_spread_inputs),
     output:
@@ -102,5 +103,6 @@ rule seed_spread:
         experiment=lambda w: w.exp,
         seeds=lambda w: EXPERIMENTS[w.exp]["seeds"],
         settings=lambda w: prune_settings(w.exp),
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
     script:
         "../scripts/seed_spread.py"

@@ -11,5 +11,9 @@ with job(snakemake) as log:
         control_scores=list(snakemake.input.controls),
         out_table=snakemake.output.table,
         out_markdown=snakemake.output.markdown,
+        references=snakemake.input.references,
+        baseline_translations=list(snakemake.input.baseline_translations),
+        control_translations=list(snakemake.input.control_translations),
+        lowercase=snakemake.params.lowercase,
         log=log,
     )
