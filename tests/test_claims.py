@@ -77,6 +77,13 @@ def test_pruned_against_scratch_counts_only_intervals_that_exclude_zero():
     assert pruned_beats_scratch(_table(run(0.1, -0.4, 0.5))).verdict == NOT_SHOWN
     control = _row("all", 0, 48, 48, 48, d_pruned_scratch=2.0, d_pruned_scratch_low=1.0, d_pruned_scratch_high=3.0)
     assert pruned_beats_scratch(_table(control)).verdict == NOT_SHOWN  # the control is no pruned model
+    # a run that closed no gate compares schedules, not pruning: reported, not counted
+    unpruned = _row("all", 0.01, 48, 48, 48, d_pruned_scratch=1.1, d_pruned_scratch_low=0.3,
+                    d_pruned_scratch_high=1.9)
+    claim = pruned_beats_scratch(_table(unpruned))
+    assert claim.verdict == NOT_SHOWN and "schedules alone): lambda 0.01: +1.10 [+0.30, +1.90]" in claim.measured
+    claim = pruned_beats_scratch(_table(unpruned, run(0.1, -0.9, -0.2)))
+    assert claim.verdict == FAILS and "from scratch better in 1, no difference shown in 0 of 1;" in claim.measured
 
 
 def test_attention_types_order():
