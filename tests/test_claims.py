@@ -64,6 +64,13 @@ def test_prunable_claims_need_a_quarter_of_the_heads_or_fewer_without_a_loss():
     assert heads_prunable(_table(run("all", 36, -0.8, 0.3)), "all").verdict == HOLDS
     assert heads_prunable(_table(run("all", 37, -0.8, 0.3)), "all").verdict == NOT_SHOWN
     assert heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "all").verdict == NOT_SHOWN  # no all-types run
+    # with a control, the cost of pruning is measured against it, not against the baseline
+    costly = dict(run("enc", 10, -0.8, 0.3), d_control=-1.2, d_control_low=-2.0, d_control_high=-0.4)
+    claim = heads_prunable(_table(costly), "enc")
+    assert claim.verdict == FAILS and "against the control" in claim.measured
+    assert "-1.20 [-2.00, -0.40]" in claim.measured
+    free = dict(run("enc", 10, -1.5, -0.2), d_control=-0.1, d_control_low=-0.6, d_control_high=0.4)
+    assert heads_prunable(_table(free), "enc").verdict == HOLDS
 
 
 def test_pruned_against_scratch_counts_only_intervals_that_exclude_zero():
