@@ -238,6 +238,7 @@ def claims_markdown(experiment: str, claims: list[Claim]) -> str:
               f"\"{HOLDS}\" when some runs show the finding and none its opposite, \"{FAILS}\" when runs show "
               f"only the opposite, \"{MIXED}\" when both occur and \"{NOT_SHOWN}\" when no run shows either; "
               "the encoder finding holds when some encoder-only run keeping a quarter of the encoder heads or "
-              "fewer shows no loss against the baseline, and does not hold when every such run shows one (the same "
-              "for all heads with all types gated)."]
+              "fewer shows no loss against the setting's lambda = 0 control (the baseline where there is no "
+              "control), and does not hold when every such run shows one (the same for all heads with all "
+              "types gated)."]
     return "\n".join(lines) + "\n"
