@@ -37,7 +37,7 @@ format: setup
 	$(BIN)/snakefmt Snakefile workflow
 
 # The newest versions pyproject.toml allows, in a scratch venv, and the tests on them; `make lock`
-# then writes them to constraints.txt (keeping its header).
+# then writes them to constraints.txt as name==version (keeping its header), never as a file path.
 LATEST := .venv-latest
 test-latest:
 	$(PYTHON) -m venv $(LATEST)
@@ -48,8 +48,7 @@ test-latest:
 
 lock:
 	test -x $(LATEST)/bin/python || { echo "lock: run make test-latest first"; exit 2; }
-	{ sed -n '/^#/!q;p' constraints.txt; $(LATEST)/bin/python -m pip freeze --exclude-editable | grep -v '^torch=='; } > constraints.txt.new
-	mv constraints.txt.new constraints.txt
+	$(PYTHON) tools/lock_constraints.py $(LATEST)/bin/python --out constraints.txt
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
