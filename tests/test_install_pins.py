@@ -45,7 +45,8 @@ def requirement_lines(path: Path) -> list[tuple[int, str]]:
         return [(next((i for i, line in numbered(text) if spec in line), 0), spec) for spec in specs]
     if path.suffix in (".yaml", ".yml"):
         env = yaml.safe_load(text)["dependencies"]
-        specs = [d for d in env if isinstance(d, str)] + [p for d in env if isinstance(d, dict) for p in d.get("pip", [])]
+        specs = [d for d in env if isinstance(d, str)]
+        specs += [p for d in env if isinstance(d, dict) for p in d.get("pip", [])]
         return [(next((i for i, line in numbered(text) if spec in line), 0), spec) for spec in specs]
     return numbered(text)
 
