@@ -252,11 +252,13 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float 
     sys.path.insert(0, str(REPO / "src"))
     import torch
 
-    from headcount.batching import make_batches, source_tensor, target_tensors
+    from headcount.data.batching import make_batches, source_tensor, target_tensors
+    from headcount.data.subwords import Segmenter
     from headcount.io import read_lines
-    from headcount.model import ModelConfig, Transformer
-    from headcount.subwords import Segmenter
-    from headcount.train import TrainConfig, noam_lr, parameter_groups, pick_autocast_dtype, sequence_loss
+    from headcount.models.device import pick_autocast_dtype
+    from headcount.models.transformer import ModelConfig, Transformer
+    from headcount.training.loop import TrainConfig, parameter_groups, sequence_loss
+    from headcount.training.schedules import noam_lr
 
     torch.set_num_threads(threads)
     exp = Path(exp)
@@ -309,7 +311,7 @@ def headcount_worker(exp: str, threads: int, warmup_steps: int, qkv_gain: float 
 
     def translate_dev(n: int) -> list[str]:
         """Greedy translations of the first n dev sentences, as space-separated pieces, in order."""
-        from headcount.decode import translate
+        from headcount.training.decode import translate
 
         hyps = translate(model, dev_src[:n], beam=1, max_len_a=DECODE["max_len_a"], max_len_b=DECODE["max_len_b"])
         return [" ".join(tgt_seg.sp.id_to_piece(i) for i in hyp) for hyp in hyps]
@@ -390,7 +392,7 @@ def time_to_bleu(workers: dict, args, exp: Path, cpu: dict, started, versions: l
     import sentencepiece as spm
 
     sys.path.insert(0, str(REPO / "src"))
-    from headcount.evaluate import corpus_bleu
+    from headcount.training.evaluate import corpus_bleu
 
     sp = spm.SentencePieceProcessor(model_file=str(exp / "subwords" / "tgt.model"))
     refs = (exp / "data" / "dev.tgt.txt").read_text(encoding="utf-8").splitlines()[: args.dev_sentences]

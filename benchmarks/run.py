@@ -49,20 +49,22 @@ SIZES = {  # name: (d_model, d_ff, layers, vocab)
 
 def synthetic_batches(vocab: int, n_batches: int, max_tokens: int = 1600, seed: int = 0):
     """Multi30k-like lengths (8-24 subwords), batched as training batches them."""
-    from headcount.batching import make_batches, source_tensor, target_tensors
+    from headcount.data.batching import make_batches, source_tensor, target_tensors
+    from headcount.data.subwords import SPECIAL_IDS  # headcount's own model is what these batches feed
 
     rng = random.Random(seed)
     src = [[rng.randrange(4, vocab) for _ in range(rng.randint(8, 24))] for _ in range(n_batches * 120)]
     tgt = [[rng.randrange(4, vocab) for _ in range(max(1, len(s) + rng.randint(-3, 3)))] for s in src]
     batches = make_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], max_tokens, seed=seed)[:n_batches]
-    return [(source_tensor([src[i] for i in b]), *target_tensors([tgt[i] for i in b])) for b in batches]
+    return [(source_tensor([src[i] for i in b], SPECIAL_IDS), *target_tensors([tgt[i] for i in b], SPECIAL_IDS))
+            for b in batches]
 
 
 def autocast_dtype(precision: str = "auto"):
     """The dtype headcount's training autocasts to on this CPU for training.precision (None: fp32)."""
     import torch
 
-    from headcount.train import pick_autocast_dtype
+    from headcount.models.device import pick_autocast_dtype
 
     return pick_autocast_dtype(precision, torch.device("cpu"))
 
@@ -136,8 +138,8 @@ def training_step(which: str, size: str, compiled: bool = False, relu_dropout: f
     import torch
     import torch.nn.functional as F
 
-    from headcount.model import ModelConfig, Transformer
-    from headcount.train import sequence_loss
+    from headcount.models.transformer import ModelConfig, Transformer
+    from headcount.training.loop import sequence_loss
 
     d, ff, layers, vocab = SIZES[size]
     dtype = autocast_dtype(precision)
@@ -330,8 +332,8 @@ def lrp_against_forward_backward(model, batches, repeats: int = 3, relevance=Non
     Both are warmed up, then alternated, keeping each one's fastest repeat: on a shared machine the
     minimum is the least disturbed measurement, and alternating exposes both to the same load.
     """
-    from headcount.lrp import head_relevance
-    from headcount.train import sequence_loss
+    from headcount.analysis.relevance import head_relevance
+    from headcount.training.loop import sequence_loss
 
     relevance = relevance or head_relevance
 
@@ -365,7 +367,7 @@ def part_lrp(size: str) -> dict:
     """A random model of the size on synthetic Multi30k-like batches."""
     import torch
 
-    from headcount.model import ModelConfig, Transformer
+    from headcount.models.transformer import ModelConfig, Transformer
 
     d, ff, layers, vocab = SIZES[size]
     torch.manual_seed(0)
@@ -377,10 +379,10 @@ def part_lrp(size: str) -> dict:
 def trained_lrp_inputs(sentences: int = 500, max_tokens: int = 2000):
     """The trained default model and what score_heads explains: its beam translations of the first
     `sentences` dev sentences, batched as score_heads batches them; None if results/ lacks them."""
-    from headcount.importance import dev_batches
+    from headcount.analysis.importance import dev_batches
+    from headcount.data.subwords import Segmenter
     from headcount.io import read_lines
-    from headcount.subwords import Segmenter
-    from headcount.train import load_model
+    from headcount.models.loading import load_model
 
     base = TRAINED_EXPERIMENT
     if not (base / "baseline/translations/dev.txt").exists():
@@ -388,7 +390,7 @@ def trained_lrp_inputs(sentences: int = 500, max_tokens: int = 2000):
     model = load_model(base / "baseline/model.pt").eval()
     src = Segmenter(base / "subwords/src.model").encode(read_lines(base / "data/dev.src.txt")[:sentences])
     hyps = Segmenter(base / "subwords/tgt.model").encode(read_lines(base / "baseline/translations/dev.txt")[:sentences])
-    return model, dev_batches(src, hyps, max_tokens)
+    return model, dev_batches(src, hyps, max_tokens, special=model.special)
 
 
 def part_lrp_trained() -> dict:
@@ -401,10 +403,10 @@ def part_lrp_trained() -> dict:
 def part_decode() -> dict:
     import torch
 
-    from headcount.decode import translate
+    from headcount.data.subwords import Segmenter
     from headcount.io import read_lines
-    from headcount.subwords import Segmenter
-    from headcount.train import load_model
+    from headcount.models.loading import load_model
+    from headcount.training.decode import translate
 
     base = TRAINED_EXPERIMENT
     if not (base / "baseline/model.pt").exists():
@@ -429,12 +431,12 @@ def part_pruned() -> dict:
 
     import torch
 
-    from headcount.batching import source_tensor, target_tensors
-    from headcount.decode import translate
+    from headcount.data.batching import source_tensor, target_tensors
+    from headcount.data.subwords import Segmenter
     from headcount.io import read_lines
-    from headcount.pruning import attention_flops, remove_pruned_heads
-    from headcount.subwords import Segmenter
-    from headcount.train import load_model
+    from headcount.models.loading import load_model
+    from headcount.pruning.removal import attention_flops, remove_pruned_heads
+    from headcount.training.decode import translate
 
     base = TRAINED_EXPERIMENT
     pruned_paths = sorted(glob.glob(str(base / "prune/all/lambda_*/model.pt")))
@@ -448,7 +450,8 @@ def part_pruned() -> dict:
     src_seg, tgt_seg = Segmenter(base / "subwords/src.model"), Segmenter(base / "subwords/tgt.model")
     src = src_seg.encode(read_lines(base / "data/test_2016_flickr.src.txt"))
     tgt = tgt_seg.encode(read_lines(base / "data/test_2016_flickr.tgt.txt"))
-    batches = [(source_tensor(src[i:i + 64]), *target_tensors(tgt[i:i + 64])) for i in range(0, len(src), 64)]
+    batches = [(source_tensor(src[i:i + 64], full.special), *target_tensors(tgt[i:i + 64], full.special))
+               for i in range(0, len(src), 64)]
     mean_src = sum(map(len, src)) / len(src) + 1
     mean_tgt = sum(map(len, tgt)) / len(tgt) + 1
 

@@ -117,10 +117,10 @@ def stage(name: str, d: Path) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from headcount.batching import make_batches
-    from headcount.data import CleaningConfig, fit_training_corpus, prepare_training_corpus
-    from headcount.subwords import Segmenter, train_bpe
-    from headcount.token_corpus import encode_file
+    from headcount.data.batching import make_batches
+    from headcount.data.corpora import CleaningConfig, fit_training_corpus, prepare_training_corpus
+    from headcount.data.subwords import Segmenter, train_bpe
+    from headcount.data.token_corpus import encode_file
 
     cfg = defaults()
     base = peak_mb()
@@ -177,7 +177,7 @@ def train_steps(d: Path, cfg: dict) -> dict:
     """`STEPS` steps of the default model and training settings through train_translation_model."""
     import shutil
 
-    from headcount.training_runs import train_translation_model
+    from headcount.pipeline.training_runs import train_translation_model
 
     steps = int(os.environ["SCALE_STEPS"])
     work = d / "train_work"

@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 import toyflow  # noqa: E402
 
-from headcount.model import ModelConfig, Transformer  # noqa: E402
+from headcount.models.transformer import ModelConfig, Transformer  # noqa: E402
 
 torch.set_num_threads(1)  # tests are small; keep the second core for the workflow tests' jobs
 

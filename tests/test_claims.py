@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headcount.claims import (
+from headcount.report.claims import (
     FAILS,
     HOLDS,
     MIXED,

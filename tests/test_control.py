@@ -8,8 +8,8 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from headcount.parses import read_conllu_files
-from headcount.synthetic_language import (
+from headcount.data.parses import read_conllu_files
+from headcount.data.synthetic_language import (
     NAME_PREFIXES,
     PIECE_LENGTH,
     Grammar,
@@ -165,7 +165,7 @@ def test_only_both_pieces_of_a_word_say_what_it_is(tmp_path):
     """Every regular word is an onset and a coda from a grid; no syllable alone tells the part of
     speech (each one begins or ends words of at least two), and the experiment's subwords
     (max_piece_length 4) split every word into exactly those two pieces, names into two or more."""
-    from headcount.subwords import Segmenter, train_bpe
+    from headcount.data.subwords import Segmenter, train_bpe
 
     lexicon = Lexicon(Grammar(), 1)
     assert not set(lexicon.onsets) & set(lexicon.codas)
@@ -199,12 +199,12 @@ def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
     `grammar` and return what headcount's role analysis finds on 200 dev sentences (found_heads)."""
     import torch
 
+    from headcount.analysis.roles import assign_roles, count_words, encoder_head_statistics
+    from headcount.data.subwords import Segmenter, train_bpe
     from headcount.io import read_lines
-    from headcount.model import ModelConfig, Transformer
-    from headcount.positive_control import found_heads
-    from headcount.roles import assign_roles, count_words, encoder_head_statistics
-    from headcount.subwords import Segmenter, train_bpe
-    from headcount.train import Corpus, DevSet, TrainConfig, train
+    from headcount.models.transformer import ModelConfig, Transformer
+    from headcount.report.positive_control import found_heads
+    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 
     sizes = {"train": 4000, "dev": 200}
     paths = {split: {"src": str(tmp_path / f"{split}.src.txt"), "tgt": str(tmp_path / f"{split}.tgt.txt"),
@@ -249,7 +249,7 @@ def test_tiny_model_has_the_planted_piece_join_and_headcount_finds_it(tmp_path):
     must join each word's two pieces, found by headcount's positional shares (0.99 of the
     continuation pieces on -1 when measured; by 1500 steps no relation is found yet at this size,
     which is what the previous test is for)."""
-    from headcount.positive_control import POSITIONAL_FUNCTION
+    from headcount.report.positive_control import POSITIONAL_FUNCTION
 
     found = _tiny_control(tmp_path, Grammar(name_rate=0.0), enc_layers=2, steps=1500)
     positional = found[(found["function"] == POSITIONAL_FUNCTION)].dropna(subset=["layer"])
@@ -283,7 +283,7 @@ def _role_tables():
 
 
 def test_planted_vs_found_lists_found_heads_ranks_and_closing_lambdas():
-    from headcount.positive_control import closing_lambdas, gate_order, planted_vs_found, report_markdown
+    from headcount.report.positive_control import closing_lambdas, gate_order, planted_vs_found, report_markdown
 
     roles, syntactic, scores, gates = _role_tables()
     table = planted_vs_found(roles, syntactic, scores, gates, SETTINGS)
@@ -317,7 +317,7 @@ def test_planted_vs_found_lists_found_heads_ranks_and_closing_lambdas():
 
 
 def test_a_head_that_joins_pieces_is_found_by_the_share_on_the_pieces_where_the_join_is_planted():
-    from headcount.positive_control import POSITIONAL_FUNCTION, found_heads
+    from headcount.report.positive_control import POSITIONAL_FUNCTION, found_heads
 
     roles, syntactic, _, _ = _role_tables()
     pooled_miss = roles.assign(is_positional=False, positional_offset=0, positional_fraction=0.6)

@@ -9,8 +9,8 @@ import zipfile
 import pytest
 from conftest import write_gz
 
-from headcount.batching import make_batches, source_tensor, target_tensors
-from headcount.data import (
+from headcount.data.batching import make_batches, source_tensor, target_tensors
+from headcount.data.corpora import (
     CleaningConfig,
     clean_pairs,
     fetch_source,
@@ -19,6 +19,7 @@ from headcount.data import (
     read_parallel,
     read_text_lines,
 )
+from headcount.data.subwords import SPECIAL_IDS
 from headcount.io import DataError, read_lines
 
 
@@ -172,8 +173,8 @@ def test_batches_group_pairs_by_the_longer_side_the_budget_counts():
 
 
 def test_tensors_add_eos_and_bos():
-    src = source_tensor([[5, 6], [7]])
-    tgt_in, tgt_out = target_tensors([[8, 9, 10]])
+    src = source_tensor([[5, 6], [7]], SPECIAL_IDS)
+    tgt_in, tgt_out = target_tensors([[8, 9, 10]], SPECIAL_IDS)
     assert src.tolist() == [[5, 6, 3], [7, 3, 0]]
     assert tgt_in.tolist() == [[2, 8, 9, 10]] and tgt_out.tolist() == [[8, 9, 10, 3]]
 
@@ -195,8 +196,8 @@ def test_the_length_limit_in_subwords_is_the_models_own():
     import torch
     from conftest import tiny_config
 
-    from headcount.data import overlong_pairs
-    from headcount.model import Transformer
+    from headcount.data.corpora import overlong_pairs
+    from headcount.models.transformer import Transformer
 
     model = Transformer(tiny_config(max_len=12)).eval()
     fits, too_long = [5] * 11, [5] * 12
@@ -204,15 +205,15 @@ def test_the_length_limit_in_subwords_is_the_models_own():
         (1, "source", 12), (2, "target", 12)]
     with torch.no_grad():
         for ids in (fits, too_long):
-            src = source_tensor([ids])
-            tgt_in, _ = target_tensors([ids])
+            src = source_tensor([ids], SPECIAL_IDS)
+            tgt_in, _ = target_tensors([ids], SPECIAL_IDS)
             if ids is fits:
                 model.decode(tgt_in, *model.encode(src)[:2])
             else:
                 with pytest.raises(ValueError, match="exceeds model.max_len=12"):
                     model.encode(src)
                 with pytest.raises(ValueError, match="exceeds model.max_len=12"):
-                    model.decode(tgt_in, *model.encode(source_tensor([fits]))[:2])
+                    model.decode(tgt_in, *model.encode(source_tensor([fits], SPECIAL_IDS))[:2])
 
 
 def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
@@ -221,8 +222,8 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
     the text is written byte for byte as cleaned."""
     from conftest import toy_corpus
 
-    from headcount.data import fit_training_corpus
-    from headcount.subwords import Segmenter, train_bpe
+    from headcount.data.corpora import fit_training_corpus
+    from headcount.data.subwords import Segmenter, train_bpe
 
     src, tgt = toy_corpus(300, seed=5)
     src[100] = unspaced_line(1400, seed=1)
@@ -236,10 +237,10 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
     assert stats["pairs"] == 300  # cleaning keeps both: one word, 1,400 characters
     for side in ("src", "tgt"):
         train_bpe(cleaned[side], tmp_path / f"{side}.model", vocab_size=80)
+    src_tok, tgt_tok = Segmenter(tmp_path / "src.model"), Segmenter(tmp_path / "tgt.model")
     messages = []
-    fitted = fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, tmp_path / "src.model",
-                                 tmp_path / "tgt.model", 64, tmp_path / "train.src", tmp_path / "train.tgt",
-                                 log=messages.append)
+    fitted = fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, src_tok, tgt_tok, 64, tmp_path / "train.src",
+                                 tmp_path / "train.tgt", log=messages.append)
     assert fitted["too_long_subwords"] == {"max_len": 64, "dropped": 2}
     assert fitted["pairs"] == 298 and fitted["corpora"] == stats["corpora"]  # cleaning's counts kept
     assert "dropping training pair 101 of" in messages[0] and "its source is" in messages[0]
@@ -248,9 +249,8 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
     assert kept_tgt == [t for i, t in enumerate(tgt) if i not in (100, 200)]
     # Encoded a few pairs at a time (as a corpus of millions is), the same drops, messages and bytes.
     chunked = []
-    assert fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, tmp_path / "src.model", tmp_path / "tgt.model",
-                               64, tmp_path / "chunked.src", tmp_path / "chunked.tgt", log=chunked.append,
-                               chunk_lines=7) == fitted
+    assert fit_training_corpus(cleaned["src"], cleaned["tgt"], stats, src_tok, tgt_tok, 64, tmp_path / "chunked.src",
+                               tmp_path / "chunked.tgt", log=chunked.append, chunk_lines=7) == fitted
     assert chunked == messages
     for side in ("src", "tgt"):
         assert (tmp_path / f"chunked.{side}").read_bytes() == (tmp_path / f"train.{side}").read_bytes()
@@ -260,7 +260,7 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
 
     # Without over-long pairs the step changes nothing: the same bytes, the same pair count.
     fitted = fit_training_corpus(tmp_path / "train.src", tmp_path / "train.tgt", {"pairs": 298},
-                                 tmp_path / "src.model", tmp_path / "tgt.model", 64, tmp_path / "again.src",
+                                 src_tok, tgt_tok, 64, tmp_path / "again.src",
                                  tmp_path / "again.tgt", log=lambda m: None)
     assert fitted == {"pairs": 298, "too_long_subwords": {"max_len": 64, "dropped": 0}}
     for side in ("src", "tgt"):
@@ -270,13 +270,13 @@ def test_a_training_pair_too_long_in_subwords_is_dropped_and_counted(tmp_path):
 def test_an_evaluation_line_too_long_in_subwords_is_refused_at_preparation(tmp_path):
     from conftest import toy_corpus
 
-    from headcount.subwords import train_bpe
+    from headcount.data.subwords import Segmenter, train_bpe
 
     src, tgt = toy_corpus(300, seed=6)
     for side, lines in (("src", src), ("tgt", tgt)):
         (tmp_path / f"train.{side}").write_text("\n".join(lines) + "\n")
         train_bpe(tmp_path / f"train.{side}", tmp_path / f"{side}.model", vocab_size=80)
-    subwords = (str(tmp_path / "src.model"), str(tmp_path / "tgt.model"), 64)
+    subwords = (Segmenter(tmp_path / "src.model"), Segmenter(tmp_path / "tgt.model"), 64)
     test_src, test_tgt = src[:20], tgt[:20]
     write_gz(tmp_path / "test.en.gz", test_src)
     write_gz(tmp_path / "test.de.gz", test_tgt)
@@ -300,7 +300,7 @@ def _prepare_as_lists(corpora, cfg, lowercase, max_pairs, seed, out_src, out_tgt
     """prepare_training_corpus as it was before it streamed: whole files as lists (the reference)."""
     import random
 
-    from headcount.data import normalise_line
+    from headcount.data.corpora import normalise_line
     from headcount.io import write_lines
 
     def read(path):  # whole files, split at b"\n" (read_text_lines streams now)

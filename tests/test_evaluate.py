@@ -3,8 +3,8 @@
 import pytest
 import sacrebleu
 
-from headcount.evaluate import score_translations
 from headcount.io import DataError
+from headcount.training.evaluate import score_translations
 
 HYPS = ["Ein Hund läuft über die Wiese.", "Zwei Kinder spielen im Sand."]
 REFS = ["Ein Hund rennt über die Wiese.", "Zwei kleine Kinder spielen im Sand."]
@@ -51,7 +51,7 @@ def test_paired_bootstrap_uses_sacrebleus_resamples():
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    from headcount.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, paired_bootstrap
+    from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, paired_bootstrap
 
     good, bad, refs = _systems()
     ours = paired_bootstrap(good, bad, refs)
@@ -72,7 +72,7 @@ def test_paired_bootstrap_interval_is_the_percentile_interval_of_resampled_diffe
     """An independent computation: resample sentences with numpy, rescore with sacrebleu's corpus_bleu."""
     import numpy as np
 
-    from headcount.evaluate import interval_excludes_zero, paired_bootstrap
+    from headcount.training.evaluate import interval_excludes_zero, paired_bootstrap
 
     good, bad, refs = _systems()
     ours = paired_bootstrap(good, bad, refs, n_samples=200, seed=3)
@@ -89,7 +89,7 @@ def test_paired_bootstrap_interval_is_the_percentile_interval_of_resampled_diffe
 
 
 def test_paired_bootstrap_refuses_unequal_systems():
-    from headcount.evaluate import paired_bootstrap
+    from headcount.training.evaluate import paired_bootstrap
 
     with pytest.raises(DataError, match="same sentences"):
         paired_bootstrap(HYPS, HYPS[:1], REFS)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import random_batch
 
-from headcount.gates import HardConcreteGates, attach_gates, l0_penalty
+from headcount.models.gates import HardConcreteGates, attach_gates, l0_penalty
 
 
 @pytest.mark.parametrize("log_alpha", [-2.0, 0.0, 0.7, 3.0])
@@ -80,7 +80,7 @@ def test_gated_model_samples_once_per_batch_and_keeps_fixed_masks(tiny_model):
 def test_pinned_open_gates_are_exactly_one_and_untrainable():
     """The lambda = 0 control's gates: every sample is 1, even at the extreme noise values the
     sampler's clamp allows, and neither a loss nor a penalty can move them."""
-    from headcount.gates import pin_open
+    from headcount.models.gates import pin_open
 
     torch.manual_seed(0)
     gates = HardConcreteGates(4096)

@@ -14,20 +14,21 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
-from headcount.gates import attach_gates  # noqa: E402
-from headcount.hf_models import (  # noqa: E402
+from headcount.data.special import SPECIAL_PIECE  # noqa: E402
+from headcount.io import HeadcountError  # noqa: E402
+from headcount.models.gates import attach_gates  # noqa: E402
+from headcount.models.hf import (  # noqa: E402
     HFSeq2Seq,
     HFTokenizer,
     PretrainedModelUnavailable,
     import_pretrained,
     load_pretrained,
     load_tokenizers,
-    open_tokenizer,
     write_tiny_marian,
 )
-from headcount.io import HeadcountError  # noqa: E402
-from headcount.lrp import make_rules  # noqa: E402
-from headcount.seq2seq import ATTENTION_TYPES, SPECIAL_PIECE, HeadSlots, Seq2SeqWithHeads, load_model  # noqa: E402
+from headcount.models.loading import load_model, open_tokenizer  # noqa: E402
+from headcount.models.lrp import make_rules  # noqa: E402
+from headcount.models.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHeads  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -220,7 +221,7 @@ def test_reorder_cache(family):
 def test_greedy_search_matches_transformers_generate(family):
     """headcount's greedy search through the interface (cache, reorder, the ids never generated,
     EOS forced at the length limit) picks the tokens transformers' own generate picks."""
-    from headcount.decode import greedy_search
+    from headcount.training.decode import greedy_search
 
     model = tiny(family, d_model=32, ffn=64, seed=4)
     with torch.no_grad():
@@ -246,7 +247,7 @@ def test_search_forces_the_target_language_tag_as_generate_does(family):
     generate with forced_bos_token_id, and beam search starts every hypothesis with the tag."""
     import dataclasses
 
-    from headcount.decode import beam_search, greedy_search
+    from headcount.training.decode import beam_search, greedy_search
 
     model = tiny(family, d_model=32, ffn=64, seed=4)
     with torch.no_grad():
@@ -273,7 +274,7 @@ def test_search_forces_the_target_language_tag_as_generate_does(family):
 
 
 def test_forced_prefix_survives_a_checkpoint(tmp_path):
-    from headcount.seq2seq import load_model
+    from headcount.models.loading import load_model
 
     model = HFSeq2Seq(tiny_hf("m2m_100"), forced=(5,)).eval()
     model.save(tmp_path / "model.pt")
@@ -488,8 +489,8 @@ def test_a_multilingual_model_translates_as_generate_does(tiny_m2m_dir, tmp_path
     """Language tags end to end: the source tag before the text, the target tag forced by search,
     both from the tokenizer; headcount's greedy translation of imported checkpoint matches
     transformers' generate on the tokenizer's own input."""
-    from headcount.batching import source_tensor
-    from headcount.decode import greedy_search
+    from headcount.data.batching import source_tensor
+    from headcount.training.decode import greedy_search
 
     model = import_pretrained(tiny_m2m_dir, tmp_path / "model.pt", tmp_path / "tokenizer", src_lang="en",
                               tgt_lang="de")
@@ -519,7 +520,7 @@ def test_a_multilingual_model_translates_as_generate_does(tiny_m2m_dir, tmp_path
 
 def test_the_workflow_import_takes_the_models_language_codes(tiny_m2m_dir, tmp_path):
     """import_pretrained_baseline (rule import_pretrained) with `pretrained_langs`."""
-    from headcount.training_runs import import_pretrained_baseline
+    from headcount.pipeline.training_runs import import_pretrained_baseline
 
     summary = import_pretrained_baseline(str(tiny_m2m_dir), tmp_path / "model.pt", tmp_path / "training.json",
                                          tmp_path / "tokenizer", "en", "de", model_langs={"src": "de", "tgt": "en"},
@@ -556,9 +557,9 @@ def test_the_forced_tag_counts_in_no_loss_and_no_lrp_average():
     and left out of LRP's average over steps."""
     import dataclasses
 
-    from headcount.batching import target_tensors
-    from headcount.importance import summed_nll
-    from headcount.lrp import head_relevance
+    from headcount.analysis.importance import summed_nll
+    from headcount.analysis.relevance import head_relevance
+    from headcount.data.batching import target_tensors
 
     model = tiny("m2m_100", seed=3)
     sp = model.special
@@ -952,7 +953,7 @@ def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
 def test_lrp_driver_agrees_with_single_steps(family, rule):
     """lrp.step_relevance (batched over steps and sentences) reads the same head relevance."""
-    from headcount.lrp import step_relevance
+    from headcount.models.lrp import step_relevance
 
     model = lrp_model(family)
     src, tgt_in = lrp_batch(model)
@@ -968,7 +969,7 @@ def test_lrp_driver_agrees_with_single_steps(family, rule):
 @pytest.mark.parametrize("family", LRP_FAMILIES)
 def test_lrp_conserves_without_biases(family):
     """Bias-free (final_logits_bias included), the paper's rule: every cut holds the start value 1."""
-    from headcount.lrp import step_relevance
+    from headcount.models.lrp import step_relevance
 
     model = tiny(family, vocab=12, d_model=8, heads=2, ffn=16, layers=2, biases=False, seed=5).double()
     src, tgt_in = lrp_batch(model)
@@ -984,12 +985,13 @@ def test_lrp_conserves_without_biases(family):
 
 
 def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
-    from headcount.batching import target_tensors
-    from headcount.decode import beam_search, greedy_search, translate
-    from headcount.importance import dev_batches, head_ablation, head_confidence, michel_importance
-    from headcount.lrp import head_relevance
-    from headcount.pruning import fold_gates, gate_table, penalty, prepare_for_pruning, remove_pruned_heads
-    from headcount.train import Corpus, DevSet, TrainConfig, train
+    from headcount.analysis.importance import dev_batches, head_ablation, head_confidence, michel_importance
+    from headcount.analysis.relevance import head_relevance
+    from headcount.data.batching import target_tensors
+    from headcount.pruning.hard_concrete import fold_gates, gate_table, penalty, prepare_for_pruning
+    from headcount.pruning.removal import remove_pruned_heads
+    from headcount.training.decode import beam_search, greedy_search, translate
+    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 
     model = marian_for(marian_tokenizer, d_model=16, heads=4, layers=2, seed=2)
     source, target = HFTokenizer(marian_tokenizer, "source"), HFTokenizer(marian_tokenizer, "target")
@@ -1029,8 +1031,8 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     # Head roles: positional, rare-token and syntactic statistics through the model's tokenizer.
     from conftest import toy_conllu
 
-    from headcount.parses import read_conllu
-    from headcount.roles import assign_roles, count_words, syntactic_statistics, text_statistics
+    from headcount.analysis.roles import assign_roles, count_words, syntactic_statistics, text_statistics
+    from headcount.data.parses import read_conllu
 
     (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
     text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_config
 
-from headcount.batching import source_tensor, target_tensors
-from headcount.importance import (
+from headcount.analysis.correlations import rank_correlations, spearman
+from headcount.analysis.importance import (
     confidence_masks,
     confidence_sums,
     dev_batches,
@@ -19,11 +19,11 @@ from headcount.importance import (
     head_confidence,
     mean_nll,
     michel_importance,
-    rank_correlations,
-    spearman,
 )
-from headcount.measures import ScoringInputs, score_table
-from headcount.model import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, Transformer
+from headcount.analysis.measures import ScoringInputs, score_table
+from headcount.data.batching import source_tensor, target_tensors
+from headcount.data.subwords import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS
+from headcount.models.transformer import Transformer
 
 torch.set_num_threads(1)
 
@@ -47,8 +47,8 @@ def padded_batches():
     """Two padded batches of the toy set (src, tgt_in, tgt_out)."""
     out = []
     for rows in ([0, 1], [2, 3]):
-        tgt_in, tgt_out = target_tensors([TGT[i] for i in rows])
-        out.append((source_tensor([SRC[i] for i in rows]), tgt_in, tgt_out))
+        tgt_in, tgt_out = target_tensors([TGT[i] for i in rows], SPECIAL_IDS)
+        out.append((source_tensor([SRC[i] for i in rows], SPECIAL_IDS), tgt_in, tgt_out))
     return out
 
 
@@ -102,7 +102,7 @@ def brute_force_confidence(model, kind, layer, head):
     """One sentence at a time, no padding, plain Python max over the allowed keys."""
     total, count = 0.0, 0
     for s, t in zip(SRC, TGT):
-        src, (tgt_in, _) = source_tensor([s]), target_tensors([t])
+        src, (tgt_in, _) = source_tensor([s], SPECIAL_IDS), target_tensors([t], SPECIAL_IDS)
         with torch.no_grad():
             _, att = model(src, tgt_in, need_weights=True)
         p = att[kind][layer][0, head]
@@ -240,7 +240,7 @@ def test_ablation_equals_loss_change_of_zeroing_the_head():
 
 def test_mean_nll_ignores_batching():
     model = tiny_model(seed=3)
-    one_batch = dev_batches(SRC, TGT, max_tokens=10_000)
+    one_batch = dev_batches(SRC, TGT, max_tokens=10_000, special=SPECIAL_IDS)
     assert len(one_batch) == 1
     assert mean_nll(model, one_batch) == pytest.approx(mean_nll(model, padded_batches()), rel=1e-12)
 
@@ -294,7 +294,7 @@ def test_rank_correlations_per_layer_and_overall():
 def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figures(monkeypatch):
     """A new measure is one Measure in the registry: the score table gets its columns, the
     correlations rank it against ablation and the workflow draws its heatmaps."""
-    from headcount import measures
+    from headcount.analysis import measures
 
     def head_norm(inputs):  # each head's share of W^O's norm
         rows = []
@@ -318,7 +318,7 @@ def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figu
 
 def test_spearman_interval_is_the_percentile_interval_of_resampled_heads():
     """Against a loop of the plain spearman over the same resamples of the heads."""
-    from headcount.importance import spearman_interval
+    from headcount.analysis.correlations import spearman_interval
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=24)

@@ -8,12 +8,15 @@ import pytest
 import torch
 from conftest import random_batch, tiny_config
 
-from headcount.decode import translate
-from headcount.importance import dev_batches, head_confidence, michel_importance
-from headcount.lrp import step_relevance
-from headcount.model import BOS_ID, EOS_ID, UNK_ID, Transformer
-from headcount.seq2seq import HeadSlots, Seq2SeqWithHeads, SpecialIds, load_model
-from headcount.train import save_checkpoint
+from headcount.analysis.importance import dev_batches, head_confidence, michel_importance
+from headcount.data.special import SpecialIds
+from headcount.data.subwords import BOS_ID, EOS_ID, UNK_ID
+from headcount.models.checkpoint import save_checkpoint
+from headcount.models.loading import load_model
+from headcount.models.lrp import step_relevance
+from headcount.models.seq2seq import HeadSlots, Seq2SeqWithHeads
+from headcount.models.transformer import Transformer
+from headcount.training.decode import translate
 
 
 def test_headcount_transformer_implements_the_interface(tiny_model):
@@ -83,7 +86,7 @@ def test_keep_heads_equals_masking_the_other_heads(tiny_model, kept):
 
 
 def test_keep_heads_refuses_hard_concrete_gates(tiny_model):
-    from headcount.gates import attach_gates
+    from headcount.models.gates import attach_gates
 
     attach_gates(tiny_model, ("enc_self",))
     with pytest.raises(ValueError, match="fold the Hard Concrete gates"):
@@ -139,7 +142,8 @@ def test_analyses_take_the_special_ids_from_the_model():
         hyps = translate(model, sentences, beam=beam, max_tokens=500)
         assert sum(map(len, hyps)) > 4
         assert translate(twin, sentences, beam=beam, max_tokens=500) == hyps
-    batches, twin_batches = dev_batches(sentences, targets), dev_batches(sentences, targets, special=twin.special)
+    batches = dev_batches(sentences, targets, special=model.special)
+    twin_batches = dev_batches(sentences, targets, special=twin.special)
     assert int(twin_batches[0][0].eq(BOS_ID).sum()) > 0  # the twin's sources end with its EOS, id 2
     assert head_confidence(twin, twin_batches).equals(head_confidence(model, batches))
     assert np.allclose(michel_importance(twin, twin_batches)["michel"], michel_importance(model, batches)["michel"])

@@ -8,8 +8,10 @@ import torch
 from conftest import random_batch, tiny_config
 from torch import nn
 
-from headcount.lrp import head_relevance, lrp_forward, make_rules, step_relevance, sub_batches
-from headcount.model import BOS_ID, PAD_ID, Transformer
+from headcount.analysis.relevance import head_relevance, sub_batches
+from headcount.data.subwords import BOS_ID, PAD_ID
+from headcount.models.lrp import lrp_forward, make_rules, step_relevance
+from headcount.models.transformer import Transformer
 
 torch.set_num_threads(1)
 
@@ -374,7 +376,7 @@ def test_unknown_rule_rejected():
 def test_hand_written_ding_backward_matches_autograd(layers, heads):
     """The hand-written "ding" backward (packed decoder rows) against autograd's, on a ragged batch
     with a closed head and a half-open gate: every step, head and cut."""
-    from headcount.headcount_lrp import ding_step_relevance
+    from headcount.models.transformer_lrp import ding_step_relevance
 
     model = tiny_lrp_model(seed=9, enc_layers=layers[0], dec_layers=layers[1], n_heads=heads, d_model=8)
     model.set_head_mask({"dec_self": torch.ones(layers[1], heads).index_fill_(1, torch.tensor([1]), 0.0)})
@@ -392,7 +394,7 @@ def test_hand_written_ding_backward_matches_autograd(layers, heads):
 
 
 def test_head_relevance_uses_the_hand_written_backward_for_ding_only(monkeypatch):
-    import headcount.headcount_lrp as headcount_lrp
+    import headcount.models.transformer_lrp as headcount_lrp
 
     model = tiny_lrp_model(seed=10, enc_layers=1, dec_layers=1)
     src, tgt_in = ragged_batch([5, 3], [4, 2], seed=10)
@@ -412,7 +414,7 @@ def test_head_relevance_uses_the_hand_written_backward_for_ding_only(monkeypatch
 
 
 def test_a_batch_too_large_for_the_hand_written_backward_takes_autograds(monkeypatch):
-    import headcount.headcount_lrp as headcount_lrp
+    import headcount.models.transformer_lrp as headcount_lrp
 
     model = tiny_lrp_model(seed=11, enc_layers=1, dec_layers=2)
     src, tgt_in = ragged_batch([5, 3, 7], [4, 6, 2], seed=11)

@@ -7,7 +7,7 @@ import torch
 from conftest import random_batch, tiny_config
 from torch import nn
 
-from headcount.model import Dropout, MultiHeadAttention, Transformer, lane_keep_mask, sinusoidal_positions
+from headcount.models.transformer import Dropout, MultiHeadAttention, Transformer, lane_keep_mask, sinusoidal_positions
 
 
 def copied_torch_mha(ours: MultiHeadAttention, d_model: int, n_heads: int) -> nn.MultiheadAttention:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headcount.io import DataError
-from headcount.parses import (
+from headcount.data.parses import (
     COLUMNS,
     arc_agreement,
     document_to_table,
@@ -22,6 +21,7 @@ from headcount.parses import (
     sentence_texts,
     simple_tokenize,
 )
+from headcount.io import DataError
 
 stanza_conll = pytest.importorskip("stanza.utils.conll")
 

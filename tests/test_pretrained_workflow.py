@@ -34,7 +34,7 @@ def pretrained_config(mirror, model_dir) -> dict:
 
 @pytest.mark.workflow
 def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
-    from headcount.hf_models import write_tiny_marian
+    from headcount.models.hf import write_tiny_marian
 
     mirror = make_toy_mirror(tmp_path)
     src, tgt = toy_corpus(600, seed=1)
@@ -84,7 +84,7 @@ def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
     assert sum(head["pruned"] for head in gates["heads"]) == 8 - retained["enc_self"]
 
     # Physical pruning: the pruned Marian model without its closed heads, fewer parameters if any closed.
-    from headcount.seq2seq import load_model
+    from headcount.models.loading import load_model
 
     export = json.loads((results / "prune/enc/lambda_2/physical/summary.json").read_text())
     kept = export["heads"]["enc_self"]

@@ -4,8 +4,8 @@ seconds, and at the end."""
 import torch
 from conftest import tiny_config
 
-from headcount.importance import head_ablation
-from headcount.model import Transformer
+from headcount.analysis.importance import head_ablation
+from headcount.models.transformer import Transformer
 from headcount.progress import Progress
 
 

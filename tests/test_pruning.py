@@ -10,18 +10,12 @@ from conftest import random_batch, toy_corpus
 from test_stages import MODEL, training
 from toyflow import kill_when
 
+from headcount.data.subwords import train_bpe
 from headcount.io import HeadcountError, read_lines, write_lines
-from headcount.pruning import (
-    fold_gates,
-    gate_table,
-    masks_from_table,
-    michel_masks,
-    prepare_for_pruning,
-    retained_counts,
-)
-from headcount.subwords import train_bpe
-from headcount.train import load_model
-from headcount.training_runs import train_translation_model
+from headcount.models.loading import load_model
+from headcount.pipeline.training_runs import train_translation_model
+from headcount.pruning.hard_concrete import fold_gates, gate_table, prepare_for_pruning
+from headcount.pruning.ranked import masks_from_table, ranked_masks, retained_counts
 
 PRUNE = dict(gate_lr_scale=10.0, log_alpha_init=None,
              training=dict(max_steps=12, warmup_steps=4, lr_scale=0.5, checkpoint_interval=4))
@@ -61,16 +55,17 @@ def test_encoder_only_setting_trains_the_encoder_and_its_gates_only(tiny_model):
     assert all(m.hard_concrete is None for m in tiny_model.attention_modules()["dec_self"])
 
 
-def test_michel_masks_remove_the_least_important_heads_first():
+def test_ranked_masks_remove_the_least_important_heads_first():
     rows = [{"type": t, "layer": layer, "head": h, "michel": float(10 * layer + h + (100 if t == "dec_enc" else 0))}
             for t in ("enc_self", "dec_self", "dec_enc") for layer in range(2) for h in range(4)]
     scores = pd.DataFrame(rows)
-    steps = michel_masks(scores, ("enc_self",), {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4, step=0.25)
+    steps = ranked_masks(scores, "michel", ("enc_self",), {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4, step=0.25)
     assert [f for f, _ in steps] == [0.0, 0.25, 0.5, 0.75]
     fraction, masks = steps[1]  # 2 of 8 encoder heads: layer 0 heads 0 and 1 (lowest importance)
     assert masks["enc_self"][0].tolist() == [0, 0, 1, 1] and masks["enc_self"][1].sum() == 4
     assert masks["dec_self"].sum() == 8  # other types untouched in the encoder-only curve
-    every = michel_masks(scores, ("enc_self", "dec_self", "dec_enc"), {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4)
+    every = ranked_masks(scores, "michel", ("enc_self", "dec_self", "dec_enc"),
+                         {"enc_self": 2, "dec_self": 2, "dec_enc": 2}, 4)
     removed = 24 - sum(every[3][1][k].sum() for k in every[3][1])  # 30% of 24 heads, ranked globally
     assert removed == round(0.3 * 24)
     assert every[3][1]["dec_enc"].sum() == 8  # the most important type is kept longest
@@ -94,7 +89,7 @@ def toy_run(tmp_path):
 
 
 def run_pruning(tmp_path, files, setting, lam, name, log=lambda m: None):
-    from headcount.pruning_runs import prune_heads
+    from headcount.pipeline.pruning_runs import prune_heads
 
     return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=PRUNE,
                        train_settings=training(20), work_dir=str(tmp_path / name / "train"),
@@ -124,7 +119,7 @@ def test_encoder_only_pruning_leaves_the_decoder_unchanged(toy_run):
 def test_a_larger_lambda_closes_more_gates(toy_run):
     tmp_path, files, _ = toy_run
     settings = dict(PRUNE, training=dict(PRUNE["training"], max_steps=40))
-    from headcount.pruning_runs import prune_heads
+    from headcount.pipeline.pruning_runs import prune_heads
 
     closed = []
     for lam in (0.0, 20.0):
@@ -165,8 +160,8 @@ def test_from_scratch_model_keeps_the_pruned_mask(toy_run):
 KILLABLE = """
 import sys
 sys.path.insert(0, {src!r})
-from headcount.pruning_runs import prune_heads
-from headcount.training_runs import train_translation_model
+from headcount.pipeline.pruning_runs import prune_heads
+from headcount.pipeline.training_runs import train_translation_model
 files, kind, out = {files!r}, {kind!r}, {out!r}
 if kind == "prune":
     prune_heads({base!r}, *files, setting="all", lam=0.5, prune_settings={prune!r}, train_settings={train!r},
@@ -213,8 +208,8 @@ def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
 
 
 def test_physically_pruned_model_computes_the_same_as_the_masked_one(tiny_model):
-    from headcount.decode import translate
-    from headcount.pruning import attention_flops, remove_pruned_heads
+    from headcount.pruning.removal import attention_flops, remove_pruned_heads
+    from headcount.training.decode import translate
 
     masks = {"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0]]),  # a layer with no head left
              "dec_self": torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0]]),
@@ -245,7 +240,7 @@ Q0 = "encoder_layers.0.self_attn.q_proj.weight"  # a weight every setting trains
 
 
 def prune_with(tmp_path, files, setting, lam, name, **recipe):
-    from headcount.pruning_runs import prune_heads
+    from headcount.pipeline.pruning_runs import prune_heads
 
     settings = {**PRUNE, **recipe}
     return prune_heads(str(tmp_path / "base.pt"), *files, setting=setting, lam=lam, prune_settings=settings,
@@ -258,7 +253,7 @@ def prune_with(tmp_path, files, setting, lam, name, **recipe):
 def test_the_control_trains_the_weights_with_gates_that_never_close(toy_run):
     """lambda = 0: log alpha pinned open and untrained, every sampled and evaluation gate 1, no
     head pruned by either rule; the weights did fine-tune."""
-    from headcount.gates import OPEN_LOG_ALPHA
+    from headcount.models.gates import OPEN_LOG_ALPHA
 
     tmp_path, files, _ = toy_run
     record = prune_with(tmp_path, files, "all", 0.0, "control")
@@ -275,7 +270,7 @@ def test_the_control_trains_the_weights_with_gates_that_never_close(toy_run):
 
 @pytest.mark.parametrize("setting", ["all", "enc"])
 def test_the_control_samples_only_open_gates_during_training(tiny_model, setting):
-    from headcount.pruning import prepare_for_pruning
+    from headcount.pruning.hard_concrete import prepare_for_pruning
 
     gates, groups = prepare_for_pruning(tiny_model, setting, None, 10.0, control=True)
     assert len(groups) == 1  # no gate is trained
@@ -319,7 +314,7 @@ def test_the_frozen_gate_phase_changes_no_gate(toy_run):
 
 def test_best_dev_bleu_selection_picks_among_checkpoints_with_the_final_heads(toy_run):
     tmp_path, files, _ = toy_run
-    from headcount.pruning_runs import prune_heads
+    from headcount.pipeline.pruning_runs import prune_heads
 
     settings = {**PRUNE, "select": "best_dev_bleu", "training": {**PRUNE["training"], "eval_interval": 4}}
     record = prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.0, prune_settings=settings,
@@ -337,15 +332,16 @@ def test_best_dev_bleu_selection_picks_among_checkpoints_with_the_final_heads(to
 
 
 def test_learning_rate_recipes_against_the_noam_formula():
-    from headcount.pruning import baseline_last_lr, fine_tuning_lr, healing_lr
+    from headcount.training.schedules import baseline_last_lr, fine_tuning_lr, healing_lr, noam_lr
 
     base = {"max_steps": 3200, "warmup_steps": 800, "lr_scale": 1.0}
     last = 256 ** -0.5 * 3200 ** -0.5  # past the warm-up: scale * d^-0.5 * step^-0.5
     assert baseline_last_lr(base, 256) == pytest.approx(last)
-    assert fine_tuning_lr("noam", base, 256) is None  # the training loop's own restart
-    constant = fine_tuning_lr("constant", base, 256)
+    restart = fine_tuning_lr("noam", base, {"warmup_steps": 10, "lr_scale": 0.5}, 256)  # the authors' restart
+    assert [restart(s) for s in (1, 10, 40)] == [noam_lr(s, 256, 10, 0.5) for s in (1, 10, 40)]
+    constant = fine_tuning_lr("constant", base, {}, 256)
     assert constant(1) == constant(500) == pytest.approx(last)
-    carried = fine_tuning_lr("continue", base, 256)
+    carried = fine_tuning_lr("continue", base, {}, 256)
     assert carried(1) == pytest.approx(256 ** -0.5 * 3201 ** -0.5) and carried(500) < carried(1) < last
     heal = healing_lr(1e-3, 4)
     assert [heal(s) for s in range(1, 5)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4])
@@ -354,8 +350,8 @@ def test_learning_rate_recipes_against_the_noam_formula():
 def test_baseline_adam_state_is_resumed_parameter_by_parameter(tiny_model):
     """The baseline optimizer's moments reach the same tensors after gates are attached and the
     decoder is frozen; the new gates start fresh."""
-    from headcount.pruning import optimizer_state_loader
-    from headcount.train import parameter_groups
+    from headcount.pruning.hard_concrete import optimizer_state_loader
+    from headcount.training.loop import parameter_groups
 
     params = list(tiny_model.parameters())
     adam = torch.optim.Adam(params, lr=1e-3)
@@ -407,8 +403,8 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     the control is its own row, and the steps the table states are those the runs recorded."""
     import random
 
-    from headcount.evaluate import paired_bootstrap
-    from headcount.pruning_report import pruning_report
+    from headcount.report.pruning_report import pruning_report
+    from headcount.training.evaluate import paired_bootstrap
 
     rng = random.Random(3)
     words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
@@ -498,8 +494,8 @@ def test_seed_spread_pairs_each_seeds_control_with_its_own_baseline(tmp_path):
     import random
     import statistics
 
-    from headcount.evaluate import paired_bootstrap
-    from headcount.pruning_report import seed_spread
+    from headcount.report.pruning_report import seed_spread
+    from headcount.training.evaluate import paired_bootstrap
 
     rng = random.Random(5)
     words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
@@ -540,7 +536,7 @@ def test_seed_spread_pairs_each_seeds_control_with_its_own_baseline(tmp_path):
 def test_encoder_table_states_intervals_the_control_and_the_michel_point():
     """The encoder-only table: its runs in lambda order after the baseline, the control labelled,
     each difference with its interval and verdict, the Michel point it was set against."""
-    from headcount.pruning_report import encoder_markdown
+    from headcount.report.pruning_report import encoder_markdown
 
     nan = float("nan")
     pruning = pd.DataFrame([
@@ -568,7 +564,7 @@ def test_encoder_table_states_intervals_the_control_and_the_michel_point():
 
 def test_a_run_is_set_against_the_michel_point_nearest_its_head_count():
     """Encoder heads for the encoder-only setting, all heads otherwise; more heads win a tie."""
-    from headcount.pruning_report import michel_match
+    from headcount.report.pruning_report import michel_match
 
     def point(enc, dec):
         return {"retained": {"enc_self": enc, "dec_self": dec, "dec_enc": 48}}
@@ -585,13 +581,14 @@ TYPES_ = ("enc_self", "dec_self", "dec_enc")
 
 
 def test_pruning_and_from_scratch_runs_stop_on_a_signal_like_the_baseline(toy_run):
-    """Both jobs train with headcount.train.train, the baseline's loop: a SIGTERM or SIGINT
+    """Both jobs train with headcount.training.loop.train, the baseline's loop: a SIGTERM or SIGINT
     mid-run writes a checkpoint at the step reached and stops with TrainingStopped (the loop's
     tests cover resuming to the same weights)."""
     import os
     import signal
 
-    from headcount.train import TrainingStopped, load_checkpoint
+    from headcount.models.checkpoint import load_checkpoint
+    from headcount.training.loop import TrainingStopped
 
     tmp_path, files, model = toy_run
 
@@ -602,7 +599,7 @@ def test_pruning_and_from_scratch_runs_stop_on_a_signal_like_the_baseline(toy_ru
         return log
 
     prune = dict(PRUNE, training=dict(PRUNE["training"], log_interval=1))
-    from headcount.pruning_runs import prune_heads
+    from headcount.pipeline.pruning_runs import prune_heads
 
     with pytest.raises(TrainingStopped, match="SIGTERM at step 6 of 12"):
         prune_heads(str(tmp_path / "base.pt"), *files, setting="all", lam=0.5, prune_settings=prune,

@@ -226,7 +226,7 @@ with job(snakemake):
 
 
 def test_random_bytes_named_gz_are_not_gzip_data(tmp_path):
-    from headcount.data import fetch_source, read_text_lines
+    from headcount.data.corpora import fetch_source, read_text_lines
     from headcount.io import DataError
 
     junk = bytes(range(200, 256)) * 4

@@ -9,9 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount.model import EOS_ID, ModelConfig, Transformer
-from headcount.parses import COLUMNS
-from headcount.roles import (
+from headcount.analysis.roles import (
     PositionalStats,
     RareStats,
     SyntacticStats,
@@ -26,6 +24,9 @@ from headcount.roles import (
     syntactic_table,
     word_attention,
 )
+from headcount.data.parses import COLUMNS
+from headcount.data.subwords import EOS_ID
+from headcount.models.transformer import ModelConfig, Transformer
 
 torch.set_num_threads(1)
 
@@ -223,7 +224,7 @@ def test_a_head_right_80_percent_of_the_time_scores_0_8():
 def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does_not():
     """Head 0 attends from each continuation piece to the piece before it and from each word-initial
     piece to itself: pooled it is no positional head, per kind it is exact at both."""
-    from headcount.roles import PIECE_KINDS, piece_kind_masks, with_piece_kinds
+    from headcount.analysis.roles import PIECE_KINDS, piece_kind_masks, with_piece_kinds
 
     sentences = [["\u2581a", "b", "\u2581c", "\u2581d", "e", "f"], ["\u2581g", "h", "\u2581i"], ["\u2581j"]]
     S = max(map(len, sentences)) + 1
@@ -255,8 +256,8 @@ def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does
 
 def test_a_language_tag_is_neither_kind_of_piece_nor_part_of_a_word():
     """A multilingual tokenizer's leading tag (SPECIAL_PIECE) belongs to no word and no piece kind."""
-    from headcount.roles import align_pieces, piece_kind_masks
-    from headcount.seq2seq import SPECIAL_PIECE
+    from headcount.analysis.roles import align_pieces, piece_kind_masks
+    from headcount.data.special import SPECIAL_PIECE
 
     pieces = [SPECIAL_PIECE, "\u2581a", "b", "\u2581cd"]
     masks = piece_kind_masks([pieces], 5)
@@ -584,8 +585,9 @@ def test_assign_roles_with_positional_statistics_only():
 def test_a_role_registered_once_reaches_every_table_and_figure(monkeypatch, tmp_path):
     """A new role is one Role in the registry: assign_roles flags and assigns it, the pruning
     table counts it and Figure 8 and the function map draw it."""
-    from headcount import plots, roles
-    from headcount.pruning_report import _role_counts
+    from headcount.analysis import roles
+    from headcount.report import plots
+    from headcount.report.pruning_report import _role_counts
 
     diffuse = roles.Role("diffuse", "diffuse", "#000000", 3,
                          lambda stats, rules: stats["positional"][["layer", "head", "fraction"]].rename(
@@ -678,9 +680,9 @@ def test_find_head_roles_names_its_text_and_parser_and_cross_checks_on_gold_tree
 
     from conftest import NOUNS, tiny_config, toy_conllu, toy_corpus
 
-    from headcount.role_finding import find_head_roles, parse_analysis_sentences
-    from headcount.subwords import Segmenter, train_bpe
-    from headcount.train import save_checkpoint
+    from headcount.data.subwords import Segmenter, train_bpe
+    from headcount.models.checkpoint import save_checkpoint
+    from headcount.pipeline.role_finding import find_head_roles, parse_analysis_sentences
 
     (tmp_path / "train.txt").write_text("\n".join(toy_corpus(300, 1)[0]) + "\n", encoding="utf-8")
     (tmp_path / "dev.txt").write_text("\n".join(toy_corpus(30, 2)[0]) + "\n", encoding="utf-8")

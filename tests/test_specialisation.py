@@ -10,16 +10,17 @@ import pytest
 import torch
 from conftest import tiny_config, toy_corpus
 
-from headcount.decode import translate
-from headcount.evaluate import corpus_bleu
-from headcount.importance import dev_batches
+from headcount.analysis.importance import dev_batches
+from headcount.analysis.roles import PositionalStats
+from headcount.analysis.specialisation import layer_column, layer_columns, model_statistics
+from headcount.data.subwords import BOS_ID, EOS_ID, SPECIAL_IDS, Segmenter, train_bpe
 from headcount.io import HeadcountError, read_lines, write_lines
-from headcount.lrp import step_relevance
-from headcount.model import BOS_ID, EOS_ID, Transformer
-from headcount.roles import PositionalStats
-from headcount.specialisation import layer_column, layer_columns, model_statistics, specialisation_over_training
-from headcount.subwords import Segmenter, train_bpe
-from headcount.train import load_model
+from headcount.models.loading import load_model
+from headcount.models.lrp import step_relevance
+from headcount.models.transformer import Transformer
+from headcount.pipeline.specialisation import specialisation_over_training
+from headcount.training.decode import translate
+from headcount.training.evaluate import corpus_bleu
 
 torch.set_num_threads(1)
 
@@ -55,7 +56,8 @@ def planted_model():
 def test_statistics_of_a_model_with_planted_heads_match_an_explicit_computation():
     model = planted_model()
     src, ref, hyp = sentences(7, 23, 1), sentences(7, 19, 2, 1, 6), sentences(7, 19, 3, 1, 6)
-    row = model_statistics(model, dev_batches(src, ref, max_tokens=40), dev_batches(src, hyp, max_tokens=40))
+    row = model_statistics(model, dev_batches(src, ref, max_tokens=40, special=model.special),
+                           dev_batches(src, hyp, max_tokens=40, special=model.special))
 
     # One sentence at a time, no padding: src + EOS, BOS + target.
     n_layers, n_heads = 2, 4
@@ -101,7 +103,7 @@ def test_statistics_of_a_model_with_planted_heads_match_an_explicit_computation(
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny baseline trained with snapshots every 5 steps, evaluated every 10, to step 15."""
-    from headcount.training_runs import train_translation_model
+    from headcount.pipeline.training_runs import train_translation_model
 
     root = tmp_path_factory.mktemp("snapshots")
     src, tgt = toy_corpus(200, seed=1)
@@ -168,7 +170,7 @@ def statistics_batches(root, model):
     src = src_seg.encode(read_lines(root / "dev.src.txt")[:8])
     ref = tgt_seg.encode(read_lines(root / "dev.tgt.txt")[:8])
     hyps = translate(model, src, beam=1, max_tokens=8000)
-    return dev_batches(src, ref, 200), dev_batches(src, hyps, 200)
+    return dev_batches(src, ref, 200, special=SPECIAL_IDS), dev_batches(src, hyps, 200, special=SPECIAL_IDS)
 
 
 def test_a_run_without_snapshots_is_named_with_the_fix(tmp_path):

@@ -5,10 +5,10 @@ import shutil
 
 from conftest import toy_corpus
 
+from headcount.data.subwords import train_bpe
 from headcount.io import read_lines, write_lines
-from headcount.subwords import train_bpe
-from headcount.training_runs import train_translation_model
-from headcount.translation import translate_file
+from headcount.pipeline.training_runs import train_translation_model
+from headcount.pipeline.translation import translate_file
 
 MODEL = dict(d_model=16, n_heads=4, d_ff=32, enc_layers=1, dec_layers=1, dropout=0.0, attn_dropout=0.0,
              relu_dropout=0.0, tie_target_embeddings=True, max_len=64)

@@ -11,18 +11,10 @@ import torch
 from conftest import tiny_config, toy_corpus
 
 from headcount.io import CheckpointError, HeadcountError
-from headcount.model import Transformer
-from headcount.train import (
-    Corpus,
-    DevSet,
-    TrainConfig,
-    TrainingStopped,
-    evaluate_loss,
-    load_checkpoint,
-    noam_lr,
-    sequence_loss,
-    train,
-)
+from headcount.models.checkpoint import load_checkpoint
+from headcount.models.transformer import Transformer
+from headcount.training.loop import Corpus, DevSet, TrainConfig, TrainingStopped, evaluate_loss, sequence_loss, train
+from headcount.training.schedules import noam_lr
 
 
 def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
@@ -284,9 +276,9 @@ def test_a_signal_during_evaluation_stops_it_and_the_resumed_run_evaluates_that_
 def test_a_checkpoint_is_written_when_the_wall_time_interval_has_passed(toy_data, tmp_path, monkeypatch):
     data, dev, *sizes = toy_data
     clock = iter(range(0, 10_000, 7))  # each reading of the clock is 7 s later
-    monkeypatch.setattr("headcount.train.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("headcount.training.loop.time.monotonic", lambda: next(clock))
     steps = []
-    monkeypatch.setattr("headcount.train.save_checkpoint",
+    monkeypatch.setattr("headcount.training.loop.save_checkpoint",
                         lambda path, state: steps.append(state["step"]) if "step" in state else None)
     train(fresh_model(sizes), settings(max_steps=12, checkpoint_interval=100, eval_interval=100,
                                        checkpoint_minutes=0.25), data, dev, tmp_path, log=quiet)
@@ -323,7 +315,7 @@ class _Payload:
 def test_a_checkpoint_carrying_a_pickled_payload_is_refused_and_runs_nothing(toy_data, tmp_path):
     import shutil
 
-    from headcount.train import load_model
+    from headcount.models.loading import load_model
 
     data, dev, *sizes = toy_data
     model = fresh_model(sizes)
@@ -361,19 +353,26 @@ def test_every_checkpoint_a_run_writes_loads_with_the_weights_only_loader(toy_da
         assert "model" in load_checkpoint(path)
 
 
-def test_checkpoints_are_read_through_one_loader():
-    """Every torch.load in the library and the scripts is load_checkpoint's (weights only)."""
+def test_checkpoints_are_read_and_written_through_one_module():
+    """Every torch.load in the library and the scripts is load_checkpoint's (weights only), and
+    every torch.save is save_checkpoint's (atomic): every model family goes through models.checkpoint."""
     import re
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    calls = [(str(path.relative_to(repo)), line.strip())
-             for folder in ("src", "workflow/scripts")
-             for path in sorted((repo / folder).rglob("*.py"))
-             for line in path.read_text(encoding="utf-8").splitlines()
-             if re.search(r"torch\.load\(|\bload\(.*weights_only", line)]
-    assert len(calls) == 1 and calls[0][0] == "src/headcount/train.py", calls
-    assert "weights_only=True" in calls[0][1], calls
+
+    def calls(pattern):
+        return [(str(path.relative_to(repo)), line.strip())
+                for folder in ("src", "workflow/scripts")
+                for path in sorted((repo / folder).rglob("*.py"))
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if re.search(pattern, line)]
+
+    loads = calls(r"torch\.load\(|\bload\(.*weights_only")
+    assert len(loads) == 1 and loads[0][0] == "src/headcount/models/checkpoint.py", loads
+    assert "weights_only=True" in loads[0][1], loads
+    saves = calls(r"torch\.save\(")
+    assert [path for path, _ in saves] == ["src/headcount/models/checkpoint.py"], saves
 
 
 # --------------------------------------------------------------------------------------------
@@ -456,8 +455,8 @@ def test_a_training_job_stopped_by_sigterm_or_sigint_resumes_to_the_same_weights
 def test_token_corpus_holds_the_sentences_exactly_and_batches_alike(toy_data):
     import numpy as np
 
-    from headcount.batching import make_batches
-    from headcount.token_corpus import TokenCorpus, sequence_lengths
+    from headcount.data.batching import make_batches
+    from headcount.data.token_corpus import TokenCorpus, sequence_lengths
 
     data, *_ = toy_data
     seqs = data.src + [[], [70000, 2**31 - 1]]  # an empty sentence, ids beyond int16
@@ -480,7 +479,7 @@ def test_token_corpus_holds_the_sentences_exactly_and_batches_alike(toy_data):
 
 def test_training_on_a_token_corpus_takes_the_steps_training_on_lists_takes(toy_data, tmp_path):
     """The same batches, losses and weights whether the corpus is lists or a TokenCorpus."""
-    from headcount.token_corpus import TokenCorpus
+    from headcount.data.token_corpus import TokenCorpus
 
     data, dev, *sizes = toy_data
     compact = Corpus(TokenCorpus.from_sequences(data.src), TokenCorpus.from_sequences(data.tgt))

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from toyflow import CORES, REPO, SHARED_DATA, kill_when, plan, shipped_config, smoke_config, snakemake, write_config
 
-from headcount.evaluate import corpus_bleu
 from headcount.io import read_lines, sha256_file
+from headcount.training.evaluate import corpus_bleu
 
 
 def test_lint_is_clean():
@@ -259,7 +259,7 @@ def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_re
     import psutil
     import torch
 
-    from headcount.train import load_checkpoint
+    from headcount.models.checkpoint import load_checkpoint
 
     assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
     workdir = tmp_path / "wf"

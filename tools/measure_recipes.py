@@ -27,10 +27,10 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from headcount.config import FINE_TUNING_KEYS, lambda_label, load_experiments  # noqa: E402
-from headcount.evaluate import paired_bootstrap, score_file  # noqa: E402
 from headcount.io import HeadcountError, atomic_path, read_lines  # noqa: E402
-from headcount.pruning_runs import prune_heads  # noqa: E402
-from headcount.translation import translate_file  # noqa: E402
+from headcount.pipeline.pruning_runs import prune_heads  # noqa: E402
+from headcount.pipeline.translation import translate_file  # noqa: E402
+from headcount.training.evaluate import paired_bootstrap, score_file  # noqa: E402
 
 # The candidates of issue 18, item 2. The gate initialisation matters only where gates can move
 # (lambda > 0): the control's gates are pinned open whatever log_alpha_init says.

@@ -16,14 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from headcount.parses import (  # noqa: E402
-    arc_agreement,
-    load_spacy_pipeline,
-    parse_with_spacy,
-    read_conllu,
-    spacy_description,
-)
-from headcount.roles import RELATIONS  # noqa: E402
+from headcount.analysis.roles import RELATIONS  # noqa: E402
+from headcount.data.parses import arc_agreement, load_spacy_pipeline, parse_with_spacy, read_conllu, spacy_description
 
 
 def main() -> int:

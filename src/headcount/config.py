@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from .io import HeadcountError
-from .synthetic_language import PIECE_LENGTH
+from headcount.data.synthetic_language import PIECE_LENGTH
+from headcount.io import HeadcountError
 
 MIRROR_ENV = "HEADCOUNT_MIRROR"
 # Where the workflow keeps each fetched source (a download, or a copy of the mirror's file).

@@ -9,7 +9,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__
+from headcount import __version__
 
 
 def _torch_version() -> str:

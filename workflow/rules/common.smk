@@ -23,8 +23,9 @@ from headcount.config import (
     test_sets,
 )
 from headcount.config import FINE_TUNING_KEYS, scratch_training
-from headcount.measures import MEASURES, score_names
-from headcount.seq2seq import ATTENTION_TYPES
+from headcount.analysis.measures import MEASURES, score_names
+from headcount.models.seq2seq import ATTENTION_TYPES
+from headcount.pruning.methods import SETTINGS, settings_pattern
 
 try:
     EXPERIMENTS = load_experiments(
@@ -53,8 +54,8 @@ wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
     kind="|".join(ATTENTION_TYPES),
-    model=r"baseline|prune/(enc|all)/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/(enc|all)/lambda_0)",
-    setting="enc|all",
+    model=rf"baseline|prune/({settings_pattern()})/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/({settings_pattern()})/lambda_0)",
+    setting=settings_pattern(),
     lam=r"[0-9][0-9.e+-]*",
     score="[a-z_]+",
     split="|".join(
@@ -284,7 +285,7 @@ def scratch_models(exp, setting):
 
 
 def prune_settings(exp):
-    return [s for s in ("enc", "all") if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
+    return [s for s in SETTINGS if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
 
 
 def extra_seeds(exp):

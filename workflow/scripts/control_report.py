@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.positive_control import control_report
+from headcount.report.positive_control import control_report
 
 with job(snakemake) as log:
     control_report(

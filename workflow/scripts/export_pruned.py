@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.pruning_runs import export_pruned
+from headcount.pipeline.pruning_runs import export_pruned
 
 with job(snakemake) as log:
     export_pruned(

@@ -3,7 +3,7 @@ from _common import job
 import os
 
 from headcount.config import MIRROR_ENV
-from headcount.data import fetch_source
+from headcount.data.corpora import fetch_source
 
 with job(snakemake) as log:
     fetch_source(

@@ -1,7 +1,7 @@
 from _common import job
 
 from headcount.config import SYNTHETIC_TEST_SET
-from headcount.synthetic_language import Grammar, write_corpus
+from headcount.data.synthetic_language import Grammar, write_corpus
 
 with job(snakemake) as log:
     settings = dict(snakemake.params.synthetic)

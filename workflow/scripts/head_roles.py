@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.role_finding import find_head_roles
+from headcount.pipeline.role_finding import find_head_roles
 
 with job(snakemake) as log:
     find_head_roles(

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.training_runs import import_pretrained_baseline
+from headcount.pipeline.training_runs import import_pretrained_baseline
 
 with job(snakemake) as log:
     import_pretrained_baseline(

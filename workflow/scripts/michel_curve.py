@@ -1,9 +1,9 @@
 from _common import job
 
-from headcount.pruning_runs import michel_curve
+from headcount.pipeline.pruning_runs import ranked_curve
 
 with job(snakemake) as log:
-    michel_curve(
+    ranked_curve(
         baseline=snakemake.input.baseline,
         head_scores=snakemake.input.head_scores,
         src_spm=snakemake.input.src_spm,
@@ -17,5 +17,6 @@ with job(snakemake) as log:
         out_path=snakemake.output.table,
         translations_out=snakemake.output.translations,
         device=snakemake.params.device,
+        method="michel",
         log=log,
     )

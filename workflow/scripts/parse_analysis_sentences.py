@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.role_finding import parse_analysis_sentences
+from headcount.pipeline.role_finding import parse_analysis_sentences
 
 with job(snakemake) as log:
     parse_analysis_sentences(

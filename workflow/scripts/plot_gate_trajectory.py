@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.plots import gate_trajectory_figures
+from headcount.report.plots import gate_trajectory_figures
 
 with job(snakemake) as log:
     w = snakemake.wildcards

@@ -3,7 +3,7 @@ from pathlib import Path
 import pandas as pd
 from _common import job
 
-from headcount.plots import head_heatmap
+from headcount.report.plots import head_heatmap
 
 with job(snakemake) as log:
     table = pd.read_parquet(snakemake.input[0])

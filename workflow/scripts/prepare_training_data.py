@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.data import CleaningConfig, prepare_training_corpus
+from headcount.data.corpora import CleaningConfig, prepare_training_corpus
 from headcount.io import write_json
 
 with job(snakemake) as log:

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.pruning_runs import prune_heads
+from headcount.pipeline.pruning_runs import prune_heads
 
 with job(snakemake) as log:
     prune_heads(

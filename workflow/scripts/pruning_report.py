@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.pruning_report import pruning_report
+from headcount.report.pruning_report import pruning_report
 
 with job(snakemake) as log:
     pruning_report(

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.evaluate import score_file
+from headcount.training.evaluate import score_file
 
 with job(snakemake) as log:
     scores = score_file(snakemake.input.hyp, snakemake.input.ref, snakemake.params.lowercase, snakemake.output[0],

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.head_scores import score_heads
+from headcount.pipeline.head_scores import score_heads
 
 with job(snakemake) as log:
     heads = snakemake.params.heads

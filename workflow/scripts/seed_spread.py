@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.pruning_report import seed_spread
+from headcount.report.pruning_report import seed_spread
 
 with job(snakemake) as log:
     seed_spread(

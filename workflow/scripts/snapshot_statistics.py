@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.specialisation import specialisation_over_training
+from headcount.pipeline.specialisation import specialisation_over_training
 
 with job(snakemake) as log:
     specialisation_over_training(

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.training_runs import train_translation_model
+from headcount.pipeline.training_runs import train_translation_model
 
 with job(snakemake) as log:
     summary = train_translation_model(

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.subwords import Segmenter, train_bpe
+from headcount.data.subwords import Segmenter, train_bpe
 
 with job(snakemake) as log:
     train_bpe(

@@ -1,6 +1,6 @@
 from _common import job
 
-from headcount.translation import translate_file
+from headcount.pipeline.translation import translate_file
 
 with job(snakemake) as log:
     translate_file(

@@ -1,0 +1,1 @@
+"""Analyses of a trained model's heads: importance measures, LRP relevance, roles, specialisation."""

@@ -1,0 +1,235 @@
+"""Head importance scores: confidence, Michel et al. importance, single-head ablation.
+
+SPEC.md section 1.3 (confidence, Voita et al. 2019 section 4.1), section 2 (EOS and padding) and
+section 3 (Michel et al. 2019 importance; single-head ablation as the causal reference against
+which the other scores are ranked). LRP relevance lives in relevance.py; measures.py registers them
+all and joins them into the score table; correlations.py ranks them against the reference.
+
+Every score is a pandas DataFrame with one row per (type, layer, head), so they merge on those
+keys. Batches are (src, tgt_in, tgt_out) tensors as `batching.source_tensor/target_tensors` make
+them: source = subwords + EOS, decoder input = BOS + subwords, decoder output = subwords + EOS.
+
+Shapes: B batch, S source length, T target length, H heads, L layers, Dh head size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headcount.analysis.tables import KEYS, head_rows
+from headcount.data.batching import make_batches, source_tensor, target_tensors
+from headcount.data.special import SpecialIds
+from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+from headcount.progress import Progress
+
+Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
+
+
+def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000, *,
+                special: SpecialIds) -> list[Batch]:
+    """Deterministic padded batches of a set (the order does not change any score here), with the
+    model's special ids (`model.special`)."""
+    out = []
+    for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens, seed=0):
+        tgt_in, tgt_out = target_tensors([tgt_ids[i] for i in batch], special)
+        out.append((source_tensor([src_ids[i] for i in batch], special), tgt_in, tgt_out))
+    return out
+
+
+def _on_device(batch, model: Seq2SeqWithHeads):
+    device = next(model.parameters()).device
+    return [x.to(device) for x in batch]
+
+
+# --------------------------------------------------------------------------------------------
+# Confidence (Voita et al. 2019, section 4.1)
+
+
+def confidence_sums(probs: Tensor, query_keep: Tensor, key_keep: Tensor) -> tuple[Tensor, int]:
+    """Sum over kept query tokens of each head's max weight over kept keys, and the query count.
+
+    probs (B, H, Tq, Tk); query_keep (B, Tq) and key_keep (B, Tk) bool. Left-out keys (EOS,
+    padding) are dropped from the max without renormalising the remaining weights (SPEC section 2).
+    -> (H,) sums, number of query tokens.
+    """
+    kept = probs.masked_fill(~key_keep[:, None, None, :], 0.0)  # weights are >= 0, so 0 never wins
+    row_max = kept.amax(dim=-1)  # (B, H, Tq)
+    mask = query_keep[:, None, :].to(row_max.dtype)
+    return (row_max * mask).sum(dim=(0, 2)), int(query_keep.sum())
+
+
+def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_bos_in_dec_self: bool = False):
+    """(query_keep, key_keep) per attention type; `special`: the model's ids.
+
+    Encoder self-attention: the EOS query row and the EOS key column are left out (the paper).
+    Decoder-encoder attention: every decoder input position is a query (the decoder input holds
+    BOS + subwords, no EOS); the source EOS column is left out, as for the encoder.
+    Decoder self-attention: the decoder input holds no EOS, so by default nothing but padding is
+    left out; the first query (BOS) can only see itself and so always has weight 1. With
+    `exclude_bos_in_dec_self` the BOS key column (the decoder's counterpart of the EOS "no-op"
+    sink) is left out instead, and with it the first query row, which would see no key.
+    """
+    src_real = src.ne(special.pad)
+    src_keep = src_real & src.ne(special.eos)
+    tgt_real = special.decoder_positions(tgt_in)
+    dec_query, dec_key = tgt_real, tgt_real
+    if exclude_bos_in_dec_self:
+        dec_key = tgt_real & tgt_in.ne(special.bos)
+        dec_query = tgt_real.clone()
+        dec_query[:, 0] = False
+    return {"enc_self": (src_keep, src_keep), "dec_self": (dec_query, dec_key), "dec_enc": (tgt_real, src_keep)}
+
+
+@torch.no_grad()
+def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]],
+                    exclude_bos_in_dec_self: bool = False) -> pd.DataFrame:
+    """Mean over query tokens of a head's maximum attention weight, pooled over the whole set."""
+    model.eval()
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    for batch in batches:
+        src, tgt_in = _on_device(batch[:2], model)
+        _, attentions = model(src, tgt_in, need_weights=True)
+        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self)
+        for kind, (query_keep, key_keep) in masks.items():
+            per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
+            sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
+            counts[kind] = counts.get(kind, 0) + per_layer[0][1]
+    return head_rows({kind: s / max(counts[kind], 1) for kind, s in sums.items()}, "confidence")
+
+
+# --------------------------------------------------------------------------------------------
+# Michel et al. (2019) importance
+
+
+def summed_nll(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, int]:
+    """Teacher-forced NLL summed over the real target tokens (a sentence's loss, not a mean)."""
+    logits, _ = model(src, tgt_in)
+    real = tgt_out.ne(model.special.pad)
+    logits = logits[real].to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
+    return F.cross_entropy(logits, tgt_out[real], reduction="sum"), int(real.sum())
+
+
+class HeadContexts:
+    """Forward hooks that keep every head's context vector (B, H, Tq, Dh), by type and layer."""
+
+    def __init__(self, model: Seq2SeqWithHeads):
+        self.modules = model.attention_modules()
+        self.tensors: dict[str, list[Tensor | None]] = {k: [None] * len(m) for k, m in self.modules.items()}
+        self.handles = []
+
+    def __enter__(self):
+        for kind, mods in self.modules.items():
+            for layer, m in enumerate(mods):
+                self.handles.append(m.head_context.register_forward_hook(self._keeper(kind, layer)))
+        return self
+
+    def _keeper(self, kind: str, layer: int):
+        def hook(module, inputs, output):
+            self.tensors[kind][layer] = output
+
+        return hook
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+
+@torch.enable_grad()
+def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
+    """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
+
+    L is the teacher-forced NLL summed over each sentence's tokens, so a token's gradient is that
+    of its sentence's loss (as Michel et al.'s per-example loss), whatever the batch. Tokens are the
+    real (non-padding) query positions of each attention: source tokens for encoder
+    self-attention, decoder input tokens for the decoder's. Columns: michel (normalised) and
+    michel_raw (the token average before normalisation).
+    """
+    model.eval()
+    sums: dict[str, Tensor] = {}
+    counts: dict[str, int] = {}
+    for batch in batches:
+        src, tgt_in, tgt_out = _on_device(batch[:3], model)
+        with HeadContexts(model) as hooked:
+            loss, _ = summed_nll(model, src, tgt_in, tgt_out)
+        kinds = list(hooked.tensors)
+        contexts = [c for kind in kinds for c in hooked.tensors[kind]]
+        grads = torch.autograd.grad(loss, contexts)
+        decoder = model.special.decoder_positions(tgt_in)
+        queries = {"enc_self": src.ne(model.special.pad), "dec_self": decoder, "dec_enc": decoder}
+        i = 0
+        for kind in kinds:
+            per_layer = []
+            for ctx in hooked.tensors[kind]:
+                per_token = (ctx.detach() * grads[i]).sum(dim=-1).abs()  # (B, H, Tq)
+                per_layer.append((per_token * queries[kind][:, None, :]).sum(dim=(0, 2)).double().cpu())  # (H,)
+                i += 1
+            sums[kind] = sums.get(kind, 0) + torch.stack(per_layer)  # (L, H)
+            counts[kind] = counts.get(kind, 0) + int(queries[kind].sum())
+    raw = {kind: s / max(counts[kind], 1) for kind, s in sums.items()}
+    normed = {kind: r / r.norm(dim=1, keepdim=True).clamp_min(1e-30) for kind, r in raw.items()}
+    return head_rows(normed, "michel").merge(head_rows(raw, "michel_raw"), on=KEYS)
+
+
+# --------------------------------------------------------------------------------------------
+# Single-head ablation
+
+
+@torch.no_grad()
+def mean_nll(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> float:
+    """Dev loss: mean per-token NLL (nats) over the real target tokens of the set."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        nll, n = summed_nll(model, *_on_device(batch[:3], model))
+        total, tokens = total + float(nll), tokens + n
+    return total / max(tokens, 1)
+
+
+def head_ablation(
+    model: Seq2SeqWithHeads,
+    batches: Sequence[Sequence[Tensor]],
+    bleu_fn: Callable[[Seq2SeqWithHeads], float] | None = None,
+    bleu_types: Sequence[str] = ("enc_self",),
+    types: Sequence[str] = ATTENTION_TYPES,
+    log: Callable[[str], None] | None = None,
+) -> pd.DataFrame:
+    """Mask each head alone (its 0/1 gate) and record the change of dev loss, and of BLEU if asked.
+
+    delta_loss = loss with the head masked - loss of the model as given (positive: the head
+    helps). delta_bleu (only for `bleu_types`, NaN elsewhere) = BLEU masked - BLEU as given. Heads
+    already masked are skipped (NaN). The model's masks are restored afterwards.
+    """
+    batches = list(batches)
+    original = {kind: m.clone() for kind, m in model.head_mask().items()}
+    base_loss = mean_nll(model, batches)
+    base_bleu = bleu_fn(model) if bleu_fn is not None and any(t in bleu_types for t in types) else None
+    rows = []
+    bar = Progress(sum(int(original[kind].numel()) for kind in types), "ablation", log, unit="head")
+    try:
+        for kind in types:
+            n_layers, n_heads = original[kind].shape
+            for layer in range(n_layers):
+                for head in range(n_heads):
+                    row = {"type": kind, "layer": layer, "head": head, "delta_loss": np.nan, "delta_bleu": np.nan}
+                    if original[kind][layer, head] != 0:
+                        mask = original[kind].clone()
+                        mask[layer, head] = 0.0
+                        model.set_head_mask({kind: mask})
+                        row["delta_loss"] = mean_nll(model, batches) - base_loss
+                        if base_bleu is not None and kind in bleu_types:
+                            row["delta_bleu"] = bleu_fn(model) - base_bleu
+                        model.set_head_mask({kind: original[kind]})
+                    rows.append(row)
+                    bar.update(1)
+    finally:
+        model.set_head_mask(original)
+    table = pd.DataFrame(rows, columns=[*KEYS, "delta_loss", "delta_bleu"])
+    table.attrs.update(base_loss=base_loss, base_bleu=base_bleu)
+    return table

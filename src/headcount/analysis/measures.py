@@ -1,0 +1,126 @@
+"""The registry of head importance measures, and the score table it assembles.
+
+Each measure names its columns in the score table (heads/scores.csv) and says how it is
+computed; the head-scores stage (`score_table`), the rank correlations (correlations.
+rank_correlations) and the workflow's heatmaps (workflow/rules/common.smk) iterate `MEASURES`, so
+a new measure is one `register_measure` here. This module imports neither torch nor pandas at
+load time: the workflow's rule files read the score names from it when Snakemake parses them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from headcount.analysis.tables import KEYS
+
+
+@dataclass
+class ScoringInputs:
+    """What the measures read."""
+
+    model: Any  # a seq2seq.Seq2SeqWithHeads
+    batches: Sequence  # (src, tgt_in, tgt_out) tensors with the reference translations
+    translation_batches: Sequence | None = None  # (src, BOS + the model's own translation, ...): LRP
+    lrp_rule: str = "ding"
+    bleu_fn: Callable | None = None  # model -> BLEU, for ablation's delta_bleu; None: no delta_bleu
+    log: Callable[[str], None] | None = None
+    notes: dict = field(default_factory=dict)  # what measures report beside their columns (LRP's conservation)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One importance measure: its columns in the score table (the first is its score, the one
+    plotted and ranked) and how it is computed (-> a DataFrame, one row per (type, layer, head):
+    KEYS + columns)."""
+
+    name: str
+    columns: tuple[str, ...]
+    compute: Callable[[ScoringInputs], Any]
+    ranked: bool = True  # ranked against the reference in the correlation table
+    reference: bool = False  # the causal reference the ranked scores are compared with (ablation)
+    optional: bool = False  # computed only when the settings ask (heads.ablation)
+
+    @property
+    def score(self) -> str:
+        return self.columns[0]
+
+
+MEASURES: dict[str, Measure] = {}  # in the score table's column order
+ORDER_BY = "lrp"  # the measure whose score orders each layer's heads in figures (the paper's Figure 1)
+
+
+def register_measure(measure: Measure) -> Measure:
+    MEASURES[measure.name] = measure
+    return measure
+
+
+def ranked_scores() -> tuple[str, ...]:
+    """The scores compared with the reference, in name order."""
+    return tuple(sorted(m.score for m in MEASURES.values() if m.ranked))
+
+
+def reference_score() -> str:
+    return next(m.score for m in MEASURES.values() if m.reference)
+
+
+def score_names(optional: bool = True) -> list[str]:
+    """Every measure's score (what the heatmaps show), the optional measures' only if asked."""
+    return [m.score for m in MEASURES.values() if optional or not m.optional]
+
+
+def order_score() -> str:
+    return MEASURES[ORDER_BY].score
+
+
+def _confidence(inputs: ScoringInputs):
+    from headcount.analysis.importance import head_confidence
+
+    return head_confidence(inputs.model, inputs.batches)
+
+
+def _michel(inputs: ScoringInputs):
+    from headcount.analysis.importance import michel_importance
+
+    return michel_importance(inputs.model, inputs.batches)
+
+
+def _lrp(inputs: ScoringInputs):
+    from headcount.analysis.relevance import head_relevance
+
+    start = time.perf_counter()
+    relevance = head_relevance(inputs.model, inputs.translation_batches, rule=inputs.lrp_rule, log=inputs.log)
+    inputs.notes.update(lrp_conservation=relevance.conservation, lrp_seconds=time.perf_counter() - start)
+    return relevance.table.drop(columns="n_steps")
+
+
+def _ablation(inputs: ScoringInputs):
+    from headcount.analysis.importance import head_ablation
+
+    return head_ablation(inputs.model, inputs.batches, inputs.bleu_fn, log=inputs.log)
+
+
+register_measure(Measure("confidence", ("confidence",), _confidence))
+register_measure(Measure("michel", ("michel", "michel_raw"), _michel))
+register_measure(Measure("lrp", ("lrp",), _lrp))
+register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), _ablation, ranked=False, reference=True,
+                         optional=True))
+
+
+def score_table(inputs: ScoringInputs, measures: Sequence[str] | None = None):
+    """Every head's scores: the given measures (default all), in the registry's order, joined on
+    (type, layer, head). Measures' reports beside their columns land in `inputs.notes`."""
+    unknown = set(measures or ()) - set(MEASURES)
+    if unknown:
+        raise ValueError(f"unknown importance measures {sorted(unknown)}; known: {list(MEASURES)}")
+    names = list(MEASURES) if measures is None else [n for n in MEASURES if n in measures]
+    table = None
+    for name in names:
+        start = time.perf_counter()
+        part = MEASURES[name].compute(inputs)
+        if inputs.log is not None:
+            inputs.log(f"{name} took {time.perf_counter() - start:.1f} s")
+        table = part if table is None else table.merge(part, on=KEYS)
+    return table

@@ -1,0 +1,110 @@
+"""Head relevance by LRP over a data set (Voita et al. 2019, section 4.2): the paper's score,
+each head's share of the top-1 logit's relevance averaged over every generation step.
+
+The rules, traces and backward passes are models.lrp's (every model family re-runs its forward
+pass with them); this module batches a set, drives them and averages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from headcount.data.batching import make_batches
+from headcount.models.lrp import StepRelevance, step_relevance
+from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.progress import Progress
+
+
+@dataclass
+class HeadRelevance:
+    """Averages over all generation steps of a set."""
+
+    table: pd.DataFrame  # one row per (type, layer, head): lrp (normalised, averaged), n_steps
+    conservation: pd.DataFrame  # one row per cut: mean total, mean |total - 1|, max |total - 1|
+
+
+# LRP's own batches. Every step's backward pass runs over the whole batch, padding included, so
+# LRP gains from batches of like lengths more than from large ones (benchmarks/RESULTS.md, "LRP's
+# own batches"): on the trained default model's 500 analysis sentences the hand-written "ding"
+# backward takes 2.94x one forward+backward in sub-batches of 250 padded tokens, 3.42x in 500;
+# autograd's (step_relevance) is best at 500 (3.65x; 3.92x at 250), 4.51x in the scorers' 2,000.
+LRP_MAX_TOKENS = 250
+
+
+def sub_batches(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, max_tokens: int) -> list[tuple[Tensor, Tensor]]:
+    """The batch's sentences regrouped by length into batches of at most max_tokens padded tokens
+    on their longer side (batching.make_batches, deterministic), each cut to its own longest
+    source and target. Every sentence lands in exactly one; a sentence longer than the budget
+    alone."""
+    src_lens = src.ne(model.special.pad).sum(dim=1).tolist()
+    tgt_lens = model.special.decoder_positions(tgt_in).sum(dim=1).tolist()
+    out = []
+    for rows in sorted(make_batches(src_lens, tgt_lens, max_tokens, seed=0)):
+        index = torch.tensor(rows, device=src.device)
+        out.append((src[index, : max(src_lens[i] for i in rows)], tgt_in[index, : max(tgt_lens[i] for i in rows)]))
+    return out
+
+
+def head_relevance(
+    model: Seq2SeqWithHeads,
+    batches: Iterable[tuple[Tensor, ...]],  # (src, tgt_in, ...) with tgt_in = BOS + model's translation
+    rule: str = "ding",
+    eps: float = 1e-6,
+    max_seeds: int = 8,
+    log=None,
+    max_tokens: int = LRP_MAX_TOKENS,
+) -> HeadRelevance:
+    """The paper's LRP head relevance, averaged over every generation step of the batches.
+
+    Each batch is regrouped into sub-batches of at most `max_tokens` padded tokens (sub_batches):
+    the result is the same up to float rounding, and sooner. With the "ding" rule, an architecture
+    whose LRP forward offers `ding_relevance` (headcount's own) uses that hand-written backward
+    pass instead of step_relevance's autograd one: the same numbers, fewer matrix products."""
+    batches = list(batches)
+    hand_written = getattr(model.lrp_forward(), "ding_relevance", None) if rule == "ding" else None
+    sums: dict[str, Tensor] = {}
+    cut_sum: dict[str, list[float]] = {}
+    n_steps = 0
+    bar = Progress(len(batches), "LRP", log, unit="batch")
+    for batch in batches:
+        for src, tgt_in in sub_batches(model, batch[0], batch[1], max_tokens):
+            result = hand_written(src, tgt_in) if hand_written else step_relevance(model, src, tgt_in, rule, eps,
+                                                                                     max_seeds)
+            n_steps = _accumulate(result, sums, cut_sum, n_steps, skip=len(model.special.forced))
+        bar.update(1)
+    rows = [
+        {"type": kind, "layer": layer, "head": head, "lrp": float(s[layer, head] / max(n_steps, 1)),
+         "n_steps": n_steps}
+        for kind, s in sums.items() for layer in range(s.shape[0]) for head in range(s.shape[1])
+    ]
+    conservation = pd.DataFrame(
+        [{"cut": name, "rule": rule, "mean_total": a[0] / max(n_steps, 1), "mean_abs_error": a[1] / max(n_steps, 1),
+          "max_abs_error": a[2]} for name, a in cut_sum.items()]
+    )
+    if log is not None:
+        for row in conservation.itertuples():
+            log(f"LRP ({rule}) conservation at {row.cut}: mean total {row.mean_total:.4f}, "
+                f"mean |error| {row.mean_abs_error:.4f}, max |error| {row.max_abs_error:.4f}")
+    return HeadRelevance(pd.DataFrame(rows), conservation)
+
+
+def _accumulate(result: StepRelevance, sums: dict, cut_sum: dict, n_steps: int, skip: int = 0) -> int:
+    """Adds a batch's normalised head relevance and cut totals to the running sums; -> steps so far.
+    The first `skip` steps predict the forced prefix (a language tag search forces): not counted."""
+    valid = result.valid.clone()
+    valid[:skip] = False
+    mask = valid.to(torch.float64)[..., None, None]  # (T, B, 1, 1)
+    for kind, r in result.normalised().items():
+        sums[kind] = sums.get(kind, 0) + (r.double() * mask).sum(dim=(0, 1))  # (L, H)
+    for name, total in result.cuts.items():
+        err = (total.double() - 1.0).abs()[valid]
+        acc = cut_sum.setdefault(name, [0.0, 0.0, 0.0])
+        acc[0] += float(total.double()[valid].sum())
+        acc[1] += float(err.sum())
+        acc[2] = max(acc[2], float(err.max()) if err.numel() else 0.0)
+    return n_steps + int(valid.sum())

@@ -1,0 +1,75 @@
+"""Subword segmentation: one sentencepiece BPE model per language (SPEC section 2), and headcount's
+own special ids. A stage opens its tokenizer with models.loading.open_tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import sentencepiece as spm
+
+from headcount.data.special import SpecialIds
+from headcount.io import atomic_path
+
+# headcount's own token ids: its sentencepiece models are trained with them (train_bpe), and its
+# Transformer says them (models.transformer). A library function takes a model's ids, never these.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_IDS = SpecialIds(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, unk=UNK_ID)
+
+
+def train_bpe(
+    text_path: str | os.PathLike,
+    model_path: str | os.PathLike,
+    vocab_size: int,
+    seed_sentences: int = 2_000_000,
+    character_coverage: float = 1.0,
+    threads: int = 1,
+    max_piece_length: int = 16,
+) -> None:
+    """Learn a BPE model on one sentence per line; writes `model_path` (a .model file) atomically.
+
+    The vocabulary size is a soft limit (hard_vocab_limit=False) so a corpus too small for it
+    gets a smaller vocabulary instead of an error: the model reads the real size from the file.
+    """
+    model_path = Path(model_path)
+    with atomic_path(model_path) as tmp:
+        prefix = str(tmp) + ".spm"
+        spm.SentencePieceTrainer.train(
+            input=str(text_path),
+            model_prefix=prefix,
+            vocab_size=vocab_size,
+            model_type="bpe",
+            character_coverage=character_coverage,
+            max_sentencepiece_length=max_piece_length,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            hard_vocab_limit=False,
+            input_sentence_size=seed_sentences,
+            shuffle_input_sentence=True,
+            num_threads=threads,
+            minloglevel=2,
+        )
+        os.replace(prefix + ".model", tmp)
+        os.unlink(prefix + ".vocab")
+
+
+class Segmenter:
+    """Text <-> subword ids for one language."""
+
+    def __init__(self, model_path: str | os.PathLike):
+        self.path = str(model_path)
+        self.sp = spm.SentencePieceProcessor(model_file=self.path)
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        return self.sp.encode(lines, out_type=int)
+
+    def pieces(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return self.sp.decode(ids)

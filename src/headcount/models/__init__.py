@@ -1,0 +1,1 @@
+"""Models: the contract every analysis sees (seq2seq), checkpoints, loading, devices, and the families."""

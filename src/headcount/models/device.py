@@ -1,0 +1,36 @@
+"""Where a model runs: the device, and the precision of its matrix products."""
+
+from __future__ import annotations
+
+import torch
+
+from headcount.io import HeadcountError
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise HeadcountError("training.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """bf16 matrix products pay on CPUs with AVX512-BF16 or AMX (measured: 1.58x a training step
+    on AVX512-BF16, benchmarks/RESULTS.md)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if cpu_has_bf16() else None

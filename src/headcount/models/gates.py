@@ -1,0 +1,92 @@
+"""Hard Concrete gates on attention heads (Louizos et al. 2018), as Voita et al. (2019) use them.
+
+Each gated attention module gets one log alpha per head. During training a gate is sampled once
+per head per batch (shared by all sentences in it):
+
+    u ~ U(0, 1),  s = sigmoid((log u - log(1 - u) + log alpha) / beta),
+    g = clip(s * (r - l) + l, 0, 1)
+
+so g is exactly 0 or 1 with positive probability. At evaluation g = clip(sigmoid(log alpha)
+(r - l) + l, 0, 1). The L0 penalty uses P(g != 0) = sigmoid(log alpha - beta log(-l / r)).
+Constants as in the authors' code: beta 0.33, (l, r) = (-0.1, 1.1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+
+BETA, LOW, HIGH = 0.33, -0.1, 1.1
+
+
+class HardConcreteGates(nn.Module):
+    def __init__(self, n_heads: int, beta: float = BETA, low: float = LOW, high: float = HIGH,
+                 init: float | None = None, init_range: float = 0.61):
+        super().__init__()
+        self.beta, self.low, self.high = beta, low, high
+        log_alpha = torch.empty(n_heads)
+        if init is None:
+            nn.init.uniform_(log_alpha, -init_range, init_range)
+        else:
+            nn.init.constant_(log_alpha, init)
+        self.log_alpha = nn.Parameter(log_alpha)
+
+    def sample(self) -> Tensor:
+        """One training-time gate per head, (H,): a reparameterised, differentiable sample."""
+        u = torch.rand_like(self.log_alpha).clamp(1e-6, 1 - 1e-6)
+        s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + self.log_alpha) / self.beta)
+        return (s * (self.high - self.low) + self.low).clamp(0.0, 1.0)
+
+    def deterministic(self) -> Tensor:
+        """The evaluation gate per head, (H,)."""
+        return (torch.sigmoid(self.log_alpha) * (self.high - self.low) + self.low).clamp(0.0, 1.0)
+
+    def forward(self) -> Tensor:
+        return self.sample() if self.training else self.deterministic()
+
+    def p_open(self) -> Tensor:
+        """P(g != 0) per head, (H,): the expected number of open gates is its sum."""
+        return torch.sigmoid(self.log_alpha - self.beta * math.log(-self.low / self.high))
+
+    def p_one(self) -> Tensor:
+        """P(g == 1) per head (closed form; used to test the sampler)."""
+        return torch.sigmoid(self.log_alpha - self.beta * math.log((1 - self.low) / (self.high - 1)))
+
+
+# A log alpha at which every sample is exactly 1: with u clamped to [1e-6, 1 - 1e-6], the logit
+# of u is above -13.9, so sigmoid((logit u + 100) / beta) rounds to 1 and the stretched gate clips
+# to 1; the evaluation gate and P(open) are 1 too.
+OPEN_LOG_ALPHA = 100.0
+
+
+def pin_open(gates: list[HardConcreteGates]) -> None:
+    """Gates that cannot close (the lambda = 0 control): log alpha fixed at OPEN_LOG_ALPHA and
+    not trained. Sampling still draws its noise, so the control's random stream (dropout) is the
+    one a gated run draws."""
+    with torch.no_grad():
+        for g in gates:
+            g.log_alpha.fill_(OPEN_LOG_ALPHA)
+            g.log_alpha.requires_grad_(False)
+
+
+def attach_gates(model: Seq2SeqWithHeads, types=ATTENTION_TYPES, init: float | None = None) -> list:
+    """Give every attention module of the given types Hard Concrete gates; returns them.
+
+    The module's fixed 0/1 mask still applies on top (a head masked out stays out).
+    """
+    gates = []
+    for kind in types:
+        for module in model.attention_modules()[kind]:
+            module.hard_concrete = HardConcreteGates(module.n_heads, init=init).to(module.head_mask.device)
+            gates.append(module.hard_concrete)
+    return gates
+
+
+def l0_penalty(gates: list[HardConcreteGates]) -> Tensor:
+    """L_C: the mean over gated layers of the expected number of open heads in the layer (the
+    authors' scaling; the paper's plain sum is this times the number of gated layers)."""
+    return torch.stack([g.p_open().sum() for g in gates]).mean()

@@ -1,0 +1,59 @@
+"""One way in for every model family: `load_model` reads a checkpoint and builds its model, and
+`open_tokenizer` opens a stage's tokenizer, headcount's sentencepiece model or a pretrained model's.
+
+A checkpoint names its family; the family's module registers its loader (seq2seq.register_family)
+and is imported on demand, so that loading headcount's own checkpoints never imports transformers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from headcount.data.special import Tokenizer
+from headcount.models.seq2seq import MODEL_FAMILIES, Seq2SeqWithHeads
+
+DEFAULT_FAMILY = "headcount"  # checkpoints written before families existed
+# Where the families register themselves (imported on demand, so that loading headcount's own
+# checkpoints never imports transformers).
+FAMILY_MODULES = ("headcount.models.transformer", "headcount.models.hf")
+
+
+def model_from_checkpoint(state: dict) -> Seq2SeqWithHeads:
+    """The model a loaded checkpoint holds (checkpoint.load_checkpoint's dict), by its family."""
+    import importlib
+
+    family = state.get("family", DEFAULT_FAMILY)
+    for module in FAMILY_MODULES:
+        if family in MODEL_FAMILIES:
+            break
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as error:
+            if error.name != module:  # the module exists but needs something missing: say so
+                raise
+    if family not in MODEL_FAMILIES:
+        raise ValueError(f"checkpoint of model family {family!r}, which no module registers; known: "
+                         f"{sorted(MODEL_FAMILIES)}")
+    return MODEL_FAMILIES[family](state)
+
+
+def load_model(path: str | os.PathLike, map_location="cpu") -> Seq2SeqWithHeads:
+    """One loader for every family: read the checkpoint (weights only) and build its model."""
+    from headcount.models.checkpoint import load_checkpoint  # torch: loaded only when a model is
+
+    return model_from_checkpoint(load_checkpoint(path, map_location))
+
+
+def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
+    """A stage's tokenizer (`src_spm`/`tgt_spm` inputs): headcount's sentencepiece model file ->
+    data.subwords.Segmenter; a directory holding a transformers tokenizer (a pretrained model's,
+    written by the import_pretrained rule) -> that side of it (transformers is imported only then).
+    side: "source" or "target"."""
+    if Path(path).is_dir():
+        from headcount.models.hf import load_tokenizers
+
+        return load_tokenizers(path, offline=True)[0 if side == "source" else 1]
+    from headcount.data.subwords import Segmenter
+
+    return Segmenter(path)

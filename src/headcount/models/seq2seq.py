@@ -1,0 +1,132 @@
+"""What every analysis needs from a model: an encoder-decoder Transformer with heads.
+
+Confidence, LRP, Michel importance, ablation, head roles, Hard Concrete gates, the Michel curve,
+beam search and physical pruning see a model only through this interface, so they run on any
+model that implements it: headcount's own Transformer (model.py) and adapters over pretrained
+models (hf_models.py). Nothing here knows a model's module names, its layout or its token ids.
+
+Shapes: B batch, S source length, T target length, D model width, H heads, Dh head size,
+V target vocabulary.
+
+The contract, in short (a model is also a torch nn.Module: parameters, state_dict, train/eval, to):
+
+- `special`: the ids an analysis needs (padding, the decoder's start token, end of sentence).
+  Source tensors are subword ids followed by EOS, padded with `special.pad`; decoder inputs start
+  with `special.bos` (Marian starts from its pad id: so tell padding from the start token with
+  `special.decoder_positions(tgt_in)`, never with `tgt_in != pad`).
+- `encode(src, need_weights)` -> (memory (B, S, D), src_pad (B, S) True at padding,
+  [per encoder layer (B, H, S, S) or None]).
+- `decode(tgt_in, memory, src_pad, need_weights, cache, start)` -> (hidden (B, T, D),
+  [per layer self probs (B, H, T, T)], [per layer cross probs (B, H, T, S)]); with a cache from
+  `new_cache()`, tgt_in holds only the new tokens and `start` is the position of the first.
+- `logits(hidden)` -> (B, T, V), every bias included.
+- `forward(src, tgt_in, need_weights)` -> (logits, {attention type: [per layer probs]} or None).
+- `reorder_cache(cache, rows)` keeps the given batch rows of a cache, in place (beam search).
+- `attention_modules()` -> {attention type: [one `HeadSlots` per layer]}, in layer order.
+- `set_head_mask` / `head_mask`: the fixed 0/1 gates, {type: (layers, H)}.
+- `max_positions`: the longest sequence the model accepts; `d_model`: its width D (learning-rate
+  schedules scale with it); `cfg`: its configuration, `cfg.to_dict()` a JSON-able dict (the
+  training loop records it in checkpoints and run fingerprints).
+- `encoder_parameters()`: the parameters of the source side (embeddings, encoder layers, final
+  encoder norm): what the encoder-only pruning setting trains.
+- `lrp_forward()`: the `LRPForward` that re-runs this architecture with LRP rules (lrp.py).
+- `save(path, extra)` writes a checkpoint, {"family", "model" (state dict), "model_config", **extra},
+  that `load_model` reads back, whatever the family. A checkpoint without "family" (written before
+  families existed) is headcount's own.
+
+Every `HeadSlots` (one attention module) multiplies head i's context by `gates()[i]` before the
+output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh) through the
+`head_context` identity module first (hook point for Michel importance), has a fixed 0/1
+`head_mask` buffer (H,), an optional `hard_concrete` gate module (gates.attach_gates), its output
+projection `out_proj` (gate folding scales each head's input columns), and `keep_heads(indices)`
+to remove the other heads physically.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from headcount.data.special import SpecialIds
+
+if TYPE_CHECKING:  # annotations only: the workflow's rule files import this module, torch-free
+    from torch import Tensor, nn
+
+# The three kinds of attention the paper analyses and prunes; defined here once.
+ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
+
+
+@runtime_checkable
+class HeadSlots(Protocol):
+    """One attention module as the analyses see it."""
+
+    n_heads: int
+    head_dim: int
+    out_proj: nn.Linear  # W^O: head i owns its input columns i*Dh:(i+1)*Dh (pruning.fold_gates scales them)
+    head_mask: Tensor  # (H,) fixed 0/1 gates
+    hard_concrete: nn.Module | None  # HardConcreteGates while pruning
+    head_context: nn.Module  # identity on (B, H, Tq, Dh), before the gates
+
+    def gates(self) -> Tensor: ...  # (H,) head_mask times the Hard Concrete gates, if any
+
+    def keep_heads(self, heads: list[int]) -> None: ...  # physical pruning
+
+
+@runtime_checkable
+class Seq2SeqWithHeads(Protocol):
+    special: SpecialIds
+    max_positions: int
+    d_model: int
+    cfg: Any  # the model's configuration; train.train records cfg.to_dict() in checkpoints and fingerprints
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]: ...
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, need_weights: bool = False,
+               cache: Any = None, start: int = 0) -> tuple[Tensor, list, list]: ...
+
+    def logits(self, hidden: Tensor) -> Tensor: ...
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, dict | None]: ...
+
+    def new_cache(self) -> Any: ...  # an empty incremental-decoding state for `decode`
+
+    def reorder_cache(self, cache: Any, rows: Tensor) -> None: ...
+
+    def attention_modules(self) -> dict[str, list[HeadSlots]]: ...
+
+    def set_head_mask(self, masks: dict[str, Tensor]) -> None: ...
+
+    def head_mask(self) -> dict[str, Tensor]: ...
+
+    def encoder_parameters(self) -> Iterator[nn.Parameter]: ...
+
+    def lrp_forward(self) -> LRPForward: ...
+
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None: ...
+
+
+class LRPForward(Protocol):
+    """An architecture's forward pass re-written with LRP rules (see lrp.py for the rules and for
+    the traces returned; lrp.py drives the backward passes). Evaluation mode, no cache.
+
+    `decode`'s target (B, T): the token whose logit each step explains; where it is -1 the top-1
+    token, never one of `special.never_generated()` (lrp.top1_targets does this).
+    headcount_lrp.py is headcount's own implementation."""
+
+    def encode(self, src: Tensor, rules) -> Any: ...  # -> lrp.EncoderTrace
+
+    def decode(self, encoded: Any, tgt_in: Tensor, rules, target: Tensor | None = None) -> Any: ...  # -> lrp.Trace
+
+
+# Model families: a checkpoint names its family; the family's loader builds the model from the
+# checkpoint (the dict `save` wrote) with its weights loaded.
+MODEL_FAMILIES: dict[str, Callable[[dict], Seq2SeqWithHeads]] = {}
+
+
+def register_family(name: str):
+    def register(loader: Callable[[dict], Seq2SeqWithHeads]):
+        MODEL_FAMILIES[name] = loader
+        return loader
+
+    return register

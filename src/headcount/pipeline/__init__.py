@@ -1,0 +1,1 @@
+"""The stage drivers: what each workflow script calls, from file paths to written results."""

@@ -1,0 +1,68 @@
+"""The head-scores stage: every head's importance by every registered measure
+(importance.MEASURES), their rank correlations with ablation and LRP's conservation, from files.
+What score_heads.py calls."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headcount.analysis.correlations import rank_correlations
+from headcount.analysis.importance import dev_batches
+from headcount.analysis.measures import MEASURES, ScoringInputs, reference_score, score_table
+from headcount.io import atomic_path, read_lines
+from headcount.models.device import pick_device
+from headcount.models.loading import load_model, open_tokenizer
+from headcount.training.decode import translate
+from headcount.training.evaluate import corpus_bleu
+
+
+def score_heads(
+    model_path: str, src_spm: str, tgt_spm: str, analysis_src: str, analysis_tgt: str, translations: str,
+    max_sentences: int, lrp_rule: str, ablation: bool, ablation_bleu_sentences: int, max_tokens: int,
+    lowercase: bool, out_table: str, out_csv: str, out_correlations: str, out_conservation: str,
+    device: str = "auto", log=print,
+):
+    """Every head's score by every registered measure (importance.MEASURES: confidence, Michel
+    importance, LRP relevance, and single-head ablation when `ablation`), issue 3.
+
+    Confidence, Michel importance and ablation read the reference translations of the analysis
+    set; LRP teacher-forces the model's own beam translations of it ("generation steps").
+    """
+    dev = pick_device(device)
+    model = load_model(model_path).to(dev).eval()
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    src = src_seg.encode(read_lines(analysis_src)[:max_sentences])
+    references = read_lines(analysis_tgt)[:max_sentences]
+    hyps = read_lines(translations)[:max_sentences]
+
+    def batches_of(tgt_lines: list[str]) -> list:
+        return [[x.to(dev) for x in b] for b in dev_batches(src, tgt_seg.encode(tgt_lines), max_tokens,
+                                                                 special=model.special)]
+
+    bleu_src, bleu_refs = src[:ablation_bleu_sentences], references[:ablation_bleu_sentences]
+
+    def bleu_fn(m) -> float:  # greedy, for speed: the change from removing one head is what counts
+        hyps = translate(m, bleu_src, beam=1, max_tokens=max_tokens, device=dev)
+        return corpus_bleu(tgt_seg.decode(hyps), bleu_refs, lowercase=lowercase)
+
+    log(f"scoring heads on {len(src)} sentences on {dev} (LRP rule {lrp_rule}, ablation {ablation})")
+    # LRP's cost against a forward+backward pass is measured by `make bench`, not here: timing it
+    # cost the job a pass over every batch that served only a log line.
+    inputs = ScoringInputs(model, batches_of(references), batches_of(hyps), lrp_rule,
+                           bleu_fn if ablation_bleu_sentences else None, log)
+    measures = [m.name for m in MEASURES.values() if ablation or not m.optional]
+    table = score_table(inputs, measures)
+    correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
+    conservation = inputs.notes["lrp_conservation"].assign(lrp_seconds=inputs.notes["lrp_seconds"])
+    with atomic_path(out_table) as tmp:
+        table.to_parquet(tmp, index=False)
+    with atomic_path(out_csv) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
+    with atomic_path(out_correlations) as tmp:
+        correlations.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+    with atomic_path(out_conservation) as tmp:
+        conservation.to_csv(tmp, sep="\t", index=False, float_format="%.3g")
+    if len(correlations):
+        overall = correlations[correlations["layer"] == "all"]
+        log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
+    return table

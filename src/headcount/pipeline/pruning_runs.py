@@ -1,0 +1,273 @@
+"""The pruning runs over files (Voita et al. 2019, section 6): fine-tuning with Hard Concrete gates
+for one lambda, a ranked method's pruning curve (Michel et al.'s), physical removal. What
+prune_heads.py, michel_curve.py and export_pruned.py call."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headcount.data.token_corpus import encode_file
+from headcount.io import HeadcountError, atomic_path, read_lines, sha256_file, write_json
+from headcount.models.checkpoint import load_checkpoint
+from headcount.models.device import pick_device
+from headcount.models.loading import load_model, open_tokenizer
+from headcount.pipeline.training_runs import greedy_dev_bleu
+from headcount.provenance import provenance
+from headcount.pruning.hard_concrete import (
+    SELECTIONS,
+    fold_gates,
+    gate_snapshot,
+    gate_table,
+    optimizer_state_loader,
+    penalty,
+    prepare_for_pruning,
+)
+from headcount.pruning.methods import is_control, ranked_method, setting_types
+from headcount.pruning.ranked import heads_layout, masks_from_table, ranked_masks, retained_counts
+from headcount.pruning.removal import attention_flops, remove_pruned_heads
+from headcount.training.decode import translate
+from headcount.training.evaluate import score_translations
+from headcount.training.loop import Corpus, DevSet, TrainConfig, parameter_groups, train
+from headcount.training.schedules import baseline_last_lr, fine_tuning_lr, healing_lr
+
+
+def prune_heads(
+    baseline: str, train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
+    setting: str, lam: float, prune_settings: dict, train_settings: dict, work_dir: str, model_out: str,
+    gates_out: str, trajectory_out: str, log=print, lowercase: bool = False, baseline_checkpoint: str | None = None,
+) -> dict:
+    """Fine-tune the converged baseline with lambda * L_C for one setting; write the pruned model
+    (gates folded in), the gate table and the gates' trajectory. Resumable from `work_dir`.
+
+    lambda = 0 is the control: gates pinned open, the rest of the recipe unchanged. The recipe
+    (prune_settings, config/README.md): the learning-rate schedule, the baseline's Adam state
+    (from `baseline_checkpoint`, its training checkpoint), a last phase of `heal_steps` with the
+    gates frozen at their evaluation values, and the checkpoint selection.
+    """
+    if not lam >= 0:
+        raise HeadcountError(f"pruning lambda {lam} is negative: a negative penalty rewards open gates. "
+                             f"Use values >= 0 in prune.lambdas.{setting}")
+    recipe = {"lr_schedule": prune_settings.get("lr_schedule", "noam"),
+              "resume_optimizer": bool(prune_settings.get("resume_optimizer", False)),
+              "heal_steps": int(prune_settings.get("heal_steps", 0)), "select": prune_settings.get("select", "last")}
+    if recipe["select"] not in SELECTIONS:
+        raise HeadcountError(f"config key 'prune.select': {recipe['select']!r}; use one of {', '.join(SELECTIONS)}")
+    if recipe["select"] == "best_dev_bleu" and not train_settings["dev_bleu_sentences"]:
+        raise HeadcountError("config key 'prune.select' is best_dev_bleu but training.dev_bleu_sentences is 0: "
+                             "set training.dev_bleu_sentences > 0 or prune.select: last")
+    if recipe["resume_optimizer"] and not (baseline_checkpoint and Path(baseline_checkpoint).is_file()):
+        raise HeadcountError(f"config key 'prune.resume_optimizer' is true but the baseline's training checkpoint "
+                             f"{baseline_checkpoint} is missing; rerun the baseline's training (it keeps "
+                             f"train/checkpoint.pt) or set prune.resume_optimizer: false")
+    control = is_control(lam)
+    types = setting_types(setting)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    log("encoding the training and dev data")
+    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))  # compact: token_corpus
+    dev_references = read_lines(dev_tgt)
+    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
+    select_best = recipe["select"] == "best_dev_bleu"
+    # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
+    # least pruned weights: the loop keeps the last weights, and best_dev_bleu selection happens
+    # here, among snapshots with the final head configuration (one per evaluation).
+    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0}
+    settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
+    cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
+    model = load_model(baseline)
+    saved_baseline = load_checkpoint(baseline)
+    # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
+    # counted, so a row's steps are those of fine-tuning alone.
+    baseline_steps = 0 if "pretrained" in saved_baseline else int(
+        saved_baseline.get("summary", {}).get("steps", train_settings["max_steps"]))
+    del saved_baseline
+    baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
+    torch.manual_seed(cfg.seed)
+    gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
+                                        prune_settings["gate_lr_scale"], control=control)
+    lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, cfg.to_dict(), model.d_model)
+    init_optimizer = None
+    if recipe["resume_optimizer"]:
+        saved = load_checkpoint(baseline_checkpoint)
+        if "optimizer" not in saved:
+            raise HeadcountError(f"{baseline_checkpoint} holds no optimizer state; set prune.resume_optimizer: false")
+        init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
+    log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
+        + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
+    fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
+                   "log_alpha_init": prune_settings["log_alpha_init"],
+                   "gate_lr_scale": prune_settings["gate_lr_scale"],
+                   "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
+    if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
+        fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
+    summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
+                    extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,
+                    init_optimizer=init_optimizer, log=log)
+    model.to("cpu")
+    table = gate_table(model)
+    trajectory = gate_trajectory(Path(work_dir) / "metrics.jsonl")
+    candidates = []  # (phase, step, state_dict of the folded model) with the final head configuration
+    if select_best:
+        candidates += _fine_tuning_candidates(model, table, summary["snapshots"])
+    fold_gates(model)
+    weights = list(groups[0]["params"])  # the folded model trains what the gated one trained
+    final_lr = lr_at(cfg.max_steps)
+    heal_summary = None
+    if recipe["heal_steps"]:
+        heal_cfg = TrainConfig(**{**cfg.to_dict(), "max_steps": recipe["heal_steps"], "seed": cfg.seed + 1,
+                                  "checkpoint_interval": min(cfg.checkpoint_interval, recipe["heal_steps"])})
+        phase_one = load_checkpoint(Path(work_dir) / "checkpoint.pt")
+        trained_before = [p for g in parameter_groups(groups) for p in g["params"]]
+        for p in model.parameters():  # fold_gates unfroze everything; the encoder-only setting keeps its decoder
+            p.requires_grad_(any(p is w for w in weights))
+        log(f"healing: {recipe['heal_steps']} steps with the gates frozen at their evaluation values, learning "
+            f"rate decaying linearly from {final_lr:.2e}")
+        heal_summary = train(model, heal_cfg, data, dev, Path(work_dir) / "heal", parameters=weights,
+                             run_fingerprint={**fingerprint, "phase": "heal"},
+                             lr_at=healing_lr(final_lr, recipe["heal_steps"]),
+                             init_optimizer=optimizer_state_loader(phase_one["optimizer"], trained_before,
+                                                                   str(Path(work_dir) / "checkpoint.pt")),
+                             log=log)
+        model.to("cpu")
+        if select_best:
+            candidates += [("heal", snap["step"], load_checkpoint(snap["path"])["model"])
+                           for snap in heal_summary["snapshots"]]
+    selected = {"phase": "heal" if heal_summary else "fine_tuning",
+                "step": heal_summary["steps"] if heal_summary else summary["steps"], "dev_bleu": None}
+    if candidates:
+        selected = _select_by_dev_bleu(model, candidates, dev, tgt_seg, train_settings["dev_bleu_sentences"],
+                                       lowercase, log)
+    n_layers, n_heads = heads_layout(model)
+    counts = retained_counts(masks_from_table(table, n_layers, n_heads, "pruned"))
+    counts_paper = retained_counts(masks_from_table(table, n_layers, n_heads, "pruned_paper"))
+    log("retained heads: " + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + " (paper's log alpha < 0 rule: " + ", ".join(f"{k} {v}" for k, v in counts_paper.items()) + ")")
+    steps = {"baseline": baseline_steps, "fine_tuning": summary["steps"],
+             "heal": heal_summary["steps"] if heal_summary else 0}
+    steps["total"] = sum(steps.values())
+    record = {"setting": setting, "lambda": lam, "control": control, "retained": counts,
+              "retained_paper_rule": counts_paper, "summary": summary, "heal_summary": heal_summary,
+              "recipe": recipe, "steps": steps, "selected": selected,
+              "lr": {"baseline_last": baseline_last_lr(train_settings, model.d_model),
+                     "fine_tuning_peak": max(lr_at(s) for s in range(1, cfg.max_steps + 1)),
+                     "fine_tuning_last": final_lr},
+              "train_config": cfg.to_dict(), "prune_settings": prune_settings,
+              "heads": table.to_dict(orient="records"), "provenance": provenance()}
+    model.save(model_out, {"pruning": {k: v for k, v in record.items() if k != "heads"}})
+    with atomic_path(trajectory_out) as tmp:
+        trajectory.to_csv(tmp, index=False)
+    write_json(gates_out, record)
+    return record
+
+
+def _fine_tuning_candidates(model, final: pd.DataFrame, snapshots: list[dict]) -> list:
+    """The gated run's snapshots whose evaluation gates prune exactly the final heads, folded."""
+    import copy
+
+    out = []
+    for snap in snapshots:
+        gated = copy.deepcopy(model)
+        gated.load_state_dict(load_checkpoint(snap["path"])["model"])
+        if gate_table(gated)["pruned"].tolist() == final["pruned"].tolist():
+            out.append(("fine_tuning", snap["step"], fold_gates(gated).state_dict()))
+    return out
+
+
+def _select_by_dev_bleu(model, candidates: list, dev, tgt_seg, n: int, lowercase: bool, log) -> dict:
+    """Load into `model` the candidate with the best greedy dev BLEU (the baseline's selection
+    rule); the earliest wins a tie."""
+    best, scored = None, []
+    for phase, step, state in candidates:
+        model.load_state_dict(state)
+        bleu = greedy_dev_bleu(model.eval(), dev, tgt_seg, n, lowercase)
+        log(f"candidate {phase} step {step}: dev BLEU {bleu:.2f}")
+        scored.append({"phase": phase, "step": step, "dev_bleu": bleu})
+        if best is None or bleu > best["dev_bleu"]:
+            best = {"phase": phase, "step": step, "dev_bleu": bleu, "state": state}
+    model.load_state_dict(best.pop("state"))
+    log(f"selected {best['phase']} step {best['step']} (dev BLEU {best['dev_bleu']:.2f}) among {len(candidates)} "
+        f"checkpoints with the final heads")
+    return {**best, "candidates": scored}
+
+
+def gate_trajectory(metrics_path: Path) -> pd.DataFrame:
+    """P(gate closed) per head over the training steps, from the run's metric records."""
+    rows = []
+    for line in metrics_path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        for kind, layers in record.get("p_closed", {}).items():
+            for layer, heads in enumerate(layers):
+                rows += [(record["step"], kind, layer, head, p) for head, p in enumerate(heads)]
+    return pd.DataFrame(rows, columns=["step", "type", "layer", "head", "p_closed"])
+
+
+def ranked_curve(
+    baseline: str, head_scores: str, src_spm: str, tgt_spm: str, src_text: str, ref_text: str, setting: str,
+    step: float, decoding: dict, lowercase: bool, out_path: str, device: str = "auto", log=print,
+    translations_out: str | None = None, method: str = "michel",
+) -> pd.DataFrame:
+    """A ranked pruning method's curve (pruning.methods; Michel et al. 2019 by default): mask the
+    heads of the setting's attention types with the lowest score of the method's column of
+    `head_scores`, in steps of `step` (no retraining), and score each pruned model. `translations_out` keeps each
+    point's translations (JSON lines: removed_fraction, retained, translations), so the pruning
+    report can set a gated run against the ranking with a paired bootstrap interval."""
+    model = load_model(baseline)
+    dev = pick_device(device)
+    model.to(dev).eval()
+    scores = pd.read_parquet(head_scores)
+    n_layers, n_heads = heads_layout(model)
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    src, refs = src_seg.encode(read_lines(src_text)), read_lines(ref_text)
+    rows, points = [], []
+    score = ranked_method(method).score
+    for fraction, masks in ranked_masks(scores, score, setting_types(setting), n_layers, n_heads, step):
+        model.set_head_mask(masks)
+        start = time.perf_counter()
+        hyps = translate(model, src, beam=decoding["beam"], alpha=decoding["alpha"], max_tokens=decoding["max_tokens"],
+                         max_len_a=decoding["max_len_a"], max_len_b=decoding["max_len_b"], device=dev)
+        detokenised = tgt_seg.decode(hyps)
+        result = score_translations(detokenised, refs, lowercase=lowercase)
+        counts = retained_counts(masks)
+        points.append({"removed_fraction": fraction, "retained": counts, "translations": detokenised})
+        rows.append({"setting": setting, "removed_fraction": fraction,
+                     **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
+                     "bleu": result["bleu"], "chrf": result["chrf"], "bleu_signature": result["bleu_signature"]})
+        log(f"removed {fraction:.0%} of {setting} heads: {counts} BLEU {result['bleu']:.2f} "
+            f"({time.perf_counter() - start:.0f} s)")
+    table = pd.DataFrame(rows)
+    if translations_out:
+        with atomic_path(translations_out) as tmp:
+            tmp.write_text("".join(json.dumps(point, ensure_ascii=False) + "\n" for point in points), encoding="utf-8")
+    with atomic_path(out_path) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format="%.4f")
+    return table
+
+
+def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: int = 20, tgt_len: int = 20,
+                  log=print) -> dict:
+    """Physical pruning of a pruned model (gates folded into 0/1 head masks): a checkpoint whose
+    attention modules compute only their kept heads (pruning.removal.remove_pruned_heads; loading.load_model
+    reads it), and a record of the parameters and attention multiply-adds before and after (for one
+    pair of `src_len` and `tgt_len` tokens)."""
+    model = load_model(model_path).eval()
+    before = {"parameters": sum(p.numel() for p in model.parameters()),
+              "attention_flops": attention_flops(model, src_len, tgt_len)}
+    remove_pruned_heads(model)
+    after = {"parameters": sum(p.numel() for p in model.parameters()),
+             "attention_flops": attention_flops(model, src_len, tgt_len)}
+    record = {"pruned": model_path, "heads": {k: [int(n) for n in v] for k, v in _head_counts(model).items()},
+              "before": before, "after": after, "lengths": {"src": src_len, "tgt": tgt_len},
+              "provenance": provenance()}
+    model.save(model_out, {"physical_pruning": {k: v for k, v in record.items() if k != "provenance"}})
+    write_json(summary_out, record)
+    log(f"heads kept per layer {record['heads']}; parameters {before['parameters']} -> {after['parameters']}, "
+        f"attention multiply-adds {before['attention_flops']:.3g} -> {after['attention_flops']:.3g}")
+    return record
+
+
+def _head_counts(model) -> dict[str, list[int]]:
+    return {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}

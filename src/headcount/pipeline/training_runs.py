@@ -1,0 +1,97 @@
+"""Training a translation model from files: the baseline (and each seed's), and the from-scratch
+twin of a pruned model (its head mask, random initialisation). What train_baseline.py calls."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from headcount.data.subwords import Segmenter
+from headcount.data.token_corpus import encode_file
+from headcount.io import read_lines, sha256_file, write_json
+from headcount.models.loading import load_model
+from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.models.transformer import ModelConfig, Transformer
+from headcount.provenance import provenance
+from headcount.training.decode import translate
+from headcount.training.evaluate import corpus_bleu
+from headcount.training.loop import Corpus, DevSet, TrainConfig, train
+
+
+def train_translation_model(
+    train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
+    model_settings: dict, train_settings: dict, lowercase: bool, work_dir: str, model_out: str,
+    summary_out: str, head_mask_from: str | None = None, log=print,
+) -> dict:
+    """Train a Transformer on subword-encoded text; resumable from `work_dir/checkpoint.pt`.
+
+    With `head_mask_from` (a pruned model), the new model gets that model's fixed 0/1 head mask
+    and is trained from random initialisation: the paper's "from scratch" models.
+    """
+    src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
+    log("encoding the training and dev data")
+    # Compact (token_corpus): a 6M-pair corpus as lists of Python ints would not fit in memory.
+    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))
+    dev_references = read_lines(dev_tgt)
+    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
+    model_cfg = ModelConfig(src_vocab=len(src_seg), tgt_vocab=len(tgt_seg), **model_settings)
+    cfg = TrainConfig(**{**train_settings, "adam_betas": tuple(train_settings["adam_betas"])})
+    torch.manual_seed(cfg.seed)
+    model = Transformer(model_cfg)
+    fingerprint = {"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
+                   "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)}
+    if head_mask_from is not None:
+        masks = load_model(head_mask_from).head_mask()
+        model.set_head_mask({kind: (mask > 0).float() for kind, mask in masks.items()})
+        fingerprint["head_mask"] = {kind: mask.tolist() for kind, mask in model.head_mask().items()}
+        log("retained heads: " + ", ".join(f"{k} {int(m.sum())}/{m.numel()}" for k, m in model.head_mask().items()))
+
+    def dev_bleu(model: Seq2SeqWithHeads, dev: DevSet) -> float:
+        return greedy_dev_bleu(model, dev, tgt_seg, cfg.dev_bleu_sentences, lowercase)
+
+    summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
+                    run_fingerprint=fingerprint, log=log)
+    model.to("cpu")
+    model.save(model_out, {"train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
+    summary = {**summary, "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
+               "parameters": sum(p.numel() for p in model.parameters()), "provenance": provenance()}
+    write_json(summary_out, summary)
+    return summary
+
+
+def import_pretrained_baseline(source: str, model_out: str, summary_out: str, tokenizer_dir: str,
+                               src_lang: str, tgt_lang: str, model_langs: dict | None = None, log=print) -> dict:
+    """A pretrained experiment's baseline: the model `source` (hub id or local directory) as a
+    headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
+    in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
+    the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
+    own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages."""
+    from headcount.models.hf import import_pretrained
+
+    langs = model_langs or {}
+    log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
+    model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"))
+    if model.special.forced:
+        log(f"search forces {model.special.forced} after the decoder's start token (the target language tag)")
+    summary = {"pretrained": str(source), "family": model.family.name, "src_lang": src_lang, "tgt_lang": tgt_lang,
+               "model_langs": langs or None, "forced": list(model.special.forced),
+               "model_config": json.loads(model.cfg.to_json_string()),
+               "dims": model.dims(), "heads": model.head_counts(),
+               "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},
+               "provenance": provenance()}
+    write_json(summary_out, summary)
+    log(f"{model.family.name} model, {summary['parameters']} parameters, heads per layer {summary['heads']}")
+    return summary
+
+
+def greedy_dev_bleu(model: Seq2SeqWithHeads, dev: DevSet, tgt_seg: Segmenter, n: int, lowercase: bool) -> float:
+    """Dev BLEU of greedy translations of the first n dev sentences: checkpoint selection."""
+    device = next(model.parameters()).device
+    hyps = translate(model, dev.src[:n], beam=1, max_tokens=8000, device=device)
+    return corpus_bleu(tgt_seg.decode(hyps), dev.references[:n], lowercase=lowercase)
+
+
+def _file_id(path: str) -> str:
+    """A file's identity for resuming: its content, so results moved or copied still resume."""
+    return sha256_file(path)

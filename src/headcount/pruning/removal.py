@@ -1,0 +1,34 @@
+"""Physical pruning: a model whose attention modules compute only the heads their masks keep, and
+the attention cost before and after."""
+
+from __future__ import annotations
+
+import torch
+
+from headcount.models.seq2seq import Seq2SeqWithHeads
+
+
+@torch.no_grad()
+def remove_pruned_heads(model: Seq2SeqWithHeads) -> Seq2SeqWithHeads:
+    """Physical pruning, in place: every attention module keeps only its unmasked heads
+    (HeadSlots.keep_heads), so the model computes only them. Same outputs as the masked model."""
+    for modules in model.attention_modules().values():
+        for module in modules:
+            keep = [h for h in range(module.n_heads) if module.head_mask[h] != 0]
+            if len(keep) < module.n_heads:
+                module.keep_heads(keep)
+    return model
+
+
+def attention_flops(model: Seq2SeqWithHeads, src_len: int, tgt_len: int) -> float:
+    """Multiply-adds of all attention modules for one sentence pair (projections and the two
+    attention products), counting only the heads each module computes."""
+    d = model.d_model
+    total = 0.0
+    for kind, modules in model.attention_modules().items():
+        tq = src_len if kind == "enc_self" else tgt_len
+        tk = tgt_len if kind == "dec_self" else src_len
+        for m in modules:
+            width = m.n_heads * m.head_dim
+            total += tq * d * width * 2 + tk * d * width * 2 + tq * tk * width * 2  # Q,O; K,V; QK^T, PV
+    return total

@@ -1,0 +1,339 @@
+"""The pruning report: the pruning table, Table 2 beside the paper's with paired bootstrap
+intervals, the paper's findings checked, Figures 7 to 10, and the BLEU spread across seeds.
+What pruning_report.py and seed_spread.py call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.analysis.roles import NO_ROLE, role_names
+from headcount.io import HeadcountError, atomic_path, read_lines
+from headcount.models.seq2seq import ATTENTION_TYPES
+from headcount.pruning.methods import is_control
+from headcount.report.claims import claims_markdown, pruning_claims
+from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
+
+# Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
+PAPER_TABLE2 = {
+    "WMT 2.5M": [((48, 48, 48), 29.6, None), ((14, 31, 30), 29.62, 29.47), ((12, 21, 25), 29.36, 28.95),
+                 ((8, 13, 15), 29.06, 28.56), ((5, 9, 12), 28.90, 28.41)],
+    "OpenSubtitles 6M": [((48, 48, 48), 32.4, None), ((27, 31, 46), 32.24, 32.23), ((13, 17, 31), 32.23, 31.98),
+                         ((6, 9, 13), 32.27, 31.84)],
+}
+
+
+def pruning_report(experiment: str, baseline_scores: str, gates: list[str], pruned_scores: list[str],
+                   scratch_scores: list[str], michel: list[str], roles: str, out: dict, log=print,
+                   michel_translations: list[str] = (),
+                   references: str | None = None, baseline_translations: str | None = None,
+                   pruned_translations: list[str] = (), scratch_translations: list[str] = (),
+                   baseline_training: str | None = None, scratch_training: list[str] = (),
+                   lowercase: bool = False) -> pd.DataFrame:
+    """The pruning table, Table 2 beside the paper's, the paper's findings checked (claims.py),
+    and Figures 7 to 10.
+
+    Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
+    pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
+    sentences (evaluate.paired_bootstrap), given the translations and references; so does pruned -
+    Michel et al.'s ranking at the nearest head count of the setting's curve, given the curve's
+    translations (`michel_translations`). Each row states its training steps in all and its
+    checkpoint selection, for the pruned model and its twin.
+    """
+    from headcount.report import plots
+
+    baseline = _read_json(baseline_scores)
+    scores = {_model_dir(p): _read_json(p) for p in pruned_scores}
+    scratch = {str(Path(_model_dir(p)).parent): _read_json(p) for p in scratch_scores}
+    scratch_runs = {str(Path(p).parent.parent): _read_json(p) for p in scratch_training}
+    refs = read_lines(references) if references else None
+    hyps = {_model_dir(p): read_lines(p) for p in pruned_translations}
+    scratch_hyps = {str(Path(_model_dir(p)).parent): read_lines(p) for p in scratch_translations}
+    baseline_hyps = read_lines(baseline_translations) if baseline_translations else None
+    baseline_run = _read_json(baseline_training) if baseline_training else {}
+    michel_points = {}
+    for path in michel_translations:
+        michel_points[Path(path).parent.name] = [json.loads(line) for line in read_lines(path) if line]
+    role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
+    first = _read_json(gates[0]) if gates else None
+    n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in ATTENTION_TYPES} if first else {}
+    rows, heads = [], []
+    baseline_row = {"experiment": experiment, "setting": "baseline", "lam": float("nan"), "control": False,
+                    **{f"retained_{k}": n for k, n in n_heads.items()},
+                    "bleu": baseline["bleu"], "chrf": baseline["chrf"],
+                    "steps": baseline_run.get("steps", float("nan")),
+                    "selection": baseline_run.get("train_config", {}).get("select", "")}
+    baseline_row.update(_role_counts([(layer, head) for layer, head in role_of], role_of))
+    rows.append(baseline_row)
+    records = {str(Path(p).parent): _read_json(p) for p in gates}
+    controls = {r["setting"]: folder for folder, r in records.items() if is_control(r["lambda"])}
+
+    def interval(name: str, system: list[str] | None, reference: list[str] | None) -> dict:
+        if refs is None or system is None or reference is None:
+            return {name: float("nan"), f"{name}_low": float("nan"), f"{name}_high": float("nan")}
+        result = paired_bootstrap(system, reference, refs, lowercase=lowercase)
+        return {name: result["difference"], f"{name}_low": result["low"], f"{name}_high": result["high"]}
+
+    for folder, record in records.items():
+        table = pd.DataFrame(record["heads"])
+        kept_enc = [(r.layer, r.head) for r in table[(table["type"] == "enc_self") & ~table["pruned"]].itertuples()]
+        twin = scratch_runs.get(folder, {})
+        steps = record.get("steps") or {"total": baseline_run.get("steps", 0) + record["summary"]["steps"]}
+        row = {"experiment": experiment, "setting": record["setting"], "lam": record["lambda"],
+               "control": is_control(record["lambda"]),
+               **{f"retained_{k}": v for k, v in record["retained"].items()},
+               **{f"retained_paper_rule_{k}": v for k, v in record["retained_paper_rule"].items()},
+               "bleu": scores[folder]["bleu"], "chrf": scores[folder]["chrf"],
+               "bleu_scratch": scratch[folder]["bleu"] if folder in scratch else float("nan"),
+               "chrf_scratch": scratch[folder]["chrf"] if folder in scratch else float("nan"),
+               "steps": steps["total"], "selection": record.get("recipe", {}).get("select", "last"),
+               "steps_scratch": twin.get("steps", float("nan")),
+               "selection_scratch": twin.get("train_config", {}).get("select", ""),
+               **_role_counts(kept_enc, role_of)}
+        control = controls.get(record["setting"])
+        row.update(interval("d_baseline", hyps.get(folder), baseline_hyps))
+        row.update(interval("d_control", hyps.get(folder) if control != folder else None, hyps.get(control)))
+        row.update(interval("d_scratch_baseline", scratch_hyps.get(folder), baseline_hyps))
+        row.update(interval("d_pruned_scratch", hyps.get(folder), scratch_hyps.get(folder)))
+        point = michel_match(record["setting"], record["retained"], michel_points.get(record["setting"], []))
+        row.update(interval("d_michel", hyps.get(folder), point["translations"] if point else None))
+        row["michel_heads"] = michel_count(record["setting"], point["retained"]) if point else float("nan")
+        row["michel_bleu"] = row["bleu"] - row["d_michel"] if point and not pd.isna(row["d_michel"]) else float("nan")
+        rows.append(row)
+        heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
+    pruning = pd.DataFrame(rows)
+    for column in ("bleu_scratch", "chrf_scratch"):
+        if column not in pruning:
+            pruning[column] = float("nan")
+    pruning["retained_total"] = pruning[[f"retained_{k}" for k in ATTENTION_TYPES]].sum(axis=1)
+    pruning["bleu_signature"] = baseline["bleu_signature"]
+    pruning = pruning.sort_values(["setting", "lam"], kind="stable")
+    with atomic_path(out["table"]) as tmp:
+        pruning.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+
+    table2 = pruning[pruning["setting"].isin(["baseline", "all"])]
+    order = (table2["setting"] != "baseline").astype(int) * (2 - table2["control"].astype(bool).astype(int))
+    table2 = table2.assign(_order=order).sort_values(["_order", "retained_total"], ascending=[True, False],
+                                                      kind="stable").drop(columns="_order")
+    with atomic_path(out["table2_csv"]) as tmp:
+        table2.reindex(columns=TABLE2_COLUMNS).to_csv(tmp, index=False, float_format="%.2f")
+    with atomic_path(out["table2"]) as tmp:
+        tmp.write_text(table2_markdown(experiment, table2, baseline["bleu_signature"]), encoding="utf-8")
+
+    curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
+    with atomic_path(out["encoder"]) as tmp:
+        tmp.write_text(encoder_markdown(experiment, pruning, baseline["bleu_signature"]), encoding="utf-8")
+    plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
+                        f"{experiment}: BLEU ({baseline.get('split', '')}) against retained heads")
+    enc_runs = pruning[pruning["setting"].isin(["baseline", "enc"])]
+    plots.retained_functions(enc_runs if (enc_runs["setting"] == "enc").any() else pruning, out["figure8"],
+                             f"{experiment}: functions of the retained encoder heads")
+    plots.retained_by_type(pruning, out["figure9"],
+                           f"{experiment}: retained heads by attention type (all types pruned)")
+    all_heads = pd.concat(heads) if heads else pd.DataFrame(columns=["setting", "type", "lam", "layer", "retained"])
+    plots.decoder_heads_per_layer(all_heads[all_heads["setting"] == "all"], out["figure10"],
+                                  f"{experiment}: retained decoder heads per layer (all types pruned)")
+    with atomic_path(out["claims"]) as tmp:
+        tmp.write_text(claims_markdown(experiment, pruning_claims(pruning, all_heads)), encoding="utf-8")
+    shown = ["setting", "lam", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline_low", "d_baseline_high",
+             "bleu_scratch", "steps", "steps_scratch"]
+    log("\n" + pruning.reindex(columns=shown).to_string(index=False))
+    return pruning
+
+
+TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline",
+                  "d_baseline_low", "d_baseline_high", "d_control", "d_control_low", "d_control_high", "bleu_scratch",
+                  "d_scratch_baseline", "d_scratch_baseline_low", "d_scratch_baseline_high", "d_pruned_scratch",
+                  "d_pruned_scratch_low", "d_pruned_scratch_high", "steps", "selection", "steps_scratch",
+                  "selection_scratch"]
+
+
+def michel_count(setting: str, retained: dict) -> int:
+    """The head count a run is matched on against its setting's Michel curve: encoder heads for
+    the encoder-only setting, all heads otherwise."""
+    return retained["enc_self"] if setting == "enc" else sum(retained.values())
+
+
+def michel_match(setting: str, retained: dict, points: list[dict]) -> dict | None:
+    """The point of a Michel curve whose head count is nearest the run's (the one with more heads
+    on a tie), or None for no curve."""
+    target = michel_count(setting, retained)
+    return min(points, key=lambda p: (abs(michel_count(setting, p["retained"]) - target),
+                                      -michel_count(setting, p["retained"])), default=None)
+
+
+def _read_json(path: str) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _model_dir(path: str) -> str:
+    """results/.../{model}/scores/x.json or .../translations/x.txt -> results/.../{model}"""
+    return str(Path(path).parent.parent)
+
+
+def _role_counts(kept: list[tuple[int, int]], role_of: dict) -> dict:
+    """role_<role> columns: how many of the kept encoder heads have each role (roles.ROLES)."""
+    counts = {f"role_{r}": 0 for r in role_names()}
+    for key in kept:
+        counts[f"role_{role_of.get(key, NO_ROLE)}"] += 1
+    return counts
+
+
+def describe_difference(diff: float, low: float, high: float) -> str:
+    """A BLEU difference with its interval; called a difference only when the interval excludes 0."""
+    if pd.isna(diff):
+        return ""
+    verdict = "difference" if interval_excludes_zero(low, high) else "no difference shown"
+    return f"{diff:+.2f} [{low:+.2f}, {high:+.2f}], {verdict}"
+
+
+def _number(value, fmt: str = ".2f") -> str:
+    return "" if value is None or pd.isna(value) else format(value, fmt)
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _row_value(r, name):
+    return getattr(r, name, float("nan"))
+
+
+def _lambda_label(r) -> str:
+    return "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
+
+
+def _difference_cell(r, name: str) -> str:
+    return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"))
+
+
+def encoder_markdown(experiment: str, pruning: pd.DataFrame, signature: str) -> str:
+    """The encoder-only runs (decoder frozen) as a markdown table: heads kept by the code's rule
+    and by the paper's, BLEU against the baseline, the lambda = 0 control and Michel et al.'s
+    ranking at the nearest head count of its curve, each with its interval."""
+    runs = pruning[pruning["setting"] == "enc"].sort_values("lam", kind="stable")
+    lines = [f"### {experiment}: encoder self-attention only", "",
+             "| encoder heads kept (paper's log alpha rule) | lambda | BLEU | pruned - baseline | pruned - control | "
+             "Michel ranking (heads) | pruned - Michel | steps | selection |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in pruning[pruning["setting"] == "baseline"].itertuples():
+        lines.append(f"| {int(r.retained_enc_self)} | baseline | {r.bleu:.2f} |  |  |  |  | "
+                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
+    for r in runs.itertuples():
+        paper, michel_heads = _row_value(r, "retained_paper_rule_enc_self"), _row_value(r, "michel_heads")
+        kept = f"{int(r.retained_enc_self)}" + (f" ({int(paper)})" if not pd.isna(paper) else "")
+        michel = "" if pd.isna(michel_heads) else f"{_row_value(r, 'michel_bleu'):.2f} ({int(michel_heads)})"
+        lines.append(f"| {kept} | {_lambda_label(r)} | {r.bleu:.2f} | {_difference_cell(r, 'd_baseline')} | "
+                     f"{_difference_cell(r, 'd_control')} | {michel} | {_difference_cell(r, 'd_michel')} | "
+                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences as in Table 2 (95% paired bootstrap intervals; "
+              f"\"difference\" when the interval excludes 0). Michel ranking: the baseline with its least "
+              f"important encoder heads masked (Michel et al., 2019; no retraining), at the point of its curve "
+              f"nearest the run's head count (in brackets)."]
+    return "\n".join(lines) + "\n"
+
+
+def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> str:
+    bleu, row_value = _number, _row_value
+
+    def steps(value) -> str:
+        return _number(value, ".0f")
+
+    lines = [f"### {experiment}", "",
+             "| heads (enc-self/dec-self/dec-enc) | lambda | BLEU pruned | pruned - baseline | pruned - control | "
+             "BLEU from scratch | from scratch - baseline | pruned - from scratch | steps pruned / from scratch | "
+             "selection |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table2.itertuples():
+        counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in ATTENTION_TYPES)
+        lam = _lambda_label(r)
+        cells = [_difference_cell(r, d) for d in ("d_baseline", "d_control", "d_scratch_baseline", "d_pruned_scratch")]
+        budget = steps(r.steps) + (f" / {steps(row_value(r, 'steps_scratch'))}"
+                                   if not pd.isna(row_value(r, "steps_scratch")) else "")
+        selection = str(row_value(r, "selection") or "")
+        if isinstance(row_value(r, "selection_scratch"), str) and row_value(r, "selection_scratch"):
+            selection += f" / {r.selection_scratch}"
+        lines.append(f"| {counts} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | "
+                     f"{bleu(row_value(r, 'bleu_scratch'))} | {cells[2]} | {cells[3]} | {budget} | {selection} |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences: BLEU points with a 95% interval from paired "
+              f"bootstrap resampling of the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a "
+              f"\"difference\" is one whose interval excludes 0. The control (lambda 0) is the same fine-tuning "
+              f"with gates that cannot close: pruned - control is the cost of pruning alone. Steps: training "
+              f"steps in all (baseline plus fine-tuning for a pruned model; the same number for its "
+              f"from-scratch twin). Selection: which checkpoint each kept (last, or best dev BLEU among those "
+              f"with the final heads).",
+              "", "### Voita et al. (2019), EN-RU", "",
+              "| data | heads (enc-self/dec-self/dec-enc) | BLEU pruned | BLEU from scratch |", "|---|---|---|---|"]
+    for data, entries in PAPER_TABLE2.items():
+        for i, (counts, pruned, scratch_bleu) in enumerate(entries):
+            lines.append(f"| {data if i == 0 else ''} | {'/'.join(map(str, counts))} | {bleu(pruned)} | "
+                         f"{bleu(scratch_bleu)} |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline_scores: list[str],
+                control_scores: list[str], out_table: str, out_markdown: str, log=print,
+                references: str | None = None, baseline_translations: list[str] = (),
+                control_translations: list[str] = (), lowercase: bool = False) -> pd.DataFrame:
+    """BLEU of the baseline and of each setting's lambda = 0 control for every seed, with the mean,
+    sample standard deviation, minimum and maximum across seeds; "control - baseline" rows give
+    the cost of fine-tuning seed by seed. `control_scores` (and `control_translations`) list, per
+    setting, one file per seed. Given the translations and references, each seed's control -
+    baseline gets a 95% paired bootstrap interval over the test sentences (evaluate.paired_bootstrap):
+    columns seed_{s}_low and seed_{s}_high."""
+    if len(baseline_scores) != len(seeds) or len(control_scores) != len(seeds) * len(settings):
+        raise HeadcountError(f"seed spread: {len(baseline_scores)} baseline and {len(control_scores)} control "
+                             f"scores for seeds {seeds} and settings {settings}; the rule's inputs are wrong")
+    with_intervals = references is not None
+    if with_intervals and (len(baseline_translations) != len(seeds)
+                           or len(control_translations) != len(seeds) * len(settings)):
+        raise HeadcountError(f"seed spread: {len(baseline_translations)} baseline and {len(control_translations)} "
+                             f"control translations for seeds {seeds} and settings {settings}; the rule's inputs "
+                             f"are wrong")
+    refs = read_lines(references) if with_intervals else None
+    baseline = [_read_json(p)["bleu"] for p in baseline_scores]
+    systems, intervals = {"baseline": baseline}, {}
+    for i, setting in enumerate(settings):
+        part = slice(i * len(seeds), (i + 1) * len(seeds))
+        control = [_read_json(p)["bleu"] for p in control_scores[part]]
+        systems[f"control {setting}"] = control
+        name = f"control {setting} - baseline"
+        systems[name] = [c - b for c, b in zip(control, baseline)]
+        if with_intervals:
+            intervals[name] = [paired_bootstrap(read_lines(c), read_lines(b), refs, lowercase=lowercase)
+                               for c, b in zip(control_translations[part], baseline_translations)]
+    rows = []
+    for system, values in systems.items():
+        series = pd.Series(values, dtype=float)
+        bounds = {}
+        for s, result in zip(seeds, intervals.get(system, [])):
+            bounds |= {f"seed_{s}_low": result["low"], f"seed_{s}_high": result["high"]}
+        rows.append({"experiment": experiment, "system": system,
+                     **{f"seed_{s}": v for s, v in zip(seeds, values)}, **bounds, "seeds": len(values),
+                     "mean": series.mean(), "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
+    table = pd.DataFrame(rows)
+    with atomic_path(out_table) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+    signature = _read_json(baseline_scores[0]).get("bleu_signature", "")
+    lines = [f"### {experiment}: BLEU across {len(seeds)} baseline seeds", "",
+             "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | sd | min | max |",
+             "|---|" + "---|" * (len(seeds) + 4)]
+    for r in rows:
+        cells = [_seed_cell(r, s) for s in seeds] + [f"{r[k]:.2f}" for k in ("mean", "sd", "min", "max")]
+        lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. sd: sample standard deviation across seeds. Each seed's "
+              f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."
+              + (f" Brackets: 95% interval of the seed's control - baseline from paired bootstrap resampling of "
+                 f"the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a \"difference\" is one "
+                 f"whose interval excludes 0." if intervals else "")]
+    with atomic_path(out_markdown) as tmp:
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    log("\n" + table.to_string(index=False))
+    return table
+
+
+def _seed_cell(row: dict, seed: int) -> str:
+    value, low = row[f"seed_{seed}"], row.get(f"seed_{seed}_low")
+    if low is None:
+        return f"{value:.2f}"
+    return describe_difference(value, low, row[f"seed_{seed}_high"])

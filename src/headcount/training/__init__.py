@@ -1,0 +1,1 @@
+"""Training: the one training loop, learning-rate schedules, decoding and translation scores."""

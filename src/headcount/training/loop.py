@@ -1,0 +1,432 @@
+"""Training: token-count batches with length bucketing, a learning-rate schedule (training.schedules;
+Noam by default), label smoothing, dev loss and dev BLEU at intervals, atomic checkpoints
+(models.checkpoint) and resumption after a kill.
+
+The loop in `train` is the one visible training loop of the project; the pruning and
+from-scratch stages reuse it with their own model and parameter groups.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from headcount.data.batching import make_batches, source_tensor, target_tensors
+from headcount.data.token_corpus import TokenCorpus, sequence_lengths
+from headcount.io import HeadcountError, atomic_path, config_hash
+from headcount.models.checkpoint import load_checkpoint, save_checkpoint, state_step
+from headcount.models.device import pick_autocast_dtype, pick_device
+from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.progress import Progress
+from headcount.training.schedules import noam_lr
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 1600  # per batch: sentences * longest side, padding included
+    max_steps: int = 4000
+    warmup_steps: int = 800
+    lr_scale: float = 1.0  # the "scale" of the Noam schedule
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    log_interval: int = 50
+    eval_interval: int = 500
+    checkpoint_interval: int = 250
+    checkpoint_minutes: float = 10.0  # also checkpoint after this much wall time (0: by steps only)
+    snapshot_interval: int = 0  # keep the weights every this many steps in snapshots/ (0: none)
+    dev_bleu_sentences: int = 1014  # dev sentences greedily decoded for dev BLEU at each eval
+    select: str = "best_dev_bleu"  # which weights become the output: best_dev_bleu | last
+    seed: int = 1
+    precision: str = "auto"  # auto | fp32 | bf16
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# Loss
+
+
+def sequence_loss(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float):
+    """Summed label-smoothed cross-entropy and summed NLL over the non-padding target tokens.
+
+    The output layer runs on real tokens only: padding costs no vocabulary projection.
+    """
+    memory, src_pad, _ = model.encode(src)
+    hidden, _, _ = model.decode(tgt_in, memory, src_pad)  # (B, T, D)
+    real = tgt_out.ne(model.special.pad)
+    logits = model.logits(hidden[real]).float()  # (N, V)
+    target = tgt_out[real]
+    # F.cross_entropy's own label-smoothing formula, spelled out so that the loss and the plain NLL
+    # share one log-softmax over the vocabulary (bitwise the same values and gradients; the second
+    # log-softmax cost ~1.5% of a training step).
+    log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
+    nll = F.nll_loss(log_probs, target, reduction="sum")
+    loss = nll
+    if label_smoothing:
+        uniform = -log_probs.sum(dim=-1).sum()  # summed cross-entropy with the uniform distribution
+        loss = (1.0 - label_smoothing) * nll + uniform * (label_smoothing / logits.shape[-1])
+    return loss, nll.detach(), int(real.sum())
+
+
+class TrainingStopped(HeadcountError):
+    """The job was asked to stop (SIGTERM, SIGINT or SIGHUP: _StopRequests); a checkpoint was written first."""
+
+
+class _StopRequests:
+    """SIGTERM, SIGINT and SIGHUP handlers for the length of a training run.
+
+    A signal during a training step only raises a flag, checked once the step is done (a step takes
+    about a second). A signal during an evaluation (which can take minutes: greedy dev BLEU) stops
+    it at once: evaluation changes no weights and draws no random numbers, so the checkpoint
+    written then is exact, and it records that the evaluation is still to do.
+    """
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self.in_evaluation = False
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # handlers only install there
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        self.signal_name = signal.Signals(signum).name
+        if self.in_evaluation:
+            # Cleared first: a second copy of the signal (Ctrl-C reaches the whole process group and
+            # Snakemake forwards one too) must not interrupt the checkpoint that follows.
+            self.in_evaluation = False
+            raise _EvaluationInterrupted
+
+
+class _EvaluationInterrupted(Exception):
+    pass
+
+
+@dataclass
+class Corpus:
+    """A training set: each side a TokenCorpus (compact, for millions of pairs) or a list of id lists."""
+
+    src: TokenCorpus | list[list[int]]
+    tgt: TokenCorpus | list[list[int]]
+
+
+@dataclass
+class DevSet:
+    src: TokenCorpus | list[list[int]]
+    tgt: TokenCorpus | list[list[int]]
+    references: list[str] = field(default_factory=list)  # raw target text for BLEU
+
+
+def evaluate_loss(model: Seq2SeqWithHeads, data: Corpus, max_tokens: int, device, autocast_dtype) -> float:
+    """Mean per-token NLL (nats) on a set, in evaluation mode."""
+    model.eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                         enabled=autocast_dtype is not None):
+        for batch in make_batches(sequence_lengths(data.src), sequence_lengths(data.tgt), max_tokens, seed=0):
+            src = source_tensor([data.src[i] for i in batch], model.special).to(device)
+            tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch], model.special))
+            _, nll, n = sequence_loss(model, src, tgt_in, tgt_out, 0.0)
+            total, tokens = total + float(nll), tokens + n
+    return total / max(tokens, 1)
+
+
+def train(
+    model: Seq2SeqWithHeads,
+    cfg: TrainConfig,
+    data: Corpus,
+    dev: DevSet,
+    out_dir: str | os.PathLike,
+    dev_bleu: Callable[[Seq2SeqWithHeads, DevSet], float] | None = None,
+    parameters=None,  # the parameters to train, or param groups with an "lr_scale"; default: all
+    extra_loss: Callable[[Seq2SeqWithHeads], Tensor] | None = None,  # e.g. the L0 penalty of the gates
+    extra_metrics: Callable[[Seq2SeqWithHeads], dict] | None = None,  # more fields for each log record
+    run_fingerprint: dict | None = None,  # everything the run depends on; a checkpoint must match it
+    lr_at: Callable[[int], float] | None = None,  # learning rate at a 1-based step (training.schedules); default: Noam
+    init_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,  # e.g. load moments; fresh runs only
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Train `model` in place until `cfg.max_steps`; resume from `out_dir/checkpoint.pt` if present.
+
+    Returns a summary with the selected step and its dev scores; the selected weights are loaded
+    into `model` at the end.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path, best_path, metrics_path = out_dir / "checkpoint.pt", out_dir / "best.pt", out_dir / "metrics.jsonl"
+    fingerprint = run_fingerprint_hash(cfg.to_dict(), model.cfg.to_dict(), run_fingerprint)
+
+    if lr_at is None:
+        def lr_at(step: int) -> float:
+            return noam_lr(step, model.d_model, cfg.warmup_steps, cfg.lr_scale)
+
+    device = pick_device(cfg.device)
+    autocast_dtype = pick_autocast_dtype(cfg.precision, device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model.to(device)
+    groups = parameter_groups(model if parameters is None else parameters)
+    params = [p for group in groups for p in group["params"]]
+    optimizer = torch.optim.Adam(groups, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+
+    step, epoch, batch_in_epoch, eval_pending = 0, 0, 0, False
+    best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
+    # Time spent up to the checkpoint this attempt resumes from (wall and CPU seconds, attempts):
+    # Snakemake's benchmark file keeps only the last attempt of a job that was stopped and rerun.
+    earlier = {"seconds": 0.0, "cpu_seconds": 0.0, "attempts": 0}
+    torch.manual_seed(cfg.seed)
+    if ckpt_path.exists():
+        state = load_checkpoint(ckpt_path, map_location=device)
+        reason = resume_conflict(state, cfg, model.cfg.to_dict(), run_fingerprint)
+        if reason:
+            log(f"{ckpt_path} was written with another configuration ({reason}); starting this run afresh")
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            step, epoch, batch_in_epoch, best = state["step"], state["epoch"], state["batch_in_epoch"], state["best"]
+            eval_pending = bool(state.get("eval_pending", False))
+            # A checkpoint from before this record was kept: at least one earlier attempt, time unknown.
+            earlier = state.get("time_so_far") or {"seconds": 0.0, "cpu_seconds": 0.0, "attempts": 1}
+            torch.set_rng_state(state["rng_cpu"])
+            if device.type == "cuda" and state.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(state["rng_cuda"])
+            log(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
+    if step == 0 and init_optimizer is not None:
+        init_optimizer(optimizer)
+    _truncate_metrics(metrics_path, step)
+    _drop_snapshots_after(out_dir / "snapshots", step)
+    last_checkpoint = time.monotonic()
+
+    def time_so_far() -> dict:
+        return {"seconds": earlier["seconds"] + time.perf_counter() - run_start,
+                "cpu_seconds": earlier["cpu_seconds"] + time.process_time() - cpu_start,
+                "attempts": earlier["attempts"] + 1}
+
+    def checkpoint() -> None:
+        nonlocal last_checkpoint
+        save_checkpoint(ckpt_path, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "model_config": model.cfg.to_dict(),
+            "train_config": cfg.to_dict(), "fingerprint": fingerprint, "step": step, "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch, "best": best, "eval_pending": eval_pending,
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+            "time_so_far": time_so_far(),
+        })
+        last_checkpoint = time.monotonic()
+        log(f"checkpoint: step {step} written to {ckpt_path}")
+
+    def evaluate(metrics, stop: _StopRequests) -> None:
+        """Dev loss (and dev BLEU) at `step`; keeps best.pt. A signal may cut the measuring short,
+        not the writing."""
+        nonlocal best
+        stop.in_evaluation = True
+        record = {"step": step, "epoch": epoch,
+                  "dev_loss": evaluate_loss(model, Corpus(dev.src, dev.tgt), cfg.max_tokens * 2, device,
+                                            autocast_dtype)}
+        if dev_bleu is not None:
+            record["dev_bleu"] = dev_bleu(model, dev)
+        stop.in_evaluation = False
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        log(f"eval at step {step}: dev loss {record['dev_loss']:.3f}"
+            + (f", dev BLEU {record['dev_bleu']:.2f}" if "dev_bleu" in record else ""))
+        score = record.get("dev_bleu", -record["dev_loss"])
+        best_score = best["dev_bleu"] if "dev_bleu" in record else -best["dev_loss"]
+        if score > best_score:
+            best = {"dev_bleu": record.get("dev_bleu", -1.0), "step": step, "dev_loss": record["dev_loss"]}
+            save_checkpoint(best_path, {"model": model.state_dict(), "model_config": model.cfg.to_dict(),
+                                        "step": step})
+
+    def after_step(metrics, stop: _StopRequests) -> None:
+        """Evaluation, snapshot and checkpoint due at `step`, in that order (a resumed run whose
+        evaluation was interrupted starts here)."""
+        nonlocal eval_pending
+        if eval_pending:
+            evaluate(metrics, stop)
+            eval_pending = False
+            window["time"] = time.perf_counter()  # evaluation time is not training throughput
+        if cfg.snapshot_interval and (step % cfg.snapshot_interval == 0 or step == cfg.max_steps):
+            save_checkpoint(out_dir / "snapshots" / f"step_{step}.pt",
+                            {"model": model.state_dict(), "model_config": model.cfg.to_dict(), "step": step})
+        overdue = cfg.checkpoint_minutes and time.monotonic() - last_checkpoint >= 60 * cfg.checkpoint_minutes
+        if step % cfg.checkpoint_interval == 0 or step == cfg.max_steps or overdue or stop.signal_name:
+            checkpoint()
+
+    src_lens, tgt_lens = [n + 1 for n in sequence_lengths(data.src)], [n + 1 for n in sequence_lengths(data.tgt)]
+    batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
+    run_start, cpu_start = time.perf_counter(), time.process_time()
+    log(f"training on {device} ({autocast_dtype or torch.float32}); {len(data.src)} pairs, "
+        f"{len(batches)} batches per epoch, {sum(p.numel() for p in params):,} trained parameters")
+
+    bar = Progress(cfg.max_steps, "training", log, unit="step", initial=step)
+    with open(metrics_path, "a", encoding="utf-8") as metrics, _StopRequests() as stop:
+        try:
+            if eval_pending:
+                after_step(metrics, stop)
+            while step < cfg.max_steps and not stop.signal_name:
+                if batch_in_epoch >= len(batches):
+                    epoch, batch_in_epoch = epoch + 1, 0
+                    batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
+                batch = batches[batch_in_epoch]
+                model.train()
+                src = source_tensor([data.src[i] for i in batch], model.special).to(device)
+                tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch],
+                                                                        model.special))
+                lr = lr_at(step + 1)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * group["lr_scale"]
+                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                    enabled=autocast_dtype is not None):
+                    loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
+                    loss = loss_sum / n_tokens
+                    if extra_loss is not None:
+                        loss = loss + extra_loss(model)
+                if not torch.isfinite(loss):
+                    raise HeadcountError(
+                        f"training loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
+                        f"({ckpt_path}, step {state_step(ckpt_path)}) is kept. Lower training.lr_scale or "
+                        f"raise training.warmup_steps, then rerun to resume."
+                    )
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+                optimizer.step()
+                step, batch_in_epoch = step + 1, batch_in_epoch + 1
+                window["loss"] += float(loss_sum.detach())
+                window["nll"] += float(nll_sum)
+                window["tokens"] += n_tokens
+                window["src_tokens"] += int(src.ne(model.special.pad).sum())
+
+                if step % cfg.log_interval == 0 or step == cfg.max_steps:
+                    now = time.perf_counter()
+                    seconds = now - window["time"]
+                    record = {
+                        "step": step, "epoch": epoch, "lr": lr, "train_loss": window["loss"] / window["tokens"],
+                        "train_nll": window["nll"] / window["tokens"],
+                        "tokens_per_s": (window["tokens"] + window["src_tokens"]) / seconds,
+                        "elapsed_s": now - run_start,
+                    }
+                    if extra_metrics is not None:
+                        record.update(extra_metrics(model))
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                    log(f"step {step}/{cfg.max_steps} epoch {epoch} loss {record['train_loss']:.3f} lr {lr:.2e} "
+                        f"{record['tokens_per_s']:.0f} tok/s")
+                    bar.postfix = f"loss={record['train_loss']:.3f}"
+                    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
+                bar.update(1)
+
+                eval_pending = step % cfg.eval_interval == 0 or step == cfg.max_steps
+                after_step(metrics, stop)
+        except _EvaluationInterrupted:
+            stop.in_evaluation = False
+            checkpoint()  # eval_pending is still set: the resumed run evaluates this step first
+    if stop.signal_name:
+        log(f"{stop.signal_name} received: checkpoint written at step {step} ({ckpt_path}); stopping")
+        raise TrainingStopped(
+            f"training stopped by {stop.signal_name} at step {step} of {cfg.max_steps}; the checkpoint "
+            f"{ckpt_path} holds that step. Run the workflow again (snakemake --rerun-incomplete) to resume."
+        )
+
+    if cfg.select == "best_dev_bleu" and best_path.exists():
+        model.load_state_dict(load_checkpoint(best_path, map_location=device)["model"])
+        selected = best["step"]
+    else:
+        selected = step
+    log(f"done: {step} steps; selected the weights of step {selected}")
+    snapshots = [{"step": n, "path": str(out_dir / "snapshots" / f"step_{n}.pt")}
+                 for n in _snapshot_steps(out_dir / "snapshots")]
+    spent = time_so_far()
+    return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
+            "train_seconds": time.perf_counter() - run_start, "train_seconds_all": spent["seconds"],
+            "train_cpu_seconds_all": spent["cpu_seconds"], "attempts": spent["attempts"], "snapshots": snapshots}
+
+
+def parameter_groups(parameters) -> list[dict]:
+    """Adam param groups from a model, a list of parameters, or groups with an "lr_scale" (a
+    multiplier on the schedule's learning rate); frozen parameters are left out."""
+    if isinstance(parameters, torch.nn.Module):
+        parameters = parameters.parameters()
+    parameters = list(parameters)
+    if not parameters or not isinstance(parameters[0], dict):
+        parameters = [{"params": parameters}]
+    groups = []
+    for group in parameters:
+        trained = [p for p in group["params"] if p.requires_grad]
+        if trained:
+            groups.append({**group, "params": trained, "lr_scale": float(group.get("lr_scale", 1.0))})
+    if not groups:
+        raise HeadcountError("nothing to train: every parameter is frozen")
+    return groups
+
+
+# Settings that do not change the weights up to a given step: a run may be extended (more
+# max_steps), evaluated differently or moved to other hardware and still resume its checkpoint.
+RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "checkpoint_minutes",
+                     "snapshot_interval", "dev_bleu_sentences", "select", "device", "threads")
+
+
+def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | None) -> str:
+    return config_hash({"train": train_config, "model": model_config, "run": run})
+
+
+def resume_conflict(state: dict, cfg: TrainConfig, model_config: dict, run: dict | None) -> str | None:
+    """Why a checkpoint cannot be resumed under the current settings, or None if it can."""
+    saved = state.get("train_config", {})
+    if state.get("fingerprint") != run_fingerprint_hash(saved, model_config, run):
+        return "model or data differ"
+    current = cfg.to_dict()
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and _plain(saved.get(k)) != _plain(current[k]))
+    return f"training settings {', '.join(changed)} differ" if changed else None
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _snapshot_steps(directory: Path) -> list[int]:
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.stem.removeprefix("step_")) for p in directory.glob("step_*.pt")
+                  if p.stem.removeprefix("step_").isdigit())
+
+
+def _drop_snapshots_after(directory: Path, step: int) -> None:
+    """Snapshots later than the step we (re)start from belong to another run: they will be redone."""
+    for n in _snapshot_steps(directory):
+        if n > step:
+            (directory / f"step_{n}.pt").unlink()
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric records written after the checkpoint we resume from (they will be redone)."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line)["step"] <= step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

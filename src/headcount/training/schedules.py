@@ -1,0 +1,52 @@
+"""Learning-rate schedules, pure functions of the step: the baseline's Noam schedule and the
+fine-tuning recipes of the pruning runs (config/README.md: prune.lr_schedule).
+
+The training loop takes any of them as `lr_at` (a function of the 1-based step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from headcount.io import HeadcountError
+
+LR_SCHEDULES = ("noam", "constant", "continue")
+
+
+def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float) -> float:
+    """lr = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (Vaswani et al. 2017)."""
+    step = max(step, 1)
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def baseline_last_lr(baseline_training: dict, d_model: int) -> float:
+    """The Noam rate the baseline ended at (its step max_steps)."""
+    return noam_lr(baseline_training["max_steps"], d_model, baseline_training["warmup_steps"],
+                   baseline_training["lr_scale"])
+
+
+def fine_tuning_lr(schedule: str, baseline_training: dict, fine_tuning: dict, d_model: int) -> Callable[[int], float]:
+    """The learning rate at each 1-based fine-tuning step, for every schedule.
+
+    noam: Noam restarted on the fine-tuning run's own `warmup_steps` and `lr_scale` (`fine_tuning`:
+    prune.training over the baseline's training settings; the authors' restart); constant: the
+    baseline's last rate throughout; continue: the baseline's Noam schedule carried on from its
+    last step (decaying from that rate as step^-0.5).
+    """
+    if schedule == "noam":
+        warmup, scale = fine_tuning["warmup_steps"], fine_tuning["lr_scale"]
+        return lambda step: noam_lr(step, d_model, warmup, scale)
+    last_step = baseline_training["max_steps"]
+    if schedule == "constant":
+        rate = baseline_last_lr(baseline_training, d_model)
+        return lambda step: rate
+    if schedule == "continue":
+        warmup, scale = baseline_training["warmup_steps"], baseline_training["lr_scale"]
+        return lambda step: noam_lr(last_step + step, d_model, warmup, scale)
+    raise HeadcountError(f"config key 'prune.lr_schedule': unknown schedule {schedule!r}; use one of "
+                         f"{', '.join(LR_SCHEDULES)}")
+
+
+def healing_lr(start: float, steps: int) -> Callable[[int], float]:
+    """A linear decay over `steps` steps from `start` (step 1) to start / steps (the last step)."""
+    return lambda step: start * (steps - step + 1) / steps
