@@ -199,7 +199,9 @@ def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
     `grammar` and return what headcount's role analysis finds on 200 dev sentences (found_heads)."""
     import torch
 
-    from headcount.analysis.roles import assign_roles, count_words, encoder_head_statistics
+    from headcount.analysis.roles.collect import encoder_head_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import count_words
     from headcount.data.subwords import Segmenter, train_bpe
     from headcount.io import read_lines
     from headcount.models.transformer import ModelConfig, Transformer

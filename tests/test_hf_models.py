@@ -1031,7 +1031,9 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     # Head roles: positional, rare-token and syntactic statistics through the model's tokenizer.
     from conftest import toy_conllu
 
-    from headcount.analysis.roles import assign_roles, count_words, syntactic_statistics, text_statistics
+    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import count_words
     from headcount.data.parses import read_conllu
 
     (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")

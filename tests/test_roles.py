@@ -9,20 +9,18 @@ import pandas as pd
 import pytest
 import torch
 
-from headcount.analysis.roles import (
+from headcount.analysis.roles.alignment import align_pieces, sentence_tokens, word_attention
+from headcount.analysis.roles.collect import encoder_head_statistics
+from headcount.analysis.roles.registry import assign_roles
+from headcount.analysis.roles.statistics import (
     PositionalStats,
     RareStats,
     SyntacticStats,
-    align_pieces,
-    assign_roles,
     count_words,
-    encoder_head_statistics,
     frequency_words,
     relation_pairs,
-    sentence_tokens,
     source_lengths,
     syntactic_table,
-    word_attention,
 )
 from headcount.data.parses import COLUMNS
 from headcount.data.subwords import EOS_ID
@@ -224,7 +222,7 @@ def test_a_head_right_80_percent_of_the_time_scores_0_8():
 def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does_not():
     """Head 0 attends from each continuation piece to the piece before it and from each word-initial
     piece to itself: pooled it is no positional head, per kind it is exact at both."""
-    from headcount.analysis.roles import PIECE_KINDS, piece_kind_masks, with_piece_kinds
+    from headcount.analysis.roles.statistics import PIECE_KINDS, piece_kind_masks, with_piece_kinds
 
     sentences = [["\u2581a", "b", "\u2581c", "\u2581d", "e", "f"], ["\u2581g", "h", "\u2581i"], ["\u2581j"]]
     S = max(map(len, sentences)) + 1
@@ -256,7 +254,8 @@ def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does
 
 def test_a_language_tag_is_neither_kind_of_piece_nor_part_of_a_word():
     """A multilingual tokenizer's leading tag (SPECIAL_PIECE) belongs to no word and no piece kind."""
-    from headcount.analysis.roles import align_pieces, piece_kind_masks
+    from headcount.analysis.roles.alignment import align_pieces
+    from headcount.analysis.roles.statistics import piece_kind_masks
     from headcount.data.special import SPECIAL_PIECE
 
     pieces = [SPECIAL_PIECE, "\u2581a", "b", "\u2581cd"]
@@ -585,7 +584,7 @@ def test_assign_roles_with_positional_statistics_only():
 def test_a_role_registered_once_reaches_every_table_and_figure(monkeypatch, tmp_path):
     """A new role is one Role in the registry: assign_roles flags and assigns it, the pruning
     table counts it and Figure 8 and the function map draw it."""
-    from headcount.analysis import roles
+    from headcount.analysis.roles import registry as roles
     from headcount.report import plots
     from headcount.report.pruning_report import _role_counts
 

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_config, toy_corpus
 
 from headcount.analysis.importance import dev_batches
-from headcount.analysis.roles import PositionalStats
+from headcount.analysis.roles.statistics import PositionalStats
 from headcount.analysis.specialisation import layer_column, layer_columns, model_statistics
 from headcount.data.subwords import BOS_ID, EOS_ID, SPECIAL_IDS, Segmenter, train_bpe
 from headcount.io import HeadcountError, read_lines, write_lines

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from headcount.analysis.roles import RELATIONS  # noqa: E402
+from headcount.analysis.roles.statistics import RELATIONS
 from headcount.data.parses import arc_agreement, load_spacy_pipeline, parse_with_spacy, read_conllu, spacy_description
 
 

@@ -45,7 +45,7 @@ import torch
 
 from headcount.analysis.importance import dev_batches, head_confidence
 from headcount.analysis.relevance import head_relevance
-from headcount.analysis.roles import PositionalStats, source_lengths
+from headcount.analysis.roles.statistics import PositionalStats, source_lengths
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import load_checkpoint
 from headcount.models.loading import model_from_checkpoint

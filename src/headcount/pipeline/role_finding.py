@@ -91,14 +91,9 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
 
     import pandas as pd
 
-    from headcount.analysis.roles import (
-        RELATIONS,
-        assign_roles,
-        count_words,
-        longest_sentence,
-        syntactic_statistics,
-        text_statistics,
-    )
+    from headcount.analysis.roles.collect import longest_sentence, syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import RELATIONS, count_words
     from headcount.data.parses import read_conllu_files
     from headcount.report.plots import head_function_map, relative_positions
 

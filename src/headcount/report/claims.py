@@ -15,7 +15,7 @@ from math import comb
 import numpy as np
 import pandas as pd
 
-from headcount.analysis.roles import NO_ROLE
+from headcount.analysis.roles.registry import NO_ROLE
 
 HOLDS, FAILS, MIXED, NOT_SHOWN = "holds", "does not hold", "mixed", "not shown either way"
 ALPHA = 0.05  # a head-count or layer test counts when its one-sided p is below this

@@ -71,11 +71,7 @@ def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, ti
     """The paper's Figures 1c/2: encoder heads coloured by function (roles.ROLES' colours:
     positional purple, syntactic green, rare-token orange, other grey); within each layer ordered
     by LRP relevance (when head scores exist), each cell labelled with the head and its LRP share."""
-    from headcount.analysis.roles import (  # here: roles loads torch, other figures need not
-        role_colour,
-        role_label,
-        role_names,
-    )
+    from headcount.analysis.roles.registry import role_colour, role_label, role_names
     order = order_score()
     table = roles.copy()
     if scores is not None:
@@ -184,11 +180,7 @@ def _difference_bars(rows: pd.DataFrame, difference: str):
 
 def retained_functions(pruning: pd.DataFrame, path, title: str) -> None:
     """The paper's Figure 8: how many retained encoder heads have each function, per pruned model."""
-    from headcount.analysis.roles import (  # here: roles loads torch, other figures need not
-        role_colour,
-        role_label,
-        role_names,
-    )
+    from headcount.analysis.roles.registry import role_colour, role_label, role_names
     runs = pruning.sort_values("retained_enc_self", ascending=False)
     fig, ax = plt.subplots(figsize=(1.5 + 0.9 * max(1, len(runs)), 3.6))
     labels = [f"{r.setting}\nλ={r.lam:g}" if r.setting != "baseline" else "baseline" for r in runs.itertuples()]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from headcount.analysis.roles import NO_ROLE, role_names
+from headcount.analysis.roles.registry import NO_ROLE, role_names
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import is_control

@@ -1,0 +1,191 @@
+"""The roles, one registry: how a head qualifies for each, and assign_roles."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from headcount.analysis.roles.statistics import PIECE_KINDS
+
+# --------------------------------------------------------------------------------------------
+# One role per head
+
+
+# The roles, one registry. A role says which per-head columns it takes from the statistics tables
+# ({"positional", "syntactic", "rare"}: PositionalStats, SyntacticStats, RareStats), how a head
+# qualifies (is_<role>; the paper's rule as written beside it, is_<role>_paper, where the project's
+# differs), the column holding the number behind it, and how figures show it. assign_roles, the
+# pruning table's role_<role> counts and the figures iterate ROLES: a new role is one Role here.
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    label: str  # in figure legends
+    colour: str
+    precedence: int  # a head that qualifies for several roles gets the one with the lowest
+    columns: Callable[[dict, dict], pd.DataFrame]  # (statistics tables, rules) -> layer, head, its columns
+    qualifies: Callable[[pd.DataFrame, dict], pd.Series]  # (merged table, rules) -> is_<name>
+    statistic: Callable[[dict], str]  # rules -> the column of the number behind the role
+    qualifies_paper: Callable[[pd.DataFrame, dict], pd.Series] | None = None  # -> is_<name>_paper
+    fill: tuple[tuple[str, object], ...] = ()  # (column, value) for heads its statistics do not list
+
+
+ROLES: dict[str, Role] = {}  # in the tables' and figures' order
+NO_ROLE, NO_ROLE_LABEL, NO_ROLE_COLOUR = "none", "other", "#bdbdbd"
+
+
+def register_role(role: Role) -> Role:
+    ROLES[role.name] = role
+    return role
+
+
+def role_names() -> list[str]:
+    """Every role a head can get, the registry's then "none"."""
+    return [*ROLES, NO_ROLE]
+
+
+def role_precedence() -> tuple[str, ...]:
+    return tuple(sorted(ROLES, key=lambda name: ROLES[name].precedence))
+
+
+def role_colour(name: str) -> str:
+    return ROLES[name].colour if name in ROLES else NO_ROLE_COLOUR
+
+
+def role_label(name: str) -> str:
+    return ROLES[name].label if name in ROLES else NO_ROLE_LABEL
+
+
+def _positional_columns(statistics: dict, rules: dict) -> pd.DataFrame:
+    positional = statistics["positional"]
+    if "fraction_paper" not in positional.columns:  # a table from elsewhere with one share only
+        positional = positional.assign(fraction_paper=positional["fraction"])
+    kinds = [f"{kind}_{column}" for kind in PIECE_KINDS for column in ("offset", "fraction")]
+    return positional[["layer", "head", "offset", "fraction", "fraction_paper",
+                       *[c for c in kinds if c in positional.columns]]].rename(
+        columns={"offset": "positional_offset", "fraction": "positional_fraction",
+                 "fraction_paper": "positional_fraction_paper", **{c: f"positional_{c}" for c in kinds}})
+
+
+def _best_syntactic(syntactic: pd.DataFrame, min_instances: int) -> pd.DataFrame:
+    """Per head, the relation and direction with the largest margin over its baseline."""
+    scored = syntactic[(syntactic["n"] >= min_instances) & syntactic["accuracy"].notna()].copy()
+    scored["margin"] = scored["accuracy"] - scored["baseline_accuracy"]
+    scored = scored.sort_values(["layer", "head", "margin"], ascending=[True, True, False], kind="stable")
+    return scored
+
+
+def _syntactic_columns(statistics: dict, rules: dict) -> pd.DataFrame:
+    best = _best_syntactic(statistics["syntactic"], rules["min_instances"])
+    qualified = best[best["margin"] >= rules["syntactic_margin"] - 1e-12]
+    lists = (qualified.assign(label=qualified["relation"] + " " + qualified["name"])
+             .groupby(["layer", "head"])["label"].agg(", ".join).rename("syntactic_all").reset_index())
+    top = best.drop_duplicates(["layer", "head"])[["layer", "head", "relation", "direction", "name", "accuracy",
+                                                   "baseline_accuracy", "margin"]]
+    top = top.rename(columns={"relation": "syntactic_relation", "direction": "syntactic_direction",
+                              "name": "syntactic_name", "accuracy": "syntactic_accuracy",
+                              "baseline_accuracy": "syntactic_baseline", "margin": "syntactic_margin"})
+    return top.merge(lists, on=["layer", "head"], how="left")
+
+
+def _rare_columns(statistics: dict, rules: dict) -> pd.DataFrame:
+    rare = statistics["rare"]
+    rare_cols = ["layer", "head", "rate_rarest", "rate_two_rarest", "n_sentences", "uniform_rate_two_rarest"]
+    return rare[[c for c in rare_cols if c in rare.columns]].rename(
+        columns={"n_sentences": "rare_sentences", "uniform_rate_two_rarest": "rare_uniform_two_rarest"})
+
+
+def _positional_paper(table: pd.DataFrame, rules: dict) -> pd.Series:
+    return table["positional_fraction_paper"].fillna(0) >= rules["positional_threshold"]
+
+
+def _positional(table: pd.DataFrame, rules: dict) -> pd.Series:
+    column = "positional_fraction_paper" if rules["positional_share"] == "all" else "positional_fraction"
+    return table[column].fillna(0) >= rules["positional_threshold"]
+
+
+def _rare_paper(table: pd.DataFrame, rules: dict) -> pd.Series:
+    return (table["rate_two_rarest"].fillna(0) > rules["rare_threshold"]) & (
+        table["rare_sentences"].fillna(0) >= rules["min_instances"])
+
+
+def _rare(table: pd.DataFrame, rules: dict) -> pd.Series:
+    qualified = _rare_paper(table, rules)
+    if rules["rare_margin"] is not None:
+        reference = table.get("rare_uniform_two_rarest", pd.Series(np.nan, index=table.index)).astype(float)
+        qualified &= table["rate_two_rarest"].fillna(0) >= reference.fillna(0) + rules["rare_margin"] - 1e-12
+    return qualified
+
+
+register_role(Role(
+    "positional", "positional", "#7b3fa0", 2, _positional_columns, _positional,
+    lambda rules: "positional_fraction_paper" if rules["positional_share"] == "all" else "positional_fraction",
+    qualifies_paper=_positional_paper))
+register_role(Role(
+    "syntactic", "syntactic", "#2e8b57", 1, _syntactic_columns,
+    lambda table, rules: table["syntactic_margin"].fillna(-np.inf) >= rules["syntactic_margin"] - 1e-12,
+    lambda rules: "syntactic_margin", fill=(("syntactic_all", ""),)))
+register_role(Role("rare", "rare tokens", "#f28e1c", 0, _rare_columns, _rare, lambda rules: "rate_two_rarest",
+                   qualifies_paper=_rare_paper))
+
+
+def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.DataFrame,
+                 positional_threshold: float = 0.9, syntactic_margin: float = 0.10,
+                 rare_threshold: float = 0.5, min_instances: int = 10,
+                 precedence: Sequence[str] | None = None, rare_margin: float | None = None,
+                 positional_share: str = "valid") -> pd.DataFrame:
+    """One role per head from the three statistics tables, by the registered roles (ROLES).
+
+    positional: share of one offset >= positional_threshold (subword level, EOS excluded), the
+    share taken over the queries where that offset is valid (`positional_share="valid"`,
+    PositionalStats' `fraction`) or over all queries ("all", the paper's rule, `fraction_paper`);
+    syntactic: accuracy >= baseline + syntactic_margin (absolute) for some relation and direction
+    scored on >= min_instances instances; rare: points to one of the two rarest words in more
+    than rare_threshold of >= min_instances eligible sentences, and, if `rare_margin` is given
+    (not in the paper), by at least that much more often than a uniform head would
+    (RareStats' uniform reference; see there why diffuse heads can pass 50%).
+
+    A head that qualifies for several roles gets the first in `precedence` (default: by the
+    roles' precedence, rare > syntactic > positional): the content-based functions are the rarer
+    and more specific ones (a head that beats the positional baseline by 10 points is doing more
+    than attending to a fixed offset), and the flags is_positional / is_syntactic / is_rare keep
+    every qualification. `statistic` is the number behind the role (two-rarest rate, accuracy
+    margin, or fraction).
+
+    The paper's reading is kept beside the project's wherever they differ: is_positional_paper
+    (share over all queries), is_rare_paper (plain "> rare_threshold", no margin), and role_paper,
+    the role those flags and is_syntactic (the same rule in both) give.
+    """
+    if positional_share not in ("valid", "all"):
+        raise ValueError(f"positional_share must be 'valid' or 'all', not {positional_share!r}")
+    rules = {"positional_threshold": positional_threshold, "syntactic_margin": syntactic_margin,
+             "rare_threshold": rare_threshold, "min_instances": min_instances, "rare_margin": rare_margin,
+             "positional_share": positional_share}
+    statistics = {"positional": positional, "syntactic": syntactic, "rare": rare}
+    precedence = role_precedence() if precedence is None else tuple(precedence)
+    table = None
+    for role in ROLES.values():
+        part = role.columns(statistics, rules)
+        table = part if table is None else table.merge(part, on=["layer", "head"], how="outer")
+    table = table.sort_values(["layer", "head"], ignore_index=True)
+    for role in ROLES.values():
+        for column, value in role.fill:
+            table[column] = table[column].fillna(value)
+    for role in ROLES.values():
+        if role.qualifies_paper is not None:
+            table[f"is_{role.name}_paper"] = role.qualifies_paper(table, rules)
+        table[f"is_{role.name}"] = role.qualifies(table, rules)
+    hits = [table[f"is_{name}"].to_numpy(bool) for name in precedence]
+    table["role"] = np.select(hits, list(precedence), default=NO_ROLE)
+    values = [pd.to_numeric(table[ROLES[name].statistic(rules)], errors="coerce").to_numpy(float)
+              for name in precedence]
+    table["statistic"] = np.select(hits, values, default=np.nan)
+    paper = [table[f"is_{name}_paper" if ROLES[name].qualifies_paper else f"is_{name}"].to_numpy(bool)
+             for name in precedence]
+    table["role_paper"] = np.select(paper, list(precedence), default=NO_ROLE)
+    first = ["layer", "head", "role", "statistic", "role_paper"]
+    return table[first + [c for c in table.columns if c not in first]]
