@@ -6,12 +6,12 @@ computes four numbers that say how specialised its heads are, so a plot of them 
 training step shows whether heads were still specialising when training stopped:
 
 - largest positional share: per encoder layer, the largest fraction of query tokens any encoder
-  self-attention head points at one relative offset (roles.PositionalStats: subword level, EOS
+  self-attention head points at one relative offset (roles.statistics.PositionalStats: subword level, EOS
   and padding excluded); overall, the largest over the layers.
 - mean confidence: per attention type and layer, the mean over its heads of
   importance.head_confidence (a head's mean maximum attention weight).
 - LRP concentration: per attention type and layer, the top head's share of the layer's LRP
-  relevance, i.e. the largest over its heads of lrp.head_relevance's `lrp` (relevance normalised
+  relevance, i.e. the largest over its heads of relevance.head_relevance's `lrp` (relevance normalised
   over the heads of a layer and averaged over generation steps, the score score_heads reports).
   1/H when every head gets the same share, 1 when one head gets it all.
 - dev BLEU: greedy, as training evaluates it; read from training's metrics.jsonl at the

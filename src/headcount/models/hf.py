@@ -83,7 +83,7 @@ class HeadGates(nn.Module):
 
     @property
     def out_proj(self) -> nn.Linear:
-        """The output projection, under the name headcount's own attention uses (pruning.fold_gates)."""
+        """The output projection, under the name headcount's own attention uses (hard_concrete.fold_gates)."""
         return self.proj
 
     def gates(self) -> Tensor:
@@ -330,7 +330,7 @@ class HFSeq2Seq(nn.Module):
 
     @property
     def cfg(self):
-        """The transformers config: train.train records `model.cfg.to_dict()` in its checkpoints
+        """The transformers config: training.loop.train records `model.cfg.to_dict()` in its checkpoints
         and run fingerprints, as it does for headcount's ModelConfig."""
         return self.hf.config
 

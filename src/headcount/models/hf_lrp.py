@@ -1,6 +1,6 @@
 """LRP on transformers' encoder-decoder models: their forward pass re-run with lrp.py's rules.
 
-`HFLRPForward` is the `LRPForward` (seq2seq.py) of an `HFSeq2Seq` (hf_models.py). It re-creates the
+`HFLRPForward` is the `LRPForward` (seq2seq.py) of an `HFSeq2Seq` (hf.py). It re-creates the
 architecture as it is, from the model's own modules, in evaluation mode:
 
 - embeddings: token embedding times the family's scale (Marian with scale_embedding: sqrt(d_model))
@@ -18,7 +18,7 @@ architecture as it is, from the model's own modules, in evaluation mode:
 
 Linear maps, residual sums, LayerNorm and attention use the rule object's `linear`, `add`,
 `layer_norm` and `attention` (lrp.DingRules / lrp.AttnLRPRules), and the traces returned are lrp.py's
-`EncoderTrace` / `Trace`, so lrp.step_relevance and lrp.head_relevance drive the backward passes
+`EncoderTrace` / `Trace`, so lrp.step_relevance and relevance.head_relevance drive the backward passes
 unchanged.
 
 T5 (`T5LRPForward`) differs: no biases, no positions at the input but a relative position bias

@@ -9,7 +9,7 @@ How it is computed. Every LRP rule used here can be written as "Gradient x Input
 forward pass whose backward pass has been modified (Ancona et al. 2018; Achtibat et al. 2024): if
 the gradient arriving at a neuron z is c_z = R_z / z, then x * dz/dx-propagated gradient is the
 rule's relevance at the inputs x. So each architecture's forward pass is re-implemented from the
-model's own weights (its `lrp_forward()`, seq2seq.LRPForward: headcount_lrp.py for headcount's
+model's own weights (its `lrp_forward()`, seq2seq.LRPForward: transformer_lrp.py for headcount's
 Transformer) with this module's rules: `detach` tricks that give each operation its rule's
 backward, while leaving every forward value unchanged:
 
@@ -29,7 +29,7 @@ backward, while leaving every forward value unchanged:
   (gradient halved), with the epsilon rule on their outputs.
 
 Speed: `head_relevance` runs headcount's own models under "ding" through a hand-written backward
-pass (headcount_lrp.ding_step_relevance: the same numbers, 2.8x one forward+backward on the trained
+pass (transformer_lrp.ding_step_relevance: the same numbers, 2.8x one forward+backward on the trained
 default model's analysis sentences, against a floor of 2.3x for any exact implementation; see
 benchmarks/RESULTS.md). The autograd path below serves every rule and architecture: per chunk of
 `max_seeds` target steps, a decoder forward pass over the prefix those steps
@@ -152,7 +152,7 @@ def _probabilities(scores: Tensor, allowed: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# What an architecture's LRP forward pass returns (seq2seq.LRPForward; headcount_lrp.py for
+# What an architecture's LRP forward pass returns (seq2seq.LRPForward; transformer_lrp.py for
 # headcount's own Transformer)
 
 

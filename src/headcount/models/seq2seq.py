@@ -2,8 +2,8 @@
 
 Confidence, LRP, Michel importance, ablation, head roles, Hard Concrete gates, the Michel curve,
 beam search and physical pruning see a model only through this interface, so they run on any
-model that implements it: headcount's own Transformer (model.py) and adapters over pretrained
-models (hf_models.py). Nothing here knows a model's module names, its layout or its token ids.
+model that implements it: headcount's own Transformer (transformer.py) and adapters over pretrained
+models (hf.py). Nothing here knows a model's module names, its layout or its token ids.
 
 Shapes: B batch, S source length, T target length, D model width, H heads, Dh head size,
 V target vocabulary.
@@ -63,7 +63,7 @@ class HeadSlots(Protocol):
 
     n_heads: int
     head_dim: int
-    out_proj: nn.Linear  # W^O: head i owns its input columns i*Dh:(i+1)*Dh (pruning.fold_gates scales them)
+    out_proj: nn.Linear  # W^O: head i owns its input columns i*Dh:(i+1)*Dh (hard_concrete.fold_gates scales them)
     head_mask: Tensor  # (H,) fixed 0/1 gates
     hard_concrete: nn.Module | None  # HardConcreteGates while pruning
     head_context: nn.Module  # identity on (B, H, Tq, Dh), before the gates
@@ -78,7 +78,7 @@ class Seq2SeqWithHeads(Protocol):
     special: SpecialIds
     max_positions: int
     d_model: int
-    cfg: Any  # the model's configuration; train.train records cfg.to_dict() in checkpoints and fingerprints
+    cfg: Any  # the model's configuration; training.loop.train records cfg.to_dict() in checkpoints and fingerprints
 
     def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]: ...
 
@@ -112,7 +112,7 @@ class LRPForward(Protocol):
 
     `decode`'s target (B, T): the token whose logit each step explains; where it is -1 the top-1
     token, never one of `special.never_generated()` (lrp.top1_targets does this).
-    headcount_lrp.py is headcount's own implementation."""
+    transformer_lrp.py is headcount's own implementation."""
 
     def encode(self, src: Tensor, rules) -> Any: ...  # -> lrp.EncoderTrace
 

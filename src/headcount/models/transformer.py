@@ -10,7 +10,7 @@ a fixed 0/1 mask (`head_mask`); the pruning stage swaps in Hard Concrete gates b
 `head_context` so that analyses (LRP, Michel importance) can hook it without touching this file.
 
 `Transformer` implements seq2seq.Seq2SeqWithHeads (family "headcount"): the analyses see it only
-through that interface; its LRP forward pass is headcount_lrp.py.
+through that interface; its LRP forward pass is transformer_lrp.py.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh = D / H, V vocabulary.
 """
@@ -173,7 +173,7 @@ class MultiHeadAttention(nn.Module):
         of W^O, each kept head's fixed gate folded into its columns), so the module computes only
         them; the same outputs as masking the others."""
         if self.hard_concrete is not None:
-            raise ValueError("fold the Hard Concrete gates (pruning.fold_gates) before removing heads")
+            raise ValueError("fold the Hard Concrete gates (hard_concrete.fold_gates) before removing heads")
         heads = sorted(int(h) for h in heads)
         if heads == list(range(self.n_heads)) and bool((self.head_mask == 1).all()):
             return

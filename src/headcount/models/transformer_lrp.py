@@ -1,4 +1,4 @@
-"""The LRP forward pass of headcount's own Transformer (model.py): a seq2seq.LRPForward.
+"""The LRP forward pass of headcount's own Transformer (transformer.py): a seq2seq.LRPForward.
 
 It re-implements the pre-LayerNorm forward pass (evaluation mode) from the model's own weights
 with the rules of lrp.py, leaving model.py untouched: each operation's backward pass is its LRP
