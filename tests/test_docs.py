@@ -288,3 +288,11 @@ def test_the_bf16_speed_up_is_the_measured_one():
         quoted = set(re.findall(r"(\d\.\d+)x\s+(?:the\s+fp32\s+training\s+speed|slower|a\s+training\s+step)", text))
         assert quoted, f"{page.relative_to(REPO)} does not quote the bf16 speed-up"
         assert quoted == {ratio}, f"{page.relative_to(REPO)} quotes {quoted}, benchmarks/RESULTS.md measured {ratio}"
+
+
+def test_the_readme_is_a_front_door():
+    """No dated notes or issue numbers (docs/changelog.md has them), a table of contents, and short."""
+    text = README.read_text()
+    assert not re.findall(r"\bissues? \d+|\b20\d\d-\d\d-\d\d\b", text), "move dated notes to docs/changelog.md"
+    assert "## Contents" in text
+    assert len(text.splitlines()) <= 260, "README.md is a front door; move detail to docs/"
