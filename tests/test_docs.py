@@ -296,3 +296,20 @@ def test_the_readme_is_a_front_door():
     assert not re.findall(r"\bissues? \d+|\b20\d\d-\d\d-\d\d\b", text), "move dated notes to docs/changelog.md"
     assert "## Contents" in text
     assert len(text.splitlines()) <= 260, "README.md is a front door; move detail to docs/"
+
+
+def test_the_library_layout_names_the_subpackages():
+    """README's src line and docs/method.md's "Layout of the library" name what src/headcount has."""
+    library = REPO / "src/headcount"
+    if not (library / "models").is_dir():
+        pytest.skip("this tree still has the flat src/headcount the subpackage layout replaces")
+    line = re.search(r"^src/headcount/\s+(.*\n(?:\s+.*\n)*?)(?=\S)", README.read_text(), flags=re.M).group(1)
+    named = set(re.findall(r"(\w+)/", line.split("(")[0]))
+    assert named == {p.name for p in library.iterdir() if (p / "__init__.py").is_file()}
+    block = (REPO / "docs/method.md").read_text().split("## Layout of the library", 1)[1]
+    (layout,) = fenced_blocks(block, "")[:1]
+    for entry in re.findall(r"^  (\w+)/", layout, flags=re.M):
+        assert (library / entry).is_dir(), f"docs/method.md names {entry}/, which src/headcount lacks"
+    for entry in re.findall(r"^  (\w+(?:, \w+)*)\s{2,}", layout, flags=re.M):
+        for module in entry.split(", "):
+            assert (library / f"{module}.py").is_file(), f"docs/method.md names {module}, which src/headcount lacks"
