@@ -27,13 +27,14 @@ STAGES = {  # benchmark file name (without split/lambda) -> stage
     "train_baseline": "baseline training", "translate": "translation (beam search)",
     "score_heads": "head importance (confidence, LRP, Michel, ablation)", "head_roles": "head roles",
     "prune_heads": "pruning fine-tuning (per lambda)", "train_from_scratch": "from-scratch training",
-    "michel_curve": "Michel pruning curve",
+    "michel_curve": "Michel pruning curve",  # rule ranked_curve's file for michel (<method>_curve)
 }
 
 
 def stage_of(path: Path, root: Path) -> tuple[str, str]:
     name = path.stem.split("_test")[0].split("_dev")[0]
     name = re.sub(r"^translate_.*", "translate", name)
+    name = re.sub(r"^(\w+)_curve$", lambda m: STAGES.get(m.group(0), f"{m.group(1)} pruning curve"), name)
     return STAGES.get(name, name), str(path.relative_to(root).with_suffix(""))
 
 

@@ -447,8 +447,8 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     write_lines(tmp_path / "prune/all/michel_translations.jsonl", [json.dumps(m) for m in michel_points])
     out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
-    table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), michel=[],
-                           michel_translations=[str(tmp_path / "prune/all/michel_translations.jsonl")],
+    table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), ranked=[],
+                           ranked_translations=[str(tmp_path / "prune/all/michel_translations.jsonl")],
                            roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
                            references=str(tmp_path / "ref.txt"),
                            baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
@@ -564,17 +564,17 @@ def test_encoder_table_states_intervals_the_control_and_the_michel_point():
 
 def test_a_run_is_set_against_the_michel_point_nearest_its_head_count():
     """Encoder heads for the encoder-only setting, all heads otherwise; more heads win a tie."""
-    from headcount.report.pruning_report import michel_match
+    from headcount.report.pruning_report import curve_match
 
     def point(enc, dec):
         return {"retained": {"enc_self": enc, "dec_self": dec, "dec_enc": 48}}
 
     curve = [point(48, 48), point(10, 48), point(6, 48), point(4, 48)]
-    assert michel_match("enc", {"enc_self": 8, "dec_self": 20, "dec_enc": 20}, curve) is curve[1]
-    assert michel_match("enc", {"enc_self": 5, "dec_self": 48, "dec_enc": 48}, curve) is curve[2]
+    assert curve_match("enc", {"enc_self": 8, "dec_self": 20, "dec_enc": 20}, curve) is curve[1]
+    assert curve_match("enc", {"enc_self": 5, "dec_self": 48, "dec_enc": 48}, curve) is curve[2]
     curve = [point(48, 48), point(30, 30), point(10, 10)]  # 144, 108 and 68 heads in all
-    assert michel_match("all", {"enc_self": 10, "dec_self": 48, "dec_enc": 48}, curve) is curve[1]
-    assert michel_match("all", {"enc_self": 48, "dec_self": 48, "dec_enc": 48}, []) is None
+    assert curve_match("all", {"enc_self": 10, "dec_self": 48, "dec_enc": 48}, curve) is curve[1]
+    assert curve_match("all", {"enc_self": 48, "dec_self": 48, "dec_enc": 48}, []) is None
 
 
 TYPES_ = ("enc_self", "dec_self", "dec_enc")

@@ -15,7 +15,7 @@ from toyflow import REPO, plan
 # What a change of a model hyperparameter must redo: training, and everything that reads a
 # model or what was made from one. Data preparation, subwords and parsing stay.
 MODEL_DOWNSTREAM = {"train_baseline", "translate", "score", "score_table", "score_heads", "plot_head_scores",
-                    "head_roles", "prune_heads", "train_from_scratch", "michel_curve", "plot_gate_trajectory",
+                    "head_roles", "prune_heads", "train_from_scratch", "ranked_curve", "plot_gate_trajectory",
                     "pruning_report", "snapshot_statistics", "all"}
 UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", "train_subwords",
             "fit_training_data", "parse_analysis_sentences"}

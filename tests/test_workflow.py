@@ -195,7 +195,7 @@ def test_smoke_run_end_to_end(smoke_run):
     grid["defaults"]["prune"]["lambdas"]["enc"].append(0.5)
     jobs = plan(tmp_path, grid)
     assert jobs.get("prune_heads") == 1 and jobs.get("translate") == 1, jobs
-    assert "train_baseline" not in jobs and "train_from_scratch" not in jobs and "michel_curve" not in jobs
+    assert "train_baseline" not in jobs and "train_from_scratch" not in jobs and "ranked_curve" not in jobs
 
     # A changed decoding setting reruns translation and scoring only.
     changed = copy.deepcopy(config)

@@ -25,7 +25,12 @@ from headcount.config import (
 from headcount.config import FINE_TUNING_KEYS, scratch_training
 from headcount.analysis.measures import MEASURES, score_names
 from headcount.models.seq2seq import ATTENTION_TYPES
-from headcount.pruning.methods import SETTINGS, settings_pattern
+from headcount.pruning.methods import (
+    SETTINGS,
+    ranked_methods,
+    ranked_pattern,
+    settings_pattern,
+)
 
 try:
     EXPERIMENTS = load_experiments(
@@ -56,6 +61,7 @@ wildcard_constraints:
     kind="|".join(ATTENTION_TYPES),
     model=rf"baseline|prune/({settings_pattern()})/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/({settings_pattern()})/lambda_0)",
     setting=settings_pattern(),
+    method=ranked_pattern(),
     lam=r"[0-9][0-9.e+-]*",
     score="[a-z_]+",
     split="|".join(
@@ -383,9 +389,16 @@ def pruning_report_inputs(wildcards):
             for s in settings
             for m in scratch_models(exp, s)
         ],
-        "michel": [f"results/{exp}/prune/{s}/michel.tsv" for s in settings],
-        "michel_translations": [
-            f"results/{exp}/prune/{s}/michel_translations.jsonl" for s in settings
+        # Every ranked method's curve per setting (pruning.methods), in the registry's order.
+        "ranked": [
+            f"results/{exp}/prune/{s}/{m}.tsv"
+            for m in ranked_methods()
+            for s in settings
+        ],
+        "ranked_translations": [
+            f"results/{exp}/prune/{s}/{m}_translations.jsonl"
+            for m in ranked_methods()
+            for s in settings
         ],
         "trajectories": [
             f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]

@@ -1,6 +1,7 @@
 # Pruning heads (paper section 6): fine-tuning with Hard Concrete gates for each lambda of each
-# setting's grid, training each pruned configuration from scratch, Michel et al.'s pruning curve,
-# and the tables and figures. Lambda is a wildcard: a new grid value adds its own jobs only.
+# setting's grid, training each pruned configuration from scratch, the curve of every ranked
+# method (Michel et al.'s and any other in pruning.methods), and the tables and figures. Lambda
+# is a wildcard: a new grid value adds its own jobs only; so is the ranked method.
 # Lambda 0 is each setting's control (gates pinned open); it has no from-scratch twin.
 
 
@@ -102,8 +103,10 @@ rule export_pruned:
         "../scripts/export_pruned.py"
 
 
-rule michel_curve:
-    """BLEU as heads are removed in order of Michel et al.'s importance."""
+rule ranked_curve:
+    """BLEU as heads are removed, without retraining, in order of a ranked method's score
+    (pruning.methods: Michel et al.'s importance, or any other registered ranked method).
+    """
     input:
         baseline="results/{exp}/baseline/model.pt",
         head_scores="results/{exp}/heads/scores.parquet",
@@ -112,12 +115,12 @@ rule michel_curve:
         src=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.src.txt",
         ref=lambda w: f"results/{w.exp}/data/{prune_eval_split(w.exp)}.tgt.txt",
     output:
-        table="results/{exp}/prune/{setting}/michel.tsv",
-        translations="results/{exp}/prune/{setting}/michel_translations.jsonl",
+        table="results/{exp}/prune/{setting}/{method}.tsv",
+        translations="results/{exp}/prune/{setting}/{method}_translations.jsonl",
     log:
-        log_path("prune/{setting}/michel_curve"),
+        log_path("prune/{setting}/{method}_curve"),
     benchmark:
-        benchmark_path("prune/{setting}/michel_curve")
+        benchmark_path("prune/{setting}/{method}_curve")
     conda:
         ENV
     threads: all_cores
@@ -127,12 +130,13 @@ rule michel_curve:
         mem_mb=4000,
         runtime=240,
     params:
+        # The step of every ranked curve; the key keeps the name users' configs know it by.
         step=lambda w: exp_config(w)["prune"]["michel_step"],
         decoding=lambda w: exp_config(w)["decoding"],
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         device=lambda w: exp_config(w)["training"]["device"],
     script:
-        "../scripts/michel_curve.py"
+        "../scripts/ranked_curve.py"
 
 
 rule plot_gate_trajectory:

@@ -5,12 +5,29 @@ A setting says which attention types a run prunes: "enc" encoder self-attention 
 three. A method says how heads go: a trained method fine-tunes the model with gates (Voita et al.
 2019's Hard Concrete, pruning.hard_concrete); a ranked method removes heads, without training, in
 order of one column of the head score table, ranked globally over the setting's types (Michel et
-al. 2019: their importance, pruning.ranked). A new ranked method is one `register_method` here
-naming its score column.
+al. 2019: their importance, pruning.ranked).
+
+A new ranked method is one `register_method` here naming its score column (and its test): the
+workflow's `ranked_curve` rule computes its curve per setting (results/{exp}/prune/{setting}/
+{name}.tsv and {name}_translations.jsonl, each point `prune.michel_step` apart), the pruning table
+sets every gated run against it at the nearest head count with a paired bootstrap interval
+(columns d_{name}, d_{name}_low, d_{name}_high, {name}_heads, {name}_bleu), the encoder-only table
+has its columns and Figure 7 draws its curve, all under its `label`. The score column must be one
+the head score table has (a registered measure's, analysis.measures).
+
+A new trained method is not one registration. Its registration only names it: the workflow's
+fine-tuning rule (`prune_heads`, results/{exp}/prune/{setting}/lambda_{lam}/), its driver
+(pipeline.pruning_runs.prune_heads), its grid (`prune.lambdas`), the gate table it writes
+(gates.json, which the from-scratch twins, the pruning report and Figures 7 to 10 read) and the
+report's rows are Hard Concrete's and dispatch on nothing. A second trained method needs its own
+training code beside pruning.hard_concrete, a rule and output folder of its own (or a method
+wildcard in the prune/ paths), its config keys and schema, and a report that tells its rows from
+Hard Concrete's.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from headcount.models.seq2seq import ATTENTION_TYPES
@@ -40,13 +57,32 @@ class PruningMethod:
     kind: str  # "trained" (fine-tuning with gates) or "ranked" (heads removed in order of a score)
     score: str | None = None  # ranked: the score-table column; the lowest scores go first
     description: str = ""
+    # How the report names a ranked method (empty: made from the name and score). label: the
+    # tables' "<label> ranking (heads)" and "pruned - <label>"; legend: Figure 7's "<legend>, no
+    # retraining"; reference: the encoder table's note, "(<reference>; no retraining)".
+    label: str = ""
+    legend: str = ""
+    reference: str = ""
+
+    def __post_init__(self):
+        label = self.label or self.name
+        object.__setattr__(self, "label", label)
+        object.__setattr__(self, "legend", self.legend or f"{label} ranking")
+        object.__setattr__(self, "reference", self.reference or f"lowest {self.score} first")
 
 
 METHODS: dict[str, PruningMethod] = {}
 KINDS = ("trained", "ranked")
+# A name is part of file names, columns (d_<name>, <name>_heads, <name>_bleu) and a wildcard's
+# pattern; none may be one of the pruning table's other comparisons.
+NAME = re.compile(r"[a-z][a-z0-9_]*")
+RESERVED = ("baseline", "control", "scratch_baseline", "pruned_scratch")
 
 
 def register_method(method: PruningMethod) -> PruningMethod:
+    if not NAME.fullmatch(method.name) or method.name in RESERVED:
+        raise ValueError(f"pruning method {method.name!r}: a name is lower case letters, digits and _, "
+                         f"and none of {RESERVED}")
     if method.kind not in KINDS:
         raise ValueError(f"pruning method {method.name!r}: kind {method.kind!r}; use one of {KINDS}")
     if (method.kind == "ranked") != (method.score is not None):
@@ -59,6 +95,12 @@ def ranked_methods() -> list[str]:
     return [name for name, method in METHODS.items() if method.kind == "ranked"]
 
 
+def ranked_pattern() -> str:
+    """The ranked methods as a regular expression (the workflow's `method` wildcard); one that
+    matches nothing when there are none."""
+    return "|".join(re.escape(name) for name in ranked_methods()) or "(?!)"
+
+
 def ranked_method(name: str) -> PruningMethod:
     if name not in ranked_methods():
         raise ValueError(f"unknown ranked pruning method {name!r}; known: {ranked_methods()}")
@@ -69,4 +111,5 @@ register_method(PruningMethod("hard_concrete", "trained",
                               description="fine-tuning with a Hard Concrete gate per head and an L0 penalty "
                                           "(Voita et al. 2019, section 6)"))
 register_method(PruningMethod("michel", "ranked", score="michel",
-                              description="heads removed by their layer-normalised importance (Michel et al. 2019)"))
+                              description="heads removed by their layer-normalised importance (Michel et al. 2019)",
+                              label="Michel", legend="Michel et al. ranking", reference="Michel et al., 2019"))

@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 
 from headcount.analysis.measures import order_score  # noqa: E402
 from headcount.io import atomic_path  # noqa: E402
-from headcount.pruning.methods import SETTINGS  # noqa: E402
+from headcount.pruning.methods import METHODS, SETTINGS, ranked_methods  # noqa: E402
 
 TYPE_NAMES = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
               "dec_enc": "decoder-encoder attention"}
@@ -123,17 +123,20 @@ def relative_positions(parses: pd.DataFrame, relations, path, title: str, radius
 # Pruning (Voita et al. 2019, section 6)
 
 TYPE_COLOURS = {"enc_self": "#1f77b4", "dec_self": "#d62728", "dec_enc": "#2ca02c"}
+# Figure 7's ranked curves, by the method's place in the registry (pruning.methods).
+CURVE_STYLES = (("s--", "#888888"), ("v-.", "#9467bd"), ("x:", "#8c564b"), ("P--", "#e377c2"))
 
 
-def bleu_vs_heads(pruning: pd.DataFrame, michel: pd.DataFrame, baseline_bleu: float, path, title: str) -> None:
+def bleu_vs_heads(pruning: pd.DataFrame, curves: pd.DataFrame, baseline_bleu: float, path, title: str) -> None:
     """The paper's Figure 7 and its extension: BLEU against retained heads for the L0 runs (and
-    their from-scratch twins) and for Michel et al.'s curve; one panel per setting, the encoder-
-    only setting against retained encoder heads, the all-types setting against all heads.
+    their from-scratch twins) and for each ranked method's curve (`curves`: the curves' rows with
+    a `method` column; Michel et al.'s ranking); one panel per setting, the encoder-only setting
+    against retained encoder heads, the all-types setting against all heads.
 
     Error bars (where the table has them): the 95% paired bootstrap interval of the point's
     difference from the baseline, drawn around the point. The lambda = 0 control (the same
     fine-tuning, gates that cannot close) is a dashed line and a marker of its own."""
-    settings = [s for s in SETTINGS if s in set(pruning["setting"]) | set(michel.get("setting", []))]
+    settings = [s for s in SETTINGS if s in set(pruning["setting"]) | set(curves.get("setting", []))]
     fig, axes = plt.subplots(1, max(1, len(settings)), figsize=(5.2 * max(1, len(settings)), 3.8), squeeze=False)
     control_flags = pruning["control"] if "control" in pruning else pd.Series(False, index=pruning.index)
     for ax, setting in zip(axes[0], settings):
@@ -141,10 +144,12 @@ def bleu_vs_heads(pruning: pd.DataFrame, michel: pd.DataFrame, baseline_bleu: fl
         in_setting = pruning["setting"] == setting
         runs = pruning[in_setting & ~control_flags.astype(bool)].sort_values(x)
         controls = pruning[in_setting & control_flags.astype(bool)]
-        curve = michel[michel["setting"] == setting].copy() if len(michel) else pd.DataFrame()
-        if len(curve):
-            curve = curve.sort_values(x)
-            ax.plot(curve[x], curve["bleu"], "s--", color="#888888", label="Michel et al. ranking, no retraining")
+        for i, method in enumerate(ranked_methods()):
+            curve = curves[(curves["setting"] == setting) & (curves["method"] == method)] if len(curves) else ()
+            if len(curve):
+                curve = curve.sort_values(x)
+                fmt, colour = CURVE_STYLES[i % len(CURVE_STYLES)]
+                ax.plot(curve[x], curve["bleu"], fmt, color=colour, label=f"{METHODS[method].legend}, no retraining")
         ax.errorbar(runs[x], runs["bleu"], yerr=_difference_bars(runs, "d_baseline"), fmt="o-",
                     color="#1f77b4", capsize=2, label="Hard Concrete (L0), pruned")
         for row in runs.itertuples():

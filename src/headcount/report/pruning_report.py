@@ -12,7 +12,7 @@ import pandas as pd
 from headcount.analysis.roles.registry import NO_ROLE, role_names
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
-from headcount.pruning.methods import is_control
+from headcount.pruning.methods import METHODS, is_control, ranked_method, ranked_methods
 from headcount.report.claims import claims_markdown, pruning_claims
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 
@@ -26,8 +26,8 @@ PAPER_TABLE2 = {
 
 
 def pruning_report(experiment: str, baseline_scores: str, gates: list[str], pruned_scores: list[str],
-                   scratch_scores: list[str], michel: list[str], roles: str, out: dict, log=print,
-                   michel_translations: list[str] = (),
+                   scratch_scores: list[str], ranked: list[str], roles: str, out: dict, log=print,
+                   ranked_translations: list[str] = (),
                    references: str | None = None, baseline_translations: str | None = None,
                    pruned_translations: list[str] = (), scratch_translations: list[str] = (),
                    baseline_training: str | None = None, scratch_training: list[str] = (),
@@ -38,9 +38,12 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
     pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
     sentences (evaluate.paired_bootstrap), given the translations and references; so does pruned -
-    Michel et al.'s ranking at the nearest head count of the setting's curve, given the curve's
-    translations (`michel_translations`). Each row states its training steps in all and its
-    checkpoint selection, for the pruned model and its twin.
+    each ranked method's curve (pruning.methods; Michel et al.'s ranking) at the nearest head count
+    of the setting's curve, given the curve's translations (`ranked_translations`): columns
+    d_<method> (with _low and _high), <method>_heads and <method>_bleu for every registered ranked
+    method. `ranked` and `ranked_translations` are the curves' files, .../prune/<setting>/<method>.tsv
+    and <method>_translations.jsonl. Each row states its training steps in all and its checkpoint
+    selection, for the pruned model and its twin.
     """
     from headcount.report import plots
 
@@ -53,9 +56,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     scratch_hyps = {str(Path(_model_dir(p)).parent): read_lines(p) for p in scratch_translations}
     baseline_hyps = read_lines(baseline_translations) if baseline_translations else None
     baseline_run = _read_json(baseline_training) if baseline_training else {}
-    michel_points = {}
-    for path in michel_translations:
-        michel_points[Path(path).parent.name] = [json.loads(line) for line in read_lines(path) if line]
+    curve_points = {_curve_of(path, "_translations.jsonl"): [json.loads(line) for line in read_lines(path) if line]
+                    for path in ranked_translations}
     role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
     first = _read_json(gates[0]) if gates else None
     n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in ATTENTION_TYPES} if first else {}
@@ -97,10 +99,13 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
         row.update(interval("d_control", hyps.get(folder) if control != folder else None, hyps.get(control)))
         row.update(interval("d_scratch_baseline", scratch_hyps.get(folder), baseline_hyps))
         row.update(interval("d_pruned_scratch", hyps.get(folder), scratch_hyps.get(folder)))
-        point = michel_match(record["setting"], record["retained"], michel_points.get(record["setting"], []))
-        row.update(interval("d_michel", hyps.get(folder), point["translations"] if point else None))
-        row["michel_heads"] = michel_count(record["setting"], point["retained"]) if point else float("nan")
-        row["michel_bleu"] = row["bleu"] - row["d_michel"] if point and not pd.isna(row["d_michel"]) else float("nan")
+        for method in ranked_methods():
+            point = curve_match(record["setting"], record["retained"],
+                                curve_points.get((method, record["setting"]), []))
+            row.update(interval(f"d_{method}", hyps.get(folder), point["translations"] if point else None))
+            row[f"{method}_heads"] = curve_count(record["setting"], point["retained"]) if point else float("nan")
+            row[f"{method}_bleu"] = (row["bleu"] - row[f"d_{method}"] if point and not pd.isna(row[f"d_{method}"])
+                                     else float("nan"))
         rows.append(row)
         heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
     pruning = pd.DataFrame(rows)
@@ -122,7 +127,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     with atomic_path(out["table2"]) as tmp:
         tmp.write_text(table2_markdown(experiment, table2, baseline["bleu_signature"]), encoding="utf-8")
 
-    curves = pd.concat([pd.read_csv(p, sep="\t") for p in michel]) if michel else pd.DataFrame()
+    curves = (pd.concat([pd.read_csv(p, sep="\t").assign(method=_curve_of(p, ".tsv")[0]) for p in ranked])
+              if ranked else pd.DataFrame())
     with atomic_path(out["encoder"]) as tmp:
         tmp.write_text(encoder_markdown(experiment, pruning, baseline["bleu_signature"]), encoding="utf-8")
     plots.bleu_vs_heads(pruning[pruning["setting"] != "baseline"], curves, baseline["bleu"], out["figure7"],
@@ -150,18 +156,29 @@ TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENT
                   "selection_scratch"]
 
 
-def michel_count(setting: str, retained: dict) -> int:
-    """The head count a run is matched on against its setting's Michel curve: encoder heads for
+def curve_count(setting: str, retained: dict) -> int:
+    """The head count a run is matched on against its setting's ranked curve: encoder heads for
     the encoder-only setting, all heads otherwise."""
     return retained["enc_self"] if setting == "enc" else sum(retained.values())
 
 
-def michel_match(setting: str, retained: dict, points: list[dict]) -> dict | None:
-    """The point of a Michel curve whose head count is nearest the run's (the one with more heads
+def curve_match(setting: str, retained: dict, points: list[dict]) -> dict | None:
+    """The point of a ranked curve whose head count is nearest the run's (the one with more heads
     on a tie), or None for no curve."""
-    target = michel_count(setting, retained)
-    return min(points, key=lambda p: (abs(michel_count(setting, p["retained"]) - target),
-                                      -michel_count(setting, p["retained"])), default=None)
+    target = curve_count(setting, retained)
+    return min(points, key=lambda p: (abs(curve_count(setting, p["retained"]) - target),
+                                      -curve_count(setting, p["retained"])), default=None)
+
+
+def _curve_of(path: str, suffix: str) -> tuple[str, str]:
+    """(method, setting) of a ranked curve's file, .../prune/<setting>/<method><suffix>; the method
+    must be a registered ranked one."""
+    method = Path(path).name.removesuffix(suffix)
+    try:
+        ranked_method(method)
+    except ValueError as error:
+        raise HeadcountError(f"{path}: {error}") from None
+    return method, Path(path).parent.name
 
 
 def _read_json(path: str) -> dict:
@@ -211,27 +228,39 @@ def _difference_cell(r, name: str) -> str:
 
 def encoder_markdown(experiment: str, pruning: pd.DataFrame, signature: str) -> str:
     """The encoder-only runs (decoder frozen) as a markdown table: heads kept by the code's rule
-    and by the paper's, BLEU against the baseline, the lambda = 0 control and Michel et al.'s
-    ranking at the nearest head count of its curve, each with its interval."""
+    and by the paper's, BLEU against the baseline, the lambda = 0 control and each ranked method
+    (Michel et al.'s ranking) at the nearest head count of its curve, each with its interval."""
     runs = pruning[pruning["setting"] == "enc"].sort_values("lam", kind="stable")
-    lines = [f"### {experiment}: encoder self-attention only", "",
-             "| encoder heads kept (paper's log alpha rule) | lambda | BLEU | pruned - baseline | pruned - control | "
-             "Michel ranking (heads) | pruned - Michel | steps | selection |", "|---|---|---|---|---|---|---|---|---|"]
+    methods = [METHODS[name] for name in ranked_methods()]
+    columns = ["encoder heads kept (paper's log alpha rule)", "lambda", "BLEU", "pruned - baseline",
+               "pruned - control", *(c for m in methods for c in (f"{m.label} ranking (heads)", f"pruned - {m.label}")),
+               "steps", "selection"]
+    lines = [f"### {experiment}: encoder self-attention only", "", _markdown_row(columns),
+             "|" + "---|" * len(columns)]
     for r in pruning[pruning["setting"] == "baseline"].itertuples():
-        lines.append(f"| {int(r.retained_enc_self)} | baseline | {r.bleu:.2f} |  |  |  |  | "
-                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
+        lines.append(_markdown_row([f"{int(r.retained_enc_self)}", "baseline", f"{r.bleu:.2f}", "", "",
+                                    *[""] * (2 * len(methods)), _number(r.steps, ".0f"), _text(r.selection)]))
     for r in runs.itertuples():
-        paper, michel_heads = _row_value(r, "retained_paper_rule_enc_self"), _row_value(r, "michel_heads")
+        paper = _row_value(r, "retained_paper_rule_enc_self")
         kept = f"{int(r.retained_enc_self)}" + (f" ({int(paper)})" if not pd.isna(paper) else "")
-        michel = "" if pd.isna(michel_heads) else f"{_row_value(r, 'michel_bleu'):.2f} ({int(michel_heads)})"
-        lines.append(f"| {kept} | {_lambda_label(r)} | {r.bleu:.2f} | {_difference_cell(r, 'd_baseline')} | "
-                     f"{_difference_cell(r, 'd_control')} | {michel} | {_difference_cell(r, 'd_michel')} | "
-                     f"{_number(r.steps, '.0f')} | {_text(r.selection)} |")
+        ranked_cells = []
+        for m in methods:
+            heads = _row_value(r, f"{m.name}_heads")
+            point = "" if pd.isna(heads) else f"{_row_value(r, f'{m.name}_bleu'):.2f} ({int(heads)})"
+            ranked_cells += [point, _difference_cell(r, f"d_{m.name}")]
+        lines.append(_markdown_row([kept, _lambda_label(r), f"{r.bleu:.2f}", _difference_cell(r, "d_baseline"),
+                                    _difference_cell(r, "d_control"), *ranked_cells, _number(r.steps, ".0f"),
+                                    _text(r.selection)]))
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences as in Table 2 (95% paired bootstrap intervals; "
-              f"\"difference\" when the interval excludes 0). Michel ranking: the baseline with its least "
-              f"important encoder heads masked (Michel et al., 2019; no retraining), at the point of its curve "
-              f"nearest the run's head count (in brackets)."]
+              f"\"difference\" when the interval excludes 0)."
+              + "".join(f" {m.label} ranking: the baseline with its least important encoder heads masked "
+                        f"({m.reference}; no retraining), at the point of its curve nearest the run's head count "
+                        f"(in brackets)." for m in methods)]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> str:

@@ -17,6 +17,6 @@ with job(snakemake) as log:
         out_path=snakemake.output.table,
         translations_out=snakemake.output.translations,
         device=snakemake.params.device,
-        method="michel",
+        method=snakemake.wildcards.method,
         log=log,
     )
