@@ -398,13 +398,13 @@ def _write_json(path, record):
     path.write_text(json.dumps(record))
 
 
-def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
-    """A report over made-up runs: every difference carries sacrebleu's paired bootstrap interval,
-    the control is its own row, and the steps the table states are those the runs recorded."""
+def made_up_report(tmp_path):
+    """Made-up runs of the all-types setting for pruning_report, under tmp_path: the baseline, the
+    control (lambda 0), a pruned model (lambda 0.5, 19 of 24 heads kept) and its from-scratch twin,
+    each with translations of 30 random references. Returns pruning_report's arguments but the
+    ranked curves', the systems' translations, the references and `system(p)`, which makes up
+    another system (each reference word replaced with probability p)."""
     import random
-
-    from headcount.report.pruning_report import pruning_report
-    from headcount.training.evaluate import paired_bootstrap
 
     rng = random.Random(3)
     words = "ein hund eine katze läuft über die wiese zwei kinder spielen im sand".split()
@@ -442,17 +442,35 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    michel_points = [{"removed_fraction": f, "retained": {"enc_self": 8 - n, "dec_self": 8, "dec_enc": 8},
-                      "translations": system(p)} for f, n, p in ((0.0, 0, 0.1), (0.25, 6, 0.3))]
-    write_lines(tmp_path / "prune/all/michel_translations.jsonl", [json.dumps(m) for m in michel_points])
     out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
-    table = pruning_report("toy", str(tmp_path / "baseline/scores/test.json"), ranked=[],
-                           ranked_translations=[str(tmp_path / "prune/all/michel_translations.jsonl")],
-                           roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None,
-                           references=str(tmp_path / "ref.txt"),
-                           baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
-                           baseline_training=str(tmp_path / "baseline/training.json"), **inputs)
+    report = dict(experiment="toy", baseline_scores=str(tmp_path / "baseline/scores/test.json"),
+                  roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None, references=str(tmp_path / "ref.txt"),
+                  baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
+                  baseline_training=str(tmp_path / "baseline/training.json"), **inputs)
+    return report, texts, refs, system
+
+
+def write_curve_points(tmp_path, method: str, system) -> tuple[str, list[dict]]:
+    """A ranked method's curve of the all-types setting as its translations file: all 24 heads, then
+    18 (six encoder heads masked); the file's path and its points."""
+    points = [{"removed_fraction": f, "retained": {"enc_self": 8 - n, "dec_self": 8, "dec_enc": 8},
+               "translations": system(p)} for f, n, p in ((0.0, 0, 0.1), (0.25, 6, 0.3))]
+    path = tmp_path / f"prune/all/{method}_translations.jsonl"
+    write_lines(path, [json.dumps(point) for point in points])
+    return str(path), points
+
+
+def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
+    """A report over made-up runs: every difference carries sacrebleu's paired bootstrap interval,
+    the control is its own row, and the steps the table states are those the runs recorded."""
+    from headcount.report.pruning_report import pruning_report
+    from headcount.training.evaluate import paired_bootstrap
+
+    report, texts, refs, system = made_up_report(tmp_path)
+    out = report["out"]
+    michel, michel_points = write_curve_points(tmp_path, "michel", system)
+    table = pruning_report(ranked=[], ranked_translations=[michel], **report)
     saved = pd.read_csv(out["table"], sep="\t")
     pruned = saved[saved["lam"] == 0.5].iloc[0]
     control = saved[saved["lam"] == 0].iloc[0]
