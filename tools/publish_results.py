@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from headcount.io import atomic_path
+from headcount.pruning.methods import SETTINGS, ranked_methods
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,8 +45,9 @@ PUBLISHED = {
     "tables/table2.csv": ("main", "prune/table2.csv"),
     "tables/pruning_claims.md": ("main", "prune/claims.md"),
     "tables/pruning_enc.md": ("main", "prune/encoder.md"),
-    "tables/michel.enc.tsv": ("main", "prune/enc/michel.tsv"),
-    "tables/michel.all.tsv": ("main", "prune/all/michel.tsv"),
+    # every ranked method's curves (headcount.pruning.methods): tables/michel.enc.tsv, ...
+    **{f"tables/{method}.{setting}.tsv": ("main", f"prune/{setting}/{method}.tsv")
+       for method in ranked_methods() for setting in SETTINGS},
     "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),
     "tables/seed_spread.md": ("main", "seeds/spread.md"),
     "tables/control_head_roles.csv": ("control", "syntax/roles.csv"),

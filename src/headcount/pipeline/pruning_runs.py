@@ -1,6 +1,6 @@
 """The pruning runs over files (Voita et al. 2019, section 6): fine-tuning with Hard Concrete gates
-for one lambda, a ranked method's pruning curve (Michel et al.'s), physical removal. What
-prune_heads.py, michel_curve.py and export_pruned.py call."""
+for one lambda, a ranked method's pruning curve (Michel et al.'s, or any ranked method of
+pruning.methods), physical removal. What prune_heads.py, ranked_curve.py and export_pruned.py call."""
 
 from __future__ import annotations
 
