@@ -12,17 +12,22 @@ workflow's `ranked_curve` rule computes its curve per setting (results/{exp}/pru
 {name}.tsv and {name}_translations.jsonl, each point `prune.michel_step` apart), the pruning table
 sets every gated run against it at the nearest head count with a paired bootstrap interval
 (columns d_{name}, d_{name}_low, d_{name}_high, {name}_heads, {name}_bleu), the encoder-only table
-has its columns and Figure 7 draws its curve, all under its `label`. The score column must be one
-the head score table has (a registered measure's, analysis.measures).
+has its two columns and Figure 7 draws its curve, under its label, legend and reference
+(tests/test_ranked_methods.py). The score column must be one the head score table
+(heads/scores.parquet) has: a registered measure's (analysis.measures), lowest first; nothing
+checks that before the curve's job reads the table.
 
-A new trained method is not one registration. Its registration only names it: the workflow's
-fine-tuning rule (`prune_heads`, results/{exp}/prune/{setting}/lambda_{lam}/), its driver
-(pipeline.pruning_runs.prune_heads), its grid (`prune.lambdas`), the gate table it writes
-(gates.json, which the from-scratch twins, the pruning report and Figures 7 to 10 read) and the
-report's rows are Hard Concrete's and dispatch on nothing. A second trained method needs its own
-training code beside pruning.hard_concrete, a rule and output folder of its own (or a method
-wildcard in the prune/ paths), its config keys and schema, and a report that tells its rows from
-Hard Concrete's.
+A new trained method is not one registration: the registration only names it, and nothing
+dispatches on a trained method. The fine-tuning rule (`prune_heads`, results/{exp}/prune/{setting}/
+lambda_{lam}/), its driver (pipeline.pruning_runs.prune_heads), its grid (`prune.lambdas`) and
+recipe keys, the seeds' controls (`prune_control_seed`), the gate table it writes (gates.json, which
+the pruning report, the claims and Figures 7 to 10 read; the from-scratch twin reads the pruned
+model's mask) and the report's rows are all Hard Concrete's. A second trained method needs its
+training code beside pruning.hard_concrete, a driver writing the same files (model.pt with its
+head mask, gates.json's `heads`/`retained` records), a rule and output folder of its own (or a
+method wildcard in the prune/ paths, which today's paths and published results do not have), its
+config keys in the schema and config/README.md, and a pruning report that tells its rows from
+Hard Concrete's (a `method` column, and Table 2 and Figure 7 drawing each trained method).
 """
 
 from __future__ import annotations
