@@ -31,13 +31,10 @@ rule atlas:
             for s in prune_settings(w.exp)
             for m in pruned_models(w.exp, s)
         ],
-        # one file or none: the pruning table and Table 2 where the experiment prunes, the
+        # one file or none: the pruning table where the experiment prunes, the
         # planted-vs-found table for the positive control
         pruning=lambda w: (
             [f"results/{w.exp}/prune/pruning.tsv"] if prune_settings(w.exp) else []
-        ),
-        table2=lambda w: (
-            [f"results/{w.exp}/prune/table2.csv"] if prune_settings(w.exp) else []
         ),
         planted=lambda w: (
             [f"results/{w.exp}/control/planted_vs_found.csv"]
@@ -57,7 +54,8 @@ rule atlas:
         benchmark_path("atlas")
     conda:
         ENV
-    threads: all_cores
+    # a few hundred sentences through the model: one thread, beside other jobs
+    threads: 1
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

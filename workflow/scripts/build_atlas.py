@@ -26,7 +26,6 @@ with job(snakemake) as log:
         train_src=snakemake.input.train_src,
         role_settings=snakemake.params.roles,
         pruning=optional(snakemake.input.pruning),
-        table2=optional(snakemake.input.table2),
         gates=list(snakemake.input.gates),
         trajectories=list(snakemake.input.trajectories),
         planted=optional(snakemake.input.planted),

@@ -19,7 +19,7 @@ def build_atlas(out_html: str, head_scores: str, model: str | None = None, src_s
                 analysis_sentences: int | None = None, roles: str | None = None, positional: str | None = None,
                 syntactic: str | None = None, rare: str | None = None, parses: str | None = None,
                 train_src: str | None = None, role_settings: dict | None = None, pruning: str | None = None,
-                table2: str | None = None, gates: Sequence[str] = (), trajectories: Sequence[str] = (),
+                gates: Sequence[str] = (), trajectories: Sequence[str] = (),
                 planted: str | None = None, sentences: Sequence[int] = (0, 1, 2), best_sentences: int = 2,
                 lowercase: bool = False, device: str = "auto", experiment: str = "", description: str = "",
                 log=print) -> dict:
@@ -34,7 +34,7 @@ def build_atlas(out_html: str, head_scores: str, model: str | None = None, src_s
     role_table = _table(roles)
     data = gather_tables(read_table(head_scores), roles=role_table, positional=_table(positional),
                          syntactic=_table(syntactic), rare=_table(rare), role_settings=role_settings,
-                         pruning=_table(pruning), runs=runs, table2=_table(table2), planted=_table(planted),
+                         pruning=_table(pruning), runs=runs, planted=_table(planted),
                          experiment=experiment, description=description)
     log(f"atlas: {len(data['heads'])} heads of {', '.join(data['layout'])}; "
         f"{sum(len(r) for r in data['pruning']['settings'].values())} pruning runs")

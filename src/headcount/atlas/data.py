@@ -39,6 +39,7 @@ from ..seq2seq import ATTENTION_TYPES
 ROLE_TYPE = ATTENTION_TYPES[0]
 # Trajectories are drawn from at most this many steps per run (evenly spaced, the last kept).
 MAX_TRAJECTORY_STEPS = 200
+BASELINE = "baseline"  # the pruning table's row of the unpruned model (pruning_report)
 
 
 def head_key(kind: str, layer: int, head: int) -> str:
@@ -179,15 +180,16 @@ def _trajectory(path: str | Path) -> dict:
             "p_closed": {head_key(*index): values for index, values in zip(wide.index, wide.to_numpy())}}
 
 
-def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Path, str | Path | None]] = (),
-                    baseline_bleu: float | None = None) -> dict:
-    """The pruning runs by setting, each setting's runs in lambda order.
+def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Path, str | Path | None]] = ()) -> dict:
+    """The pruning runs by setting, each setting's runs in lambda order, and the baseline's BLEU.
 
-    `pruning`: the pruning table (prune/pruning.tsv); `runs`: (gates.json, trajectory.csv or None)
-    of each run, matched to the table's rows by setting and lambda. A run's `closed`: the heads
-    whose evaluation gate is 0 (gates.json `pruned`, the rule of the pruned model)."""
+    `pruning`: the pruning table (prune/pruning.tsv, its `baseline` row the unpruned model);
+    `runs`: (gates.json, trajectory.csv or None) of each run, matched to the table's rows by
+    setting and lambda. A run's `closed`: the heads whose evaluation gate is 0 (gates.json
+    `pruned`, the rule of the pruned model)."""
     settings: dict[str, list[dict]] = {}
-    rows = {} if pruning is None else {(r["setting"], float(r["lam"])): r for r in pruning.to_dict(orient="records")}
+    rows = {} if pruning is None else {(r["setting"], float(r["lam"])): r for r in pruning.to_dict(orient="records")
+                                       if r["setting"] != BASELINE}
     for gates_path, trajectory_path in runs:
         record = json.loads(Path(gates_path).read_text(encoding="utf-8"))
         setting, lam = record["setting"], float(record["lambda"])
@@ -204,15 +206,9 @@ def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Pat
         settings.setdefault(setting, []).append(run)
     for runs_of in settings.values():
         runs_of.sort(key=lambda r: r["lam"])
-    return {"baseline_bleu": baseline_bleu, "metric": "BLEU", "settings": settings}
-
-
-def baseline_bleu(table2: pd.DataFrame | None) -> float | None:
-    """The baseline's BLEU from Table 2 (prune/table2.csv), its `baseline` row."""
-    if table2 is None or "setting" not in table2.columns:
-        return None
-    row = table2[table2["setting"] == "baseline"]
-    return float(row["bleu"].iloc[0]) if len(row) else None
+    baseline = None if pruning is None else pruning[pruning["setting"] == BASELINE]
+    return {"baseline_bleu": float(baseline["bleu"].iloc[0]) if baseline is not None and len(baseline) else None,
+            "metric": "BLEU", "settings": settings}
 
 
 def planted_records(planted: pd.DataFrame | None) -> list[dict]:
@@ -235,8 +231,8 @@ def planted_records(planted: pd.DataFrame | None) -> list[dict]:
 def gather_tables(scores: pd.DataFrame, roles: pd.DataFrame | None = None, positional: pd.DataFrame | None = None,
                   syntactic: pd.DataFrame | None = None, rare: pd.DataFrame | None = None,
                   role_settings: dict | None = None, pruning: pd.DataFrame | None = None,
-                  runs: Sequence[tuple[str | Path, str | Path | None]] = (), table2: pd.DataFrame | None = None,
-                  planted: pd.DataFrame | None = None, experiment: str = "", description: str = "") -> dict:
+                  runs: Sequence[tuple[str | Path, str | Path | None]] = (), planted: pd.DataFrame | None = None,
+                  experiment: str = "", description: str = "") -> dict:
     """The atlas's data from the experiment's tables (DataFrames as the stages wrote them)."""
     missing = set(KEYS) - set(scores.columns)
     if missing:
@@ -255,4 +251,4 @@ def gather_tables(scores: pd.DataFrame, roles: pd.DataFrame | None = None, posit
     return {"experiment": experiment, "description": description, "layout": layout(scores),
             "measures": measure_columns(scores), "roles": role_legend(), "role_type": ROLE_TYPE,
             "thresholds": role_thresholds(role_settings or {}), "heads": heads,
-            "pruning": pruning_records(pruning, runs, baseline_bleu(table2)), "planted": planted_records(planted)}
+            "pruning": pruning_records(pruning, runs), "planted": planted_records(planted)}

@@ -12,9 +12,10 @@ the chosen ones (`chosen`, line numbers of the analysis set) and `best` more of 
     positional (and encoder heads with no role)  the share of the sentence's queries whose argmax
                 key is at the head's most frequent offset (positional.csv), among the queries for
                 which that offset is a valid key (at least MIN_QUERIES of them)
-    syntactic   on the parsed sentences (the parse table the roles came from): the number of
-                instances of the head's best relation and direction (roles.csv) whose argmax word
-                is the related word, then the share of them
+    syntactic   on the parsed sentences (the parse table the roles came from; as many as the
+                analysis set has, since a treebank can be long): the number of instances of
+                the head's best relation and direction (roles.csv) whose argmax word is the
+                related word, then the share of them
     rare tokens on the eligible analysis sentences (roles.RareStats): pointing at the rarest word,
                 then at one of the two rarest
     decoder self-attention  as positional, at its own most frequent offset
@@ -110,9 +111,11 @@ def _tensors(model, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]] |
 @torch.no_grad()
 def _attention(model, src_ids, tgt_ids, batch_size: int, device):
     """Yields (batch indices, {type: (L, B, H, Tq, Tk) tensor}, source lengths incl. EOS, decoder
-    lengths incl. BOS or None) for the sentences in order; encoder only if `tgt_ids` is None."""
-    for start in range(0, len(src_ids), batch_size):
-        rows = list(range(start, min(start + batch_size, len(src_ids))))
+    lengths incl. BOS or None) for every sentence once, in batches of similar length (little
+    padding); encoder only if `tgt_ids` is None."""
+    order = sorted(range(len(src_ids)), key=lambda i: (len(src_ids[i]), len(tgt_ids[i]) if tgt_ids else 0))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
         src, tgt_in = _tensors(model, [src_ids[i] for i in rows], None if tgt_ids is None else
                                [tgt_ids[i] for i in rows])
         src = src.to(device)
@@ -146,10 +149,17 @@ class Examples:
             self.sentences.append({"label": label, "src": src, "tgt": tgt})
         return self.index[(origin, number)]
 
-    def add(self, key: str, sentence: int, why: str, note: str, matrix: np.ndarray, marks: dict | None = None):
+    def add(self, key: str, sentence: int, why: str, note: str, matrix: np.ndarray, marks: dict | None,
+            order: tuple):
+        """One example of a head; `order` places it among the head's: the chosen sentences first, in
+        the researcher's order, then the head's own, best first."""
         self.by_head.setdefault(key, []).append({"s": sentence, "why": why, "note": note, "rows": matrix.shape[0],
                                                  "cols": matrix.shape[1], "m": encode_matrix(matrix),
-                                                 **({"marks": marks} if marks else {})})
+                                                 **({"marks": marks} if marks else {}), "order": order})
+
+    def ordered(self) -> dict[str, list[dict]]:
+        return {key: [{k: v for k, v in e.items() if k != "order"} for e in sorted(found, key=lambda e: e["order"])]
+                for key, found in self.by_head.items()}
 
 
 def _pieces_of_word(piece_to_word: np.ndarray, word: int) -> list[int]:
@@ -218,7 +228,7 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
                     counts = np.bincount(piece_to_word[piece_to_word >= 0], minlength=len(words))
                     if rare_stats.update(wa, words, counts):
                         hits = (rare_stats.rarest - before) + 0.5 * (rare_stats.two_rarest - before_two)
-                        freq = [rare_stats.frequency(w) if counts[w] else np.inf for w in range(len(words))]
+                        freq = [rare_stats.frequency(words[w]) if counts[w] else np.inf for w in range(len(words))]
                         rare_hits[i] = (hits / 1.5, _pieces_of_word(piece_to_word, int(np.argmin(freq))))
 
     histograms = {}
@@ -244,8 +254,8 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
         for layer in range(L):
             for head in range(H):
                 key = head_key(kind, layer, head)
-                for i in chosen:
-                    wanted.setdefault(i, []).append((key, "chosen", f"analysis line {i + 1}", None))
+                for position, i in enumerate(chosen):
+                    wanted.setdefault(i, []).append((key, "chosen", f"analysis line {i + 1}", None, (0, position)))
                 if best <= 0:
                     continue
                 record = roles.get(key, {})
@@ -254,11 +264,11 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
                     continue  # below, on the parsed sentences
                 if role == "rare" and rare_hits:
                     ranked = sorted(rare_hits, key=lambda i: (-rare_hits[i][0][layer, head], i))[:best]
-                    for i in ranked:
+                    for rank, i in enumerate(ranked):
                         hit = rare_hits[i][0][layer, head]
                         note = ("points to the rarest word" if hit == 1 else "points to one of the two rarest"
                                 if hit > 0 else "misses the rarest words")
-                        wanted.setdefault(i, []).append((key, "role", note, {"rare": rare_hits[i][1]}))
+                        wanted.setdefault(i, []).append((key, "role", note, {"rare": rare_hits[i][1]}, (1, rank)))
                     continue
                 offset = None
                 if kind in offsets:
@@ -272,15 +282,16 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
                         share, valid = offsets[kind].share(i, offset)
                         if valid >= MIN_QUERIES:
                             scored.append((-share[layer, head], -valid, i))
-                    for share, valid, i in sorted(scored)[:best]:
+                    for rank, (share, valid, i) in enumerate(sorted(scored)[:best]):
                         wanted.setdefault(i, []).append(
                             (key, "role", f"{-share:.0%} of {-valid} queries attend at offset {offset:+d}",
-                             {"offset": offset}))
+                             {"offset": offset}, (1, rank)))
                 else:
                     ranked = sorted(confidence[kind], key=lambda i: (-confidence[kind][i][layer, head], i))[:best]
-                    for i in ranked:
+                    for rank, i in enumerate(ranked):
                         wanted.setdefault(i, []).append(
-                            (key, "role", f"mean largest weight {confidence[kind][i][layer, head]:.2f}", None))
+                            (key, "role", f"mean largest weight {confidence[kind][i][layer, head]:.2f}", None,
+                             (1, rank)))
 
     # Pass 2: the matrices of the chosen and best analysis sentences.
     lines = sorted(wanted)
@@ -290,26 +301,27 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
             i = lines[row]
             tgt = [BOS_PIECE] + tgt_tokenizer.pieces(texts_tgt[i])[:len(tgt_ids[i])]  # one piece per id
             s = examples.sentence("analysis", i, f"analysis line {i + 1}", src_pieces[i] + [EOS_PIECE], tgt)
-            for key, why, note, marks in wanted[i]:
+            for key, why, note, marks, order in wanted[i]:
                 kind, layer, head = key.split("/")
                 n_rows, n_cols = _lengths_for(kind, src_len[b], tgt_len[b])
                 matrix = attention[kind][int(layer), b, int(head), :n_rows, :n_cols].numpy()
-                examples.add(key, s, why, note, matrix, marks)
+                examples.add(key, s, why, note, matrix, marks, order)
 
     if best > 0 and parses is not None and len(parses):
         _syntactic_examples(model, src_tokenizer, parses, roles, best, lowercase, batch_size, device, examples,
-                            settings, log)
+                            max(len(sources), 1), log)
     stored = sum(len(v) for v in examples.by_head.values())
     log(f"atlas: {len(examples.sentences)} sentences and {stored} attention examples stored for "
         f"{len(examples.by_head)} heads")
-    return {"sentences": examples.sentences, "examples": examples.by_head, "histograms": histograms,
+    return {"sentences": examples.sentences, "examples": examples.ordered(), "histograms": histograms,
             "axes": {k: list(v) for k, v in TYPE_AXES.items() if k in types}}
 
 
 def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict, best: int, lowercase: bool,
-                        batch_size: int, device, examples: Examples, settings: dict, log) -> None:
-    """The parsed sentences where each syntactic head most often points from a word to the word
-    its best relation and direction relates it to; the arcs are marked (first pieces)."""
+                        batch_size: int, device, examples: Examples, max_parsed: int, log) -> None:
+    """The parsed sentences (the first `max_parsed` that fit the model) where each syntactic head
+    most often points from a word to the word its best relation and direction relates it to; the
+    arcs are marked (first pieces)."""
     heads = {key: (r["syntactic_best"]["relation"], r["syntactic_best"]["direction"])
              for key, r in roles.items() if r.get("role") == "syntactic" and r.get("syntactic_best")}
     if not heads:
@@ -318,8 +330,7 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
     ids = src_tokenizer.encode(texts)
-    keep = [i for i, x in enumerate(ids) if positions(len(x)) <= model.max_positions][:settings.get(
-        "max_sentences", 5000)]
+    keep = [i for i, x in enumerate(ids) if positions(len(x)) <= model.max_positions][:max_parsed]
     scores: dict[str, list[tuple[float, float, int]]] = {key: [] for key in heads}
     arcs: dict[tuple[int, str, str], list[tuple[int, int]]] = {}
     pieces_of: dict[int, tuple[list[str], np.ndarray]] = {}
@@ -344,12 +355,11 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
                     scores[key].append((-correct, -correct / n_instances, i))
             for rel, direction, q, t in pairs:
                 arcs.setdefault((i, rel, direction), []).append((q, t))
-    picked: dict[int, list[tuple[str, str]]] = {}
+    picked: dict[int, list[tuple[str, str, int]]] = {}
     for key, ranked in scores.items():
-        for correct, share, i in sorted(ranked)[:best]:
-            relation, direction = heads[key]
-            picked.setdefault(i, []).append((key, f"{-correct} of the {relation} {DIRECTION_NAMES[heads[key]]} "
-                                                  f"instances ({-share:.0%}) point at the related word"))
+        for rank, (correct, share, i) in enumerate(sorted(ranked)[:best]):
+            picked.setdefault(i, []).append((key, f"{-correct} of the {heads[key][0]} {DIRECTION_NAMES[heads[key]]} "
+                                                  f"instances ({-share:.0%}) point at the related word", rank))
     lines = sorted(picked)
     for rows, attention, src_len, _ in _attention(model, [ids[i] for i in lines], None, batch_size, device):
         for b, row in enumerate(rows):
@@ -359,7 +369,7 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
             label = f"parsed sentence {i + 1}" + (f" ({sent_id})" if sent_id else "")
             s = examples.sentence("parsed", i, label, pieces + [EOS_PIECE], None)
             n = src_len[b]
-            for key, note in picked[i]:
+            for key, note, rank in picked[i]:
                 layer, head = map(int, key.split("/")[1:])
                 relation, direction = heads[key]
                 marks = []
@@ -368,5 +378,5 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
                     if qp and tp:
                         marks.append([qp[0], tp[0]])
                 examples.add(key, s, "role", note, attention[ROLE_TYPE][layer, b, head, :n, :n].numpy(),
-                             {"arcs": marks})
+                             {"arcs": marks}, (1, rank))
     log(f"atlas: syntactic examples for {len(heads)} heads from {len(keep)} parsed sentences")

@@ -13,11 +13,13 @@ head's key as a data attribute, which is also what the browser test reads. The p
 
 from __future__ import annotations
 
+import html as markup
 import json
 import re
 from pathlib import Path
 
 from ..io import atomic_path
+from .data import clean
 
 STATIC = Path(__file__).parent / "static"
 
@@ -28,22 +30,24 @@ def d3_version() -> str:
 
 
 def embedded_json(data: dict) -> str:
-    """JSON that is safe inside a <script> element: '</' and the HTML comment openers escaped."""
+    """JSON that is safe inside a <script> element: every '<' written as its JSON escape, so that
+    no '</script>' or '<!--' in the data can end the element early."""
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    return text.replace("<", "\\u003c")
 
 
 def render_page(data: dict) -> str:
-    """The page's HTML with `data` (atlas.data / atlas.examples records, JSON-able) embedded."""
+    """The page's HTML with `data` (atlas.data / atlas.examples records; data.clean makes them
+    JSON) embedded."""
     html = (STATIC / "atlas.html").read_text(encoding="utf-8")
-    title = data.get("experiment") or "experiment"
+    title = markup.escape(data.get("experiment") or "experiment")
     # Plain replacements, in this order: the data last, so nothing inside it is taken for a placeholder.
     for placeholder, text in (("/*ATLAS_CSS*/", (STATIC / "atlas.css").read_text(encoding="utf-8")),
                               ("__TITLE__", title), ("__D3_VERSION__", d3_version()),
                               ("/*D3_JS*/", (STATIC / "d3.min.js").read_text(encoding="utf-8")),
                               ("/*ATLAS_JS*/", (STATIC / "atlas.js").read_text(encoding="utf-8"))):
         html = html.replace(placeholder, text, 1)
-    return html.replace("__ATLAS_DATA__", embedded_json(data), 1)
+    return html.replace("__ATLAS_DATA__", embedded_json(clean(data)), 1)
 
 
 def write_page(data: dict, path: str | Path) -> Path:

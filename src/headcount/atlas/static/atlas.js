@@ -55,7 +55,7 @@
     } else {
       const ci = (d, lo, hi) => d === null || d === undefined ? "" : `${signed(d)} [${signed(lo)}, ${signed(hi)}]`;
       const parts = [`λ = ${run.lam}${run.control ? " (control)" : ""}`,
-                     `${DATA.pruning.metric} ${fmt(run.bleu)}`];
+                     `${DATA.pruning.metric} ${run.bleu === null || run.bleu === undefined ? "–" : d3.format(".2f")(run.bleu)}`];
       if (run.d_baseline !== undefined && run.d_baseline !== null)
         parts.push(`vs baseline ${ci(run.d_baseline, run.d_baseline_low, run.d_baseline_high)}`);
       if (run.d_control !== undefined && run.d_control !== null)
