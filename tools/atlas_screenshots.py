@@ -21,7 +21,7 @@ from headcount.atlas.browser import headless_chromium, open_page  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("page")
-    parser.add_argument("--overview", help="PNG of the overview (controls, grids, legend)")
+    parser.add_argument("--overview", help="PNG of the overview (controls, grids, legends)")
     parser.add_argument("--card", help="PNG of the head's card")
     parser.add_argument("--head", default="enc_self/0/0", help="the card's head, type/layer/head (0-based)")
     parser.add_argument("--colour", help="colour the grid by this score column (or 'role')")
@@ -42,8 +42,10 @@ def main() -> None:
             Select(driver.find_element(By.ID, "pruning-setting")).select_by_value(args.setting)
             for _ in range(args.lambda_step):
                 driver.find_element(By.ID, "lambda-slider").send_keys(Keys.ARROW_RIGHT)
-        if args.overview:
-            driver.find_element(By.ID, "overview-column").screenshot(args.overview)
+        if args.overview:  # the page from its top to the end of the grids' legends (the table left out)
+            bottom = driver.execute_script("return document.getElementById('planted').getBoundingClientRect().bottom")
+            driver.set_window_size(1500, int(bottom) + 24)
+            driver.save_screenshot(args.overview)
         if args.card:
             driver.find_element(By.CSS_SELECTOR, f'rect.head[data-key="{args.head}"]').click()
             if args.view == "lines":

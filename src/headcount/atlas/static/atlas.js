@@ -268,13 +268,45 @@
       .attr("x", r => x(r.label)).attr("width", x.bandwidth()).attr("y", r => y(r.value || 0))
       .attr("height", r => y(0) - y(r.value || 0)).attr("fill", r => r.colour || "#4c78a8")
       .append("title").text(r => `${r.label}: ${pct(r.value)}`);
-    for (const line of opts.lines || []) {
+    (opts.lines || []).forEach((line, i) => {
       svg.append("line").attr("x1", m.l).attr("x2", width - m.r).attr("y1", y(line.value)).attr("y2", y(line.value))
-        .attr("stroke", "#d62728").attr("stroke-dasharray", "4 3");
-      svg.append("text").attr("x", width - m.r).attr("y", y(line.value) - 3).attr("text-anchor", "end")
-        .style("font-size", "11px").attr("fill", "#d62728").text(line.label);
-    }
+        .attr("stroke", line.colour || "#d62728").attr("stroke-dasharray", "4 3");
+      svg.append("text").attr("x", i % 2 ? m.l + 4 : width - m.r).attr("y", y(line.value) - 3)
+        .attr("text-anchor", i % 2 ? "start" : "end").style("font-size", "11px")
+        .attr("fill", line.colour || "#d62728").text(line.label);
+    });
     return svg;
+  }
+
+  function groupedBars(parent, rows, t) {
+    // per relation and direction: the head's accuracy beside the positional baseline, and the
+    // bar it must reach (baseline + margin) as a tick
+    const width = 560, height = 190, m = {l: 40, r: 10, t: 10, b: 46};
+    const svg = parent.append("svg").attr("width", width).attr("height", height).attr("class", "syntactic-chart");
+    const x0 = d3.scaleBand().domain(rows.map(r => `${r.relation} ${r.name}`)).range([m.l, width - m.r]).padding(0.2);
+    const x1 = d3.scaleBand().domain(["accuracy", "baseline_accuracy"]).range([0, x0.bandwidth()]).padding(0.05);
+    const y = d3.scaleLinear().domain([0, 1]).range([height - m.b, m.t]);
+    const colour = d3.scaleOrdinal().domain(x1.domain()).range([roleOf.get("syntactic")?.colour || "#2e8b57", "#c7c7c7"]);
+    svg.append("g").attr("class", "axis").attr("transform", `translate(0,${height - m.b})`).call(d3.axisBottom(x0))
+      .selectAll("text").call(text => text.each(function (d) {  // relation over direction
+        const [relation, name] = d.split(" ");
+        d3.select(this).text(null).append("tspan").attr("x", 0).attr("dy", "0.7em").text(relation);
+        d3.select(this).append("tspan").attr("x", 0).attr("dy", "1.1em").text(name);
+      }));
+    svg.append("g").attr("class", "axis").attr("transform", `translate(${m.l},0)`).call(d3.axisLeft(y).ticks(4, "%"));
+    const group = svg.append("g").selectAll("g").data(rows).join("g")
+      .attr("transform", r => `translate(${x0(`${r.relation} ${r.name}`)},0)`);
+    group.selectAll("rect").data(r => x1.domain().map(k => ({r, k, v: r[k]}))).join("rect").attr("class", "bar")
+      .attr("data-label", d => `${d.r.relation} ${d.r.name} ${d.k === "accuracy" ? "head" : "baseline"}`)
+      .attr("data-value", d => d.v).attr("x", d => x1(d.k)).attr("width", x1.bandwidth())
+      .attr("y", d => y(d.v || 0)).attr("height", d => y(0) - y(d.v || 0)).attr("fill", d => colour(d.k))
+      .append("title").text(d => `${d.r.relation} ${d.r.name}, ${d.k === "accuracy" ? "this head" : "positional baseline"}: ` +
+        `${pct(d.v)} of ${d.r.n} instances`);
+    if (t.syntactic_margin !== undefined)
+      group.append("line").attr("x1", 0).attr("x2", x0.bandwidth())
+        .attr("y1", r => y(Math.min(1, (r.baseline_accuracy || 0) + t.syntactic_margin)))
+        .attr("y2", r => y(Math.min(1, (r.baseline_accuracy || 0) + t.syntactic_margin)))
+        .attr("stroke", "#d62728").attr("stroke-width", 1.5);
   }
 
   function drawRoleEvidence(card, h) {
@@ -289,18 +321,18 @@
       card.append("p").attr("class", "hint").text(`Share of queries whose largest weight is at each offset, among the ${hist.rule}; EOS left out.` +
         (h.positional ? ` Its most frequent offset: ${h.positional.offset} (${pct(h.positional.fraction)}).` : ""));
     }
-    if (h.syntactic && h.syntactic.length) {
+    const scored = (h.syntactic || []).filter(s => s.n > 0 && s.accuracy !== null);  // relations the text has
+    if (scored.length) {
       card.append("h3").text("Syntactic accuracy against the positional baseline");
-      const rows = [];
-      for (const s of h.syntactic) {
-        rows.push({label: `${s.relation} ${s.name}`, value: s.accuracy, colour: "#2e8b57"});
-        rows.push({label: `${s.relation} ${s.name} baseline`, value: s.baseline_accuracy, colour: "#c7c7c7"});
-      }
-      barChart(card, rows, {max: 1, rotate: true, bottom: 110, height: 250, cls: "syntactic-chart"});
-      card.append("p").attr("class", "hint").text(`Green: how often its largest weight falls on the related word; grey: always pointing at the relation's most frequent relative position. Syntactic if green ≥ grey + ${pct(t.syntactic_margin)} on ≥ ${t.min_instances} instances.` +
+      groupedBars(card, scored, t);
+      card.append("p").attr("class", "hint").text(`Green: how often its largest weight falls on the related word; grey: always pointing at the relation's most frequent relative position; red tick: grey + ${pct(t.syntactic_margin)}, what a syntactic head reaches (on ≥ ${t.min_instances} instances).` +
         (h.syntactic_text ? ` Text: ${h.syntactic_text}; parser: ${h.parser}.` : ""));
     }
-    if (h.rare) {
+    if (h.rare && !h.rare.n_sentences) {
+      card.append("h3").text("Rare tokens");
+      card.append("p").attr("class", "hint").text("No analysis sentence is eligible (none has its rarest word outside the " +
+        `${t.top_k} most frequent training words).`);
+    } else if (h.rare) {
       card.append("h3").text("Rare tokens");
       const r = h.rare;
       const rows = [{label: "rarest word", value: r.rate_rarest, colour: "#f28e1c"},
@@ -325,24 +357,25 @@
     }
     if (!lines.length) return;
     card.append("h3").text("Gate trajectory in each pruning run");
-    const width = 560, height = 170, m = {l: 40, r: 120, t: 8, b: 28};
-    const svg = card.append("svg").attr("width", width).attr("height", height).attr("class", "trajectories");
-    const x = d3.scaleLinear().domain([0, d3.max(lines, l => d3.max(l.steps))]).range([m.l, width - m.r]);
-    const y = d3.scaleLinear().domain([0, 1]).range([height - m.b, m.t]);
-    const colour = d3.scaleOrdinal(d3.schemeTableau10).domain(lines.map(l => `${l.setting} λ ${l.lam}`));
-    svg.append("g").attr("class", "axis").attr("transform", `translate(0,${height - m.b})`).call(d3.axisBottom(x).ticks(5));
-    svg.append("g").attr("class", "axis").attr("transform", `translate(${m.l},0)`).call(d3.axisLeft(y).ticks(4));
-    svg.append("text").attr("x", m.l).attr("y", height - 2).style("font-size", "11px").text("step");
-    const line = d3.line().defined(d => d[1] !== null).x(d => x(d[0])).y(d => y(d[1]));
-    for (const l of lines) {
-      const name = `${l.setting} λ ${l.lam}`;
-      svg.append("path").attr("fill", "none").attr("stroke", colour(name)).attr("stroke-width", 1.5)
-        .attr("data-run", name).attr("d", line(l.steps.map((s, i) => [s, l.p[i]])));
+    const x = d3.scaleLinear().domain([0, d3.max(lines, l => d3.max(l.steps))]).range([40, 440]);
+    const line = d3.line().defined(d => d[1] !== null).x(d => x(d[0]));
+    for (const [setting, runs] of d3.group(lines, l => l.setting)) {
+      const width = 560, m = {l: 40, r: 120, t: 8, b: 28}, height = Math.max(130, m.t + m.b + 14 * runs.length);
+      const svg = card.append("svg").attr("width", width).attr("height", height).attr("class", "trajectories")
+        .attr("data-setting", setting);
+      const y = d3.scaleLinear().domain([0, 1]).range([height - m.b, m.t]);
+      const colour = d3.scaleSequential(d3.interpolatePlasma).domain([-0.5, runs.length]);
+      svg.append("g").attr("class", "axis").attr("transform", `translate(0,${height - m.b})`).call(d3.axisBottom(x).ticks(5));
+      svg.append("g").attr("class", "axis").attr("transform", `translate(${m.l},0)`).call(d3.axisLeft(y).ticks(4));
+      svg.append("text").attr("x", m.l).attr("y", height - 2).style("font-size", "11px")
+        .text(`step · ${setting === "enc" ? "encoder self-attention only" : setting === "all" ? "all attention types" : setting}`);
+      runs.forEach((l, i) => svg.append("path").attr("fill", "none").attr("stroke", colour(i)).attr("stroke-width", 1.5)
+        .attr("data-run", `${setting} λ ${l.lam}`).attr("d", line.y(d => y(d[1]))(l.steps.map((s, j) => [s, l.p[j]]))));
+      svg.append("g").attr("transform", `translate(${width - m.r + 8},${m.t})`).selectAll("text").data(runs).join("text")
+        .attr("y", (l, i) => 11 + i * 14).style("font-size", "11px").attr("fill", (l, i) => colour(i))
+        .text(l => `λ ${l.lam}${l.closed ? " (closed)" : ""}`);
     }
-    const legend = svg.append("g").attr("transform", `translate(${width - m.r + 8},${m.t})`);
-    legend.selectAll("text").data(lines).join("text").attr("y", (l, i) => 12 + i * 13).style("font-size", "11px")
-      .attr("fill", l => colour(`${l.setting} λ ${l.lam}`)).text(l => `${l.setting} λ ${l.lam}${l.closed ? " (closed)" : ""}`);
-    card.append("p").attr("class", "hint").text("P(gate closed) of the Hard Concrete gate over the fine-tuning steps.");
+    card.append("p").attr("class", "hint").text("P(gate closed) of the Hard Concrete gate over the fine-tuning steps, one line per λ.");
   }
 
   // ---------------------------------------------------------------- attention on sentences
@@ -373,7 +406,7 @@
       const qTokens = rowsAxis === "src" ? s.src : s.tgt, kTokens = colsAxis === "src" ? s.src : s.tgt;
       const div = card.append("div").attr("class", "example").attr("data-why", ex.why);
       div.append("div").html(`<b>${ex.why === "chosen" ? "Chosen sentence" : "Shows its role"}</b>: ${s.label}`);
-      div.append("div").attr("class", "note").text(ex.note);
+      if (ex.why !== "chosen") div.append("div").attr("class", "note").text(ex.note);
       const matrix = decodeMatrix(ex.m, ex.rows, ex.cols);
       ((state.view || "matrix") === "matrix" ? drawMatrix : drawLines)(div, matrix, qTokens, kTokens, ex.marks || {});
     }
