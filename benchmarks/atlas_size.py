@@ -83,7 +83,7 @@ def stand_in(workdir: Path, config: dict) -> dict:
     pruning = pd.read_csv(TABLES / "pruning.tsv", sep="\t")
     gates, trajectories = [], []
     steps = np.arange(0, 701, 50)
-    for run in pruning.itertuples():
+    for run in pruning[pruning["setting"] != "baseline"].itertuples():
         folder = workdir / "prune" / run.setting / f"lambda_{run.lam}"
         folder.mkdir(parents=True, exist_ok=True)
         gated = ["enc_self"] if run.setting == "enc" else ["enc_self", "dec_self", "dec_enc"]
@@ -124,7 +124,7 @@ def stand_in(workdir: Path, config: dict) -> dict:
     parses = parses[parses["sentence"] < 500]
     parses.to_parquet(workdir / "parses.parquet")
     return {"head_scores": str(TABLES / "head_scores.csv"), **{k: str(v) for k, v in paths.items()},
-            "pruning": str(TABLES / "pruning.tsv"), "table2": str(TABLES / "table2.csv"), "gates": gates,
+            "pruning": str(TABLES / "pruning.tsv"), "gates": gates,
             "trajectories": trajectories, "model": str(workdir / "model.pt"), "src_spm": str(workdir / "src.model"),
             "tgt_spm": str(workdir / "tgt.model"), "analysis_src": str(texts["src"]),
             "analysis_tgt": str(texts["tgt"]), "analysis_sentences": defaults["analysis"]["max_sentences"],

@@ -290,7 +290,13 @@ def test_the_slider_greys_exactly_each_runs_closed_heads(tmp_path, chromium):
             for (s, lam), closed in closures.items()]
     table = pd.DataFrame([{"setting": s, "lam": lam, "bleu": 20 + lam, "retained_total": 18 - len(c)}
                           for (s, lam), c in closures.items()])
-    page = write_page(gather_tables(score_table(), pruning=table, runs=runs), tmp_path / "index.html")
+    planted = pd.DataFrame([  # as the positive control's planted_vs_found.csv lists them
+        {"function": "amod", "kind": "syntactic", "layer": 1, "head": 1, "via": "adj->noun", "rate": 0.787,
+         "baseline": 0.503, "closes_at_all": 0.5},
+        {"function": "rare token", "kind": "rare", "layer": np.nan, "head": np.nan, "via": np.nan, "rate": np.nan,
+         "baseline": 0.365, "closes_at_all": np.nan}])
+    page = write_page(gather_tables(score_table(), pruning=table, runs=runs, planted=planted),
+                      tmp_path / "index.html")
     open_page(chromium, page)
     for setting in ("enc", "all"):
         Select(chromium.find_element(By.ID, "pruning-setting")).select_by_value(setting)
@@ -309,3 +315,8 @@ def test_the_slider_greys_exactly_each_runs_closed_heads(tmp_path, chromium):
     assert len(card.find_elements(By.CSS_SELECTOR, "svg.trajectories path[data-run]")) == 1  # gated in 'all' only
     Select(chromium.find_element(By.ID, "pruning-setting")).select_by_value("none")
     assert not chromium.find_elements(By.CSS_SELECTOR, "rect.head.closed")
+    listed = [li.text for li in chromium.find_elements(By.CSS_SELECTOR, "#planted li")]
+    assert len(listed) == 2 and "amod" in listed[0] and listed[1].endswith("not found")
+    chromium.find_element(By.CSS_SELECTOR, 'rect.head[data-key="enc_self/1/1"]').click()
+    shown = chromium.find_element(By.CSS_SELECTOR, "#card ul.planted li").text
+    assert shown.startswith("amod (syntactic) via adj->noun: rate 0.787") and "closes at λ 0.5 (all)" in shown
