@@ -13,6 +13,9 @@ models of the default size learned on Multi30k's training text, the first 500 Mu
 the analysis set, and UD English EWT dev as the parse table. The attention examples are what the
 atlas rule stores for them with the default settings (config/config.yaml, atlas).
 
+`--sentences 10 --best 10` measures the page at the config's bounds (atlas.sentences, at most 10
+lines; atlas.best_sentences, at most 10).
+
 Printed: the time to build the page, its size, and the load time in headless Chromium (from the
 start of navigation until the page's script has drawn the overview; median of --loads loads)
 and the time to open a head's card, where chromium and chromedriver are installed.
@@ -139,6 +142,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", default="/tmp/atlas-bench")
     parser.add_argument("--loads", type=int, default=5)
+    parser.add_argument("--sentences", type=int, help="chosen sentences: the first N lines (default: the config's)")
+    parser.add_argument("--best", type=int, help="sentences per head that show its role (default: the config's)")
     args = parser.parse_args()
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     import torch
@@ -146,6 +151,10 @@ def main() -> None:
     torch.set_num_threads(1)  # the atlas rule's one thread
     workdir = Path(args.workdir)
     kwargs = stand_in(workdir, config)
+    if args.sentences is not None:
+        kwargs["sentences"] = list(range(args.sentences))
+    if args.best is not None:
+        kwargs["best_sentences"] = args.best
     out = workdir / "atlas/index.html"
     start = time.perf_counter()
     data = build_atlas(str(out), log=lambda m: None, **kwargs)
@@ -153,7 +162,7 @@ def main() -> None:
     examples = sum(len(v) for v in data["examples"].values())
     print(f"heads {len(data['heads'])}, analysis sentences {kwargs['analysis_sentences']}, sentences stored "
           f"{len(data['sentences'])}, attention examples {examples} "
-          f"({kwargs['sentences']} for every head + {kwargs['best_sentences']} of its own)")
+          f"(lines {kwargs['sentences']} for every head + {kwargs['best_sentences']} of its own)")
     print(f"build (tables + model on 500 sentences + page): {build_seconds:.1f} s")
     print(f"page size: {out.stat().st_size / 1e6:.2f} MB (limit 20 MB)")
 

@@ -43,9 +43,15 @@ def main() -> None:
             for _ in range(args.lambda_step):
                 driver.find_element(By.ID, "lambda-slider").send_keys(Keys.ARROW_RIGHT)
         if args.overview:  # the page from its top to the end of the grids' legends (the table left out)
+            import io
+
+            from PIL import Image
+
             bottom = driver.execute_script("return document.getElementById('planted').getBoundingClientRect().bottom")
-            driver.set_window_size(1500, int(bottom) + 24)
-            driver.save_screenshot(args.overview)
+            driver.set_window_size(1500, int(bottom) + 400)
+            image = Image.open(io.BytesIO(driver.get_screenshot_as_png()))
+            image.crop((0, 0, image.width, min(image.height, int(bottom) + 16))).save(args.overview)
+            driver.set_window_size(1500, 1000)
         if args.card:
             driver.find_element(By.CSS_SELECTOR, f'rect.head[data-key="{args.head}"]').click()
             if args.view == "lines":
