@@ -54,11 +54,10 @@ rule atlas:
         benchmark_path("atlas")
     conda:
         ENV
-    # a few hundred sentences through the model: one thread, beside other jobs
+    # A few hundred sentences through the model: one thread, beside other jobs, and no GPU to ask
+    # a cluster for (on a workstation, training.device still picks one).
     threads: 1
     resources:
-        gpu=gpu_count,
-        gpu_model=gpu_model,
         mem_mb=4000,
         runtime=30,
     params:
