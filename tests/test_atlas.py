@@ -132,8 +132,9 @@ def test_the_page_embeds_everything_and_survives_markup_in_the_data():
 class Pieces:
     """Each word into pieces of at most 3 characters, the first with '▁' (as in test_roles)."""
 
-    def __init__(self):
+    def __init__(self, ids: int = 40):
         self.vocab: dict[str, int] = {}
+        self.ids = ids  # 4 .. 4 + ids - 1
 
     def pieces(self, line: str) -> list[str]:
         out = []
@@ -143,7 +144,7 @@ class Pieces:
         return out
 
     def encode(self, lines):
-        return [[self.vocab.setdefault(p, 4 + len(self.vocab) % 40) for p in self.pieces(line)] for line in lines]
+        return [[self.vocab.setdefault(p, 4 + len(self.vocab) % self.ids) for p in self.pieces(line)] for line in lines]
 
 
 def test_examples_are_bounded_per_head_and_the_encoder_histogram_is_the_role_analysis_own(tmp_path):
@@ -188,6 +189,24 @@ def test_examples_are_bounded_per_head_and_the_encoder_histogram_is_the_role_ana
     for row in table.itertuples():
         assert histogram["share"][head_key("enc_self", row.layer, row.head)][row.offset + RADIUS] == pytest.approx(
             row.fraction)
+
+
+@pytest.mark.parametrize("family", ["marian", "t5"])
+def test_examples_of_pretrained_model_families(family):
+    """The HuggingFace adapters implement the same interface: their attention comes back too."""
+    pytest.importorskip("transformers")
+    from test_hf_models import tiny
+
+    torch.manual_seed(0)
+    model = tiny(family)  # a vocabulary of 40
+    sources, targets = toy_corpus(8, seed=7)
+    tokenizer = Pieces(ids=30)
+    out = gather_examples(model, tokenizer, tokenizer, sources, targets, {}, chosen=[1], best=1, log=lambda _: None)
+    layers = {kind: len(modules) for kind, modules in model.attention_modules().items()}
+    heads = {kind: modules[0].n_heads for kind, modules in model.attention_modules().items()}
+    assert set(out["axes"]) == set(layers)
+    assert len(out["examples"]) == sum(layers[k] * heads[k] for k in layers)
+    assert all(len(examples) == 2 for examples in out["examples"].values())
 
 
 # --------------------------------------------------------------------------------------------
