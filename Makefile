@@ -9,7 +9,7 @@ CORES ?= all
 
 DEMO_CORES ?= 2
 
-.PHONY: setup run demo test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
+.PHONY: setup browser run demo test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
 
 # The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
 # `pip install` of headcount alone accepts.
@@ -33,7 +33,16 @@ demo: setup
 		all results/demo/prune/all/lambda_0.3/physical/model.pt
 
 # The lint gates first (ruff, snakefmt, snakemake --lint): a few seconds, and CI fails on them.
-test: setup lint
+# The head atlas's tests open its page in a headless Chromium (Debian's chromium and
+# chromium-driver). Installed here when missing and we are root with apt-get (CI is); otherwise
+# those tests skip and say what to install.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else echo "browser: no chromium/chromedriver and no root apt-get; the atlas's browser tests will skip"; fi
+
+test: setup browser lint
 	$(BIN)/python -m pytest -q
 
 lint: setup

@@ -36,6 +36,7 @@ include: "workflow/rules/heads.smk"
 include: "workflow/rules/syntax.smk"
 include: "workflow/rules/prune.smk"
 include: "workflow/rules/seeds.smk"
+include: "workflow/rules/atlas.smk"
 
 
 # Snakemake does not pass SIGTERM or SIGINT on to running jobs when it alone receives one: it
@@ -52,6 +53,7 @@ rule all:
     default_target: True
     input:
         [final_outputs(exp) for exp in config["run"]],
+        [f"results/{exp}/atlas/index.html" for exp in config["run"]],
 
 
 rule existing_results:

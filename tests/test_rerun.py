@@ -16,7 +16,7 @@ from toyflow import REPO, plan
 # model or what was made from one. Data preparation, subwords and parsing stay.
 MODEL_DOWNSTREAM = {"train_baseline", "translate", "score", "score_table", "score_heads", "plot_head_scores",
                     "head_roles", "prune_heads", "train_from_scratch", "ranked_curve", "plot_gate_trajectory",
-                    "pruning_report", "snapshot_statistics", "all"}
+                    "pruning_report", "snapshot_statistics", "atlas", "all"}
 UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", "train_subwords",
             "fit_training_data", "parse_analysis_sentences"}
 
@@ -80,7 +80,7 @@ def test_forcing_a_rule_reruns_it_and_its_dependents_only(done):
     """The documented remedy after a library edit: -R names the rules whose code changed."""
     workdir, config = done
     jobs = plan(workdir, config, "-R", "plot_gate_trajectory")
-    assert jobs == {"plot_gate_trajectory": 4, "pruning_report": 1, "all": 1}, jobs
+    assert jobs == {"plot_gate_trajectory": 4, "pruning_report": 1, "atlas": 1, "all": 1}, jobs  # atlas: pruning.tsv
 
 
 @pytest.mark.workflow

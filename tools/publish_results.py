@@ -67,6 +67,10 @@ PUBLISHED = {
     "figures/gates.all.lambda_0.3.png": ("main", "prune/all/lambda_0.3/gates.png"),
 }
 
+# docs/ files that tools/atlas_screenshots.py takes of a head atlas page rather than copies from a run
+# (docs/atlas.md, "Screenshots"): take them again from the republished run's results/<exp>/atlas/.
+SCREENSHOTS = {"figures/atlas_overview.png", "figures/atlas_head_card.png"}
+
 
 # The pages that show published markdown tables between markers (relative to docs/'s parent).
 PAGES = ("docs/results.md", "README.md")
