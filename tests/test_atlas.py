@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import toy_conllu, toy_corpus
+from fakes import PieceSegmenter
 
 from headcount.analysis.measures import MEASURES
 from headcount.analysis.roles.collect import text_statistics
@@ -131,23 +132,6 @@ def test_the_page_embeds_everything_and_survives_markup_in_the_data():
 # Attention examples from a tiny model
 
 
-class Pieces:
-    """Each word into pieces of at most 3 characters, the first with '▁' (as in test_roles)."""
-
-    def __init__(self, ids: int = 40):
-        self.vocab: dict[str, int] = {}
-        self.ids = ids  # 4 .. 4 + ids - 1
-
-    def pieces(self, line: str) -> list[str]:
-        out = []
-        for word in line.split():
-            chunks = [word[i:i + 3] for i in range(0, len(word), 3)]
-            out += ["▁" + chunks[0]] + chunks[1:]
-        return out
-
-    def encode(self, lines):
-        return [[self.vocab.setdefault(p, 4 + len(self.vocab) % self.ids) for p in self.pieces(line)] for line in lines]
-
 
 def test_examples_are_bounded_per_head_and_the_encoder_histogram_is_the_role_analysis_own(tmp_path):
     torch.manual_seed(0)
@@ -161,7 +145,7 @@ def test_examples_are_bounded_per_head_and_the_encoder_histogram_is_the_role_ana
     roles = {"enc_self/0/0": {"role": "syntactic", "syntactic_best": {"relation": "amod",
                                                                       "direction": "dep->head"}},
              "enc_self/0/1": {"role": "rare"}, "enc_self/1/0": {"role": "positional", "positional": {"offset": -1}}}
-    tokenizer = Pieces()
+    tokenizer = PieceSegmenter(ids=40)
     out = gather_examples(model, tokenizer, tokenizer, sources, targets, roles, chosen=[0, 4, 99], best=2,
                           parses=read_conllu(treebank), frequencies=frequencies, role_settings={"top_k": 5},
                           log=lambda _: None)
@@ -202,7 +186,7 @@ def test_examples_of_pretrained_model_families(family):
     torch.manual_seed(0)
     model = tiny(family)  # a vocabulary of 40
     sources, targets = toy_corpus(8, seed=7)
-    tokenizer = Pieces(ids=30)
+    tokenizer = PieceSegmenter(ids=30)
     out = gather_examples(model, tokenizer, tokenizer, sources, targets, {}, chosen=[1], best=1, log=lambda _: None)
     layers = {kind: len(modules) for kind, modules in model.attention_modules().items()}
     heads = {kind: modules[0].n_heads for kind, modules in model.attention_modules().items()}

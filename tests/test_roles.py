@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from fakes import PieceSegmenter
 
 from headcount.analysis.roles.alignment import align_pieces, sentence_tokens, word_attention
 from headcount.analysis.roles.collect import encoder_head_statistics
@@ -617,22 +618,6 @@ def test_a_role_registered_once_reaches_every_table_and_figure(monkeypatch, tmp_
 # Driver: a real (tiny, random) model, batching must not change the statistics
 
 
-class FakeSegmenter:
-    """Each word into pieces of at most 3 characters, the first with '▁'; ids assigned on first use."""
-
-    def __init__(self):
-        self.vocab: dict[str, int] = {}
-
-    def pieces(self, line: str) -> list[str]:
-        out = []
-        for word in line.split():
-            chunks = [word[i:i + 3] for i in range(0, len(word), 3)]
-            out += ["▁" + chunks[0]] + chunks[1:]
-        return out
-
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        return [[self.vocab.setdefault(p, 4 + len(self.vocab) % 60) for p in self.pieces(line)] for line in lines]
-
 
 def test_encoder_head_statistics_is_batch_invariant():
     torch.manual_seed(0)
@@ -641,7 +626,7 @@ def test_encoder_head_statistics_is_batch_invariant():
     table, _, _, freq = synthetic_corpus(seed=1, n_sentences=12)
     table["token_form"] = table["form"] = table["form"].str.replace("c", "Word", regex=False)
     table["text"] = table.groupby("sentence")["form"].transform(" ".join)
-    segmenter = FakeSegmenter()
+    segmenter = PieceSegmenter()
     one = encoder_head_statistics(model, segmenter, table, freq, lowercase=True, batch_size=1, log=lambda _: None)
     five = encoder_head_statistics(model, segmenter, table, freq, lowercase=True, batch_size=5, log=lambda _: None)
     n_pieces = sum(len(segmenter.pieces(t.lower())) for t in table.groupby("sentence")["text"].first())
@@ -658,7 +643,7 @@ def test_positional_and_rare_come_from_the_given_text_and_long_parsed_sentences_
                                     dec_layers=1, max_len=64))
     table, _, _, freq = synthetic_corpus(seed=2, n_sentences=6)
     texts = ["c1 c2 r5 c3", "c4 r9 c5 c6 c7 r2"]  # the analysis set: 4 + 6 pieces
-    segmenter = FakeSegmenter()
+    segmenter = PieceSegmenter()
     logs = []
     stats = encoder_head_statistics(model, segmenter, table, freq, lowercase=False, texts=texts, max_pieces=11,
                                     log=logs.append)
