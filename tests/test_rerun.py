@@ -59,7 +59,8 @@ def test_figure_code_reruns_only_its_figures(done):
 
 
 @pytest.mark.workflow
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="library code under src/headcount is no job input: Snakemake's code trigger "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="library code under src/headcount is no job input: Snakemake's code trigger "
                    "covers a rule's own script only. Until the rules declare it, rerun with -R <rule> "
                    "(docs/cluster.md, 'Rerun semantics')")
 def test_library_code_used_by_a_job_is_detected(done):
