@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine (see README.md):
 #   make run    the default experiment (set HEADCOUNT_MIRROR to use a local data mirror)
 #   make test   the test suite (what CI runs)
-#   make demo   a first result in about 15 minutes on 2 cores, no download (config/demo.yaml)
+#   make demo   a first result in about 10 minutes on 2 cores, no download (config/demo.yaml)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
