@@ -213,7 +213,7 @@ def test_every_relative_link_resolves():
 
 def test_the_link_checker_sees_links_and_anchors():
     assert "docs/method.md" in links(README)
-    assert "a-first-result-in-15-minutes-make-demo" in anchors(README)
+    assert "a-first-result-in-10-minutes-make-demo" in anchors(README)
     assert slug("Where the data comes from: URLs or a mirror") == "where-the-data-comes-from-urls-or-a-mirror"
 
 
