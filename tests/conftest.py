@@ -135,8 +135,8 @@ def random_batch(model: Transformer, batch: int = 3, src_len: int = 7, tgt_len: 
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, model.cfg.src_vocab, (batch, src_len), generator=g)
     tgt = torch.randint(4, model.cfg.tgt_vocab, (batch, tgt_len), generator=g)
-    src[1:, -2:] = 0  # padding on all but the first sentence
-    tgt[0, 0] = 2  # BOS
-    tgt[:, 0] = 2
-    tgt[2:, -1] = 0
+    pad, bos = model.special.pad, model.special.bos
+    src[1:, -2:] = pad  # padding on all but the first sentence
+    tgt[:, 0] = bos
+    tgt[2:, -1] = pad
     return src, tgt

@@ -2,6 +2,7 @@
 family, and analyses that take every token id from the model (model.special)."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -113,15 +114,12 @@ def test_load_model_reads_checkpoints_written_before_families_and_after(tmp_path
         load_model(tmp_path / "other.pt")
 
 
-class SwappedIds(Transformer):
-    """A Transformer whose BOS and EOS ids are swapped: the same model as its twin with token ids 2
-    and 3 exchanged on both sides. Analyses that take ids from `model.special` see the twin."""
-
-    special = SpecialIds(pad=0, bos=EOS_ID, eos=BOS_ID, unk=UNK_ID)
-
-
-def _swapped_twin(model: Transformer) -> SwappedIds:
-    twin = SwappedIds(model.cfg)
+def _swapped_twin(model: Transformer) -> Transformer:
+    """A Transformer whose BOS and EOS ids are swapped (its configuration's ids): the same model as
+    its twin with token ids 2 and 3 exchanged on both sides. Analyses that take ids from
+    `model.special` see the twin."""
+    twin = Transformer(dataclasses.replace(model.cfg, bos_id=EOS_ID, eos_id=BOS_ID))
+    assert twin.special == SpecialIds(pad=0, bos=EOS_ID, eos=BOS_ID, unk=UNK_ID)
     state = model.state_dict()
     for name in ("src_embed.weight", "tgt_embed.weight", "generator.weight"):
         state[name] = state[name][[0, 1, 3, 2, *range(4, state[name].shape[0])]]

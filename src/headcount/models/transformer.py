@@ -3,6 +3,13 @@
 Pre-LayerNorm Transformer (Vaswani et al. 2017; Xiong et al. 2020) with a final LayerNorm on the
 encoder and decoder outputs, sinusoidal positions and dropout on residuals, attention and ReLU.
 
+The same module also holds the variants of fairseq's `transformer` architectures, so that a fairseq
+checkpoint (models/fairseq.py converts it) gets gates, LRP and head removal from this one model:
+post-LayerNorm blocks (`norm: post`, no final LayerNorm), fairseq's sinusoids or learned positions
+(both numbered from the padding id + 1), no embedding scale, a LayerNorm on the embeddings, GELU,
+one embedding matrix for both sides, and the model's own special ids. The defaults are
+headcount's own model; checkpoints written before these settings existed load unchanged.
+
 Every attention module multiplies each head's context vector by a gate before the output
 projection, MultiHead = Concat_i(g_i head_i) W^O (Voita et al. 2019, eq. 2). Here the gates are
 a fixed 0/1 mask (`head_mask`); the pruning stage swaps in Hard Concrete gates by overriding
@@ -29,12 +36,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from headcount.data.subwords import PAD_ID, SPECIAL_IDS
+from headcount.data.special import SpecialIds
+from headcount.data.subwords import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from headcount.models.checkpoint import save_checkpoint
 from headcount.models.seq2seq import register_family
 
 FAMILY = "headcount"
 DROPOUT_MASKS = ("torch", "fast")
+NORMS = ("pre", "post")  # LayerNorm before each block (x + f(LN(x))) or after it (LN(x + f(x)))
+# headcount's sinusoids (interleaved sin/cos, position 0 first); fairseq's (sines then cosines,
+# numbered from pad + 1); fairseq's learned table (numbered from pad + 1).
+POSITIONS = ("sinusoidal", "fairseq_sinusoidal", "learned")
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
 @dataclass
@@ -54,10 +67,27 @@ class ModelConfig:
     dropout_masks: str = "torch"
     tie_target_embeddings: bool = True  # decoder input embedding shared with the output layer
     max_len: int = 1024
+    # The variants of fairseq's architectures (see the module docstring); defaults: headcount's model.
+    norm: str = "pre"
+    positions: str = "sinusoidal"
+    scale_embeddings: bool = True  # token embeddings times sqrt(D)
+    layernorm_embedding: bool = False
+    activation: str = "relu"
+    share_all_embeddings: bool = False  # one matrix for source and target embeddings (one vocabulary)
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID  # what the decoder input starts with (fairseq: its EOS)
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
 
     def __post_init__(self) -> None:
         if self.dropout_masks not in DROPOUT_MASKS:
             raise ValueError(f"model.dropout_masks is {self.dropout_masks!r}; expected one of {DROPOUT_MASKS}")
+        for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("activation", tuple(ACTIVATIONS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"model.{name} is {getattr(self, name)!r}; expected one of {allowed}")
+        if self.share_all_embeddings and self.src_vocab != self.tgt_vocab:
+            raise ValueError(f"share_all_embeddings needs one vocabulary; src_vocab {self.src_vocab} != "
+                             f"tgt_vocab {self.tgt_vocab}")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
@@ -66,7 +96,17 @@ class ModelConfig:
     # Settings added after runs were checkpointed: left out of to_dict() at their default, so the
     # checkpoints and run fingerprints written before them still match and those runs resume
     # instead of restarting.
-    ADDED_LATER = ("dropout_masks",)
+    ADDED_LATER = ("dropout_masks", "norm", "positions", "scale_embeddings", "layernorm_embedding", "activation",
+                   "share_all_embeddings", "pad_id", "bos_id", "eos_id", "unk_id")
+
+    @property
+    def special(self) -> SpecialIds:
+        return SpecialIds(pad=self.pad_id, bos=self.bos_id, eos=self.eos_id, unk=self.unk_id)
+
+    @property
+    def position_offset(self) -> int:
+        """The row of the position table that the first token reads (fairseq: pad + 1)."""
+        return 0 if self.positions == "sinusoidal" else self.pad_id + 1
 
     def to_dict(self) -> dict:
         defaults = {f.name: f.default for f in fields(self)}
@@ -80,6 +120,19 @@ def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:
     table = torch.zeros(max_len, d_model)
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+def fairseq_sinusoidal_positions(rows: int, d_model: int, pad_id: int) -> Tensor:
+    """fairseq's fixed positions, (rows, D): D/2 sines then D/2 cosines, frequencies
+    10000^(-i / (D/2 - 1)), the padding row zero; token i of a sentence reads row pad_id + 1 + i."""
+    half = d_model // 2
+    inv_freq = torch.exp(torch.arange(half, dtype=torch.float32) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(rows, dtype=torch.float32)[:, None] * inv_freq[None, :]  # (rows, D/2)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if d_model % 2:
+        table = torch.cat([table, torch.zeros(rows, 1)], dim=1)
+    table[pad_id] = 0
     return table
 
 
@@ -241,13 +294,24 @@ def lane_keep_mask(shape: torch.Size, p: float) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, relu_dropout: float, dropout_masks: str = "torch"):
+    def __init__(self, d_model: int, d_ff: int, relu_dropout: float, dropout_masks: str = "torch",
+                 activation: str = "relu"):
         super().__init__()
         self.w_in, self.w_out = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.relu_dropout = Dropout(relu_dropout, dropout_masks)
+        self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_out(self.relu_dropout(F.relu(self.w_in(x))))
+        return self.w_out(self.relu_dropout(ACTIVATIONS[self.activation](self.w_in(x))))
+
+
+def residual(x: Tensor, norm: nn.LayerNorm, branch, dropout: nn.Module, pre_norm: bool):
+    """One residual block: x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN); f's extra outputs
+    (attention probabilities) are passed on."""
+    out = branch(norm(x) if pre_norm else x)
+    h, extra = out if isinstance(out, tuple) else (out, None)
+    x = x + dropout(h)
+    return (x if pre_norm else norm(x)), extra
 
 
 class EncoderLayer(nn.Module):
@@ -256,13 +320,15 @@ class EncoderLayer(nn.Module):
         self.self_attn_norm = nn.LayerNorm(cfg.d_model)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.dropout_masks)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.dropout_masks, cfg.activation)
         self.dropout = Dropout(cfg.dropout, cfg.dropout_masks)
+        self.pre_norm = cfg.norm == "pre"
 
     def forward(self, x: Tensor, src_pad: Tensor, need_weights: bool = False):
-        h, attn = self.self_attn(self.self_attn_norm(x), key_padding_mask=src_pad, need_weights=need_weights)
-        x = x + self.dropout(h)
-        x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x, attn = residual(x, self.self_attn_norm,
+                           lambda h: self.self_attn(h, key_padding_mask=src_pad, need_weights=need_weights),
+                           self.dropout, self.pre_norm)
+        x, _ = residual(x, self.ffn_norm, self.ffn, self.dropout, self.pre_norm)
         return x, attn
 
 
@@ -274,43 +340,56 @@ class DecoderLayer(nn.Module):
         self.cross_attn_norm = nn.LayerNorm(cfg.d_model)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
         self.ffn_norm = nn.LayerNorm(cfg.d_model)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.dropout_masks)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.relu_dropout, cfg.dropout_masks, cfg.activation)
         self.dropout = Dropout(cfg.dropout, cfg.dropout_masks)
+        self.pre_norm = cfg.norm == "pre"
 
     def forward(self, y, memory, src_pad, need_weights: bool = False, cache: dict | None = None):
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
-        h, self_probs = self.self_attn(
-            self.self_attn_norm(y), causal=True, need_weights=need_weights, cache=self_cache
-        )
-        y = y + self.dropout(h)
-        h, cross_probs = self.cross_attn(
-            self.cross_attn_norm(y), memory, key_padding_mask=src_pad, need_weights=need_weights, cache=cross_cache
-        )
-        y = y + self.dropout(h)
-        y = y + self.dropout(self.ffn(self.ffn_norm(y)))
+        y, self_probs = residual(
+            y, self.self_attn_norm,
+            lambda h: self.self_attn(h, causal=True, need_weights=need_weights, cache=self_cache),
+            self.dropout, self.pre_norm)
+        y, cross_probs = residual(
+            y, self.cross_attn_norm,
+            lambda h: self.cross_attn(h, memory, key_padding_mask=src_pad, need_weights=need_weights,
+                                      cache=cross_cache),
+            self.dropout, self.pre_norm)
+        y, _ = residual(y, self.ffn_norm, self.ffn, self.dropout, self.pre_norm)
         return y, self_probs, cross_probs
 
 
 class Transformer(nn.Module):
     """headcount's encoder-decoder Transformer, a seq2seq.Seq2SeqWithHeads."""
 
-    special = SPECIAL_IDS
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.src_embed = nn.Embedding(cfg.src_vocab, cfg.d_model, padding_idx=PAD_ID)
-        self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.d_model, padding_idx=PAD_ID)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        self.special = cfg.special
+        self.src_embed = nn.Embedding(cfg.src_vocab, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tgt_embed = nn.Embedding(cfg.tgt_vocab, cfg.d_model, padding_idx=cfg.pad_id)
+        rows = cfg.max_len + cfg.position_offset
+        if cfg.positions == "learned":  # one table a side, as fairseq's encoder and decoder have
+            self.src_positions = nn.Embedding(rows, cfg.d_model, padding_idx=cfg.pad_id)
+            self.tgt_positions = nn.Embedding(rows, cfg.d_model, padding_idx=cfg.pad_id)
+        else:
+            table = (sinusoidal_positions(rows, cfg.d_model) if cfg.positions == "sinusoidal"
+                     else fairseq_sinusoidal_positions(rows, cfg.d_model, cfg.pad_id))
+            self.register_buffer("positions", table, persistent=False)
+        if cfg.layernorm_embedding:
+            self.src_embed_norm, self.tgt_embed_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.embed_dropout = Dropout(cfg.dropout, cfg.dropout_masks)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.enc_layers))
-        self.encoder_norm = nn.LayerNorm(cfg.d_model)
+        # Pre-LN stacks end in a LayerNorm; post-LN blocks already end in one.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.dec_layers))
-        self.decoder_norm = nn.LayerNorm(cfg.d_model)
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab, bias=False)
         self._init_weights()
+        if cfg.share_all_embeddings:
+            self.tgt_embed = self.src_embed
         if cfg.tie_target_embeddings:
             self.generator.weight = self.tgt_embed.weight
 
@@ -324,19 +403,41 @@ class Transformer(nn.Module):
             # Scaled by sqrt(D) on the way in, so unit-scale vectors after scaling.
             nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
-                embed.weight[PAD_ID].zero_()
+                embed.weight[self.cfg.pad_id].zero_()
 
-    def _embed(self, embed: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
+    def position_table(self, side: str) -> Tensor:
+        """The positions' table, (rows, D); token i of a sentence reads row cfg.position_offset + i."""
+        if self.cfg.positions == "learned":
+            return (self.src_positions if side == "src" else self.tgt_positions).weight
+        return self.positions
+
+    def embed_scale(self) -> float:
+        return math.sqrt(self.cfg.d_model) if self.cfg.scale_embeddings else 1.0
+
+    def embedding(self, side: str, tokens: Tensor, start: int = 0) -> Tensor:
+        """Token embeddings times the scale plus positions, (B, T, D), before any embedding
+        LayerNorm; side "src" or "tgt"; start: the position of tokens[:, 0]."""
         T = tokens.shape[1]
         if start + T > self.cfg.max_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds model.max_len={self.cfg.max_len}")
-        x = embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + T]
-        return self.embed_dropout(x)
+        first = self.cfg.position_offset + start
+        embed = self.src_embed if side == "src" else self.tgt_embed
+        return embed(tokens) * self.embed_scale() + self.position_table(side)[first : first + T]
+
+    def embedding_norm(self, side: str) -> nn.LayerNorm | None:
+        if not self.cfg.layernorm_embedding:
+            return None
+        return self.src_embed_norm if side == "src" else self.tgt_embed_norm
+
+    def _embed(self, side: str, tokens: Tensor, start: int = 0) -> Tensor:
+        x = self.embedding(side, tokens, start)
+        norm = self.embedding_norm(side)
+        return self.embed_dropout(x if norm is None else norm(x))
 
     def encode(self, src: Tensor, need_weights: bool = False):
         """src (B, S) -> memory (B, S, D), padding mask (B, S), per-layer probs [(B, H, S, S)]."""
-        src_pad = src.eq(PAD_ID)
-        x = self._embed(self.src_embed, src)
+        src_pad = src.eq(self.cfg.pad_id)
+        x = self._embed("src", src)
         probs = []
         for layer in self.encoder_layers:
             x, p = layer(x, src_pad, need_weights)
@@ -353,7 +454,7 @@ class Transformer(nn.Module):
         start: int = 0,  # position of tgt_in[:, 0] in the target sentence
     ):
         """-> hidden states (B, T, D), self probs [(B, H, T, T)], cross probs [(B, H, T, S)]."""
-        y = self._embed(self.tgt_embed, tgt_in, start)
+        y = self._embed("tgt", tgt_in, start)
         self_probs, cross_probs = [], []
         for i, layer in enumerate(self.decoder_layers):
             y, ps, pc = layer(y, memory, src_pad, need_weights, None if cache is None else cache[i])
@@ -422,14 +523,18 @@ class Transformer(nn.Module):
 
     def encoder_parameters(self) -> Iterator[nn.Parameter]:
         yield from self.src_embed.parameters()
+        if self.cfg.positions == "learned":
+            yield from self.src_positions.parameters()
+        if self.cfg.layernorm_embedding:
+            yield from self.src_embed_norm.parameters()
         for layer in self.encoder_layers:
             yield from layer.parameters()
         yield from self.encoder_norm.parameters()
 
     def lrp_forward(self):
-        from headcount.models.transformer_lrp import PreNormLRPForward
+        from headcount.models.transformer_lrp import TransformerLRPForward
 
-        return PreNormLRPForward(self)
+        return TransformerLRPForward(self)
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
         """An atomic checkpoint that loading.load_model reads back."""

@@ -1,6 +1,6 @@
 """The LRP forward pass of headcount's own Transformer (transformer.py): a seq2seq.LRPForward.
 
-It re-implements the pre-LayerNorm forward pass (evaluation mode) from the model's own weights
+It re-implements the forward pass (evaluation mode) from the model's own weights
 with the rules of lrp.py, leaving model.py untouched: each operation's backward pass is its LRP
 rule, every forward value is the model's. lrp.py's docstring says which rule does what.
 """
@@ -14,7 +14,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headcount.models.lrp import EncoderTrace, StepRelevance, Trace, cut_totals, step_relevance, top1_targets
+from headcount.models.lrp import (
+    EncoderTrace,
+    StepRelevance,
+    Trace,
+    cut_totals,
+    pass_through,
+    step_relevance,
+    top1_targets,
+)
 from headcount.models.seq2seq import ATTENTION_TYPES
 
 if TYPE_CHECKING:  # annotations only: the Transformer builds this pass (Transformer.lrp_forward)
@@ -37,55 +45,85 @@ def _attention_block(rules, m: MultiHeadAttention, x: Tensor, kv: Tensor, allowe
 
 
 def _feed_forward(rules, layer, x: Tensor) -> Tensor:
-    pre = rules.linear(rules.layer_norm(x, layer.ffn_norm), layer.ffn.w_in)  # (B, T, F)
-    # ReLU, relevance passing plain, written as a product with its constant 0/1 mask: the same value
-    # and gradient as F.relu, but the vmapped backward is a broadcast multiply, 2.5x faster on CPU
-    # than relu's threshold_backward with a seed dimension.
-    hidden = pre * (pre > 0).to(pre.dtype)
-    return rules.add(x, rules.linear(hidden, layer.ffn.w_out))
+    """The feed-forward branch, W_out act(W_in x), on its (normalised) input x."""
+    pre = rules.linear(x, layer.ffn.w_in)  # (B, T, F)
+    if layer.ffn.activation == "relu":
+        # ReLU, relevance passing plain, written as a product with its constant 0/1 mask: the same
+        # value and gradient as F.relu, but the vmapped backward is a broadcast multiply, 2.5x
+        # faster on CPU than relu's threshold_backward with a seed dimension.
+        hidden = pre * (pre > 0).to(pre.dtype)
+    else:  # GELU (fairseq's option): relevance passes element-wise, under both rules
+        hidden = pass_through(pre, F.gelu(pre))
+    return rules.linear(hidden, layer.ffn.w_out)
 
 
 # The most memory one tensor of the hand-written "ding" backward may take (see ding_relevance).
 HAND_WRITTEN_MAX_BYTES = 2**30
 
 
-class PreNormLRPForward:
-    """headcount's Transformer with LRP backward rules (Transformer.lrp_forward())."""
+class TransformerLRPForward:
+    """headcount's Transformer with LRP backward rules (Transformer.lrp_forward()), every variant
+    of its configuration: pre- or post-LayerNorm blocks, an embedding LayerNorm, ReLU or GELU."""
 
     def __init__(self, model: Transformer):
         self.model = model
+        cfg = model.cfg
+        self.pre_norm = cfg.norm == "pre"
+        # The hand-written "ding" backward below covers headcount's own architecture.
+        self.hand_written = self.pre_norm and cfg.activation == "relu" and not cfg.layernorm_embedding
 
     def ding_relevance(self, src: Tensor, tgt_in: Tensor, target: Tensor | None = None) -> StepRelevance:
         """lrp.step_relevance(rule="ding"), faster: ding_step_relevance below, which holds every
         step of the batch at once; where its largest tensor would pass HAND_WRITTEN_MAX_BYTES (a
-        sentence of hundreds of subwords), autograd's step_relevance, whose memory is bounded by
-        its chunks of steps."""
+        sentence of hundreds of subwords), or for an architecture it does not cover (post-LN,
+        GELU, an embedding LayerNorm), autograd's step_relevance, whose memory is bounded by its
+        chunks of steps."""
         cfg = self.model.cfg
         (B, S), T = src.shape, tgt_in.shape[1]
         elements = B * T * max(cfg.n_heads * T * max(T, S), S * cfg.d_ff)  # seeds x (attention or FFN) per seed
-        if elements * self.model.generator.weight.element_size() > HAND_WRITTEN_MAX_BYTES:
+        too_big = elements * self.model.generator.weight.element_size() > HAND_WRITTEN_MAX_BYTES
+        if too_big or not self.hand_written:
             return step_relevance(self.model, src, tgt_in, "ding", target=target)
         return ding_step_relevance(self.model, src, tgt_in, target)
 
-    def _embed(self, embed: nn.Embedding, tokens: Tensor) -> Tensor:
+    def _embed(self, side: str, tokens: Tensor, rules=None) -> Tensor:
+        """The embedding layer's output (B, T, D): token embedding times the scale plus positions
+        (constants), then the embedding LayerNorm if the model has one."""
+        model = self.model
         T = tokens.shape[1]
-        return F.embedding(tokens, embed.weight) * math.sqrt(self.model.cfg.d_model) + self.model.positions[:T].to(
-            embed.weight.dtype
-        )
+        weight = (model.src_embed if side == "src" else model.tgt_embed).weight
+        first = model.cfg.position_offset
+        positions = model.position_table(side)[first : first + T].detach().to(weight.dtype)
+        x = F.embedding(tokens, weight) * model.embed_scale() + positions
+        norm = model.embedding_norm(side)
+        return x if norm is None else rules.layer_norm(x, norm)
+
+    def _block(self, rules, x: Tensor, norm: nn.Module, branch) -> Tensor:
+        """One residual block, pre-LN x + f(LN(x)) or post-LN LN(x + f(x))."""
+        if self.pre_norm:
+            return rules.add(x, branch(rules.layer_norm(x, norm)))
+        return rules.layer_norm(rules.add(x, branch(x)), norm)
+
+    def _final(self, rules, x: Tensor, norm: nn.Module) -> Tensor:
+        return rules.layer_norm(x, norm) if self.pre_norm else x  # post-LN stacks have no final norm
 
     def encode(self, src: Tensor, rules) -> EncoderTrace:
         """The encoder's forward pass with LRP backward rules."""
         model = self.model
         allowed = ~src.eq(model.special.pad)[:, None, None, :]  # (B, 1, 1, S)
-        x = self._embed(model.src_embed, src)  # (B, S, D)
+        x = self._embed("src", src, rules)  # (B, S, D)
         inputs, contexts = [x], []
         for layer in model.encoder_layers:
-            normed = rules.layer_norm(x, layer.self_attn_norm)
-            h, ctx = _attention_block(rules, layer.self_attn, normed, normed, allowed)
-            contexts.append(ctx)
-            x = _feed_forward(rules, layer, rules.add(x, h))
+
+            def attend(h, layer=layer):
+                out, ctx = _attention_block(rules, layer.self_attn, h, h, allowed)
+                contexts.append(ctx)
+                return out
+
+            x = self._block(rules, x, layer.self_attn_norm, attend)
+            x = self._block(rules, x, layer.ffn_norm, lambda h, layer=layer: _feed_forward(rules, layer, h))
             inputs.append(x)
-        memory = rules.layer_norm(x, model.encoder_norm)  # (B, S, D)
+        memory = self._final(rules, x, model.encoder_norm)  # (B, S, D)
         return EncoderTrace(memory, allowed, contexts, inputs)
 
     def decode(self, encoded: EncoderTrace, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
@@ -100,21 +138,27 @@ class PreNormLRPForward:
         T = tgt_in.shape[1]
         causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
         contexts = {"enc_self": encoded.contexts, "dec_self": [], "dec_enc": []}
-        y = self._embed(model.tgt_embed, tgt_in)  # (B, T, D)
+        y = self._embed("tgt", tgt_in, rules)  # (B, T, D)
         dec_inputs, memories = [y], []
         for layer in model.decoder_layers:
-            normed = rules.layer_norm(y, layer.self_attn_norm)
-            h, ctx = _attention_block(rules, layer.self_attn, normed, normed, causal)
-            contexts["dec_self"].append(ctx)
-            y = rules.add(y, h)
-            mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
-            memories.append(mem)
-            h, ctx = _attention_block(rules, layer.cross_attn, rules.layer_norm(y, layer.cross_attn_norm), mem,
-                                      encoded.allowed)
-            contexts["dec_enc"].append(ctx)
-            y = _feed_forward(rules, layer, rules.add(y, h))
+
+            def attend_self(h, layer=layer):
+                out, ctx = _attention_block(rules, layer.self_attn, h, h, causal)
+                contexts["dec_self"].append(ctx)
+                return out
+
+            def attend_source(h, layer=layer):
+                mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
+                memories.append(mem)
+                out, ctx = _attention_block(rules, layer.cross_attn, h, mem, encoded.allowed)
+                contexts["dec_enc"].append(ctx)
+                return out
+
+            y = self._block(rules, y, layer.self_attn_norm, attend_self)
+            y = self._block(rules, y, layer.cross_attn_norm, attend_source)
+            y = self._block(rules, y, layer.ffn_norm, lambda h, layer=layer: _feed_forward(rules, layer, h))
             dec_inputs.append(y)
-        hidden = rules.layer_norm(y, model.decoder_norm)  # (B, T, D)
+        hidden = self._final(rules, y, model.decoder_norm)  # (B, T, D)
 
         weight = model.generator.weight  # (V, D)
         target = top1_targets(lambda h: F.linear(h, weight), hidden, tgt_in, target, model.special)
@@ -182,12 +226,12 @@ def _ding_in_eval_mode(model: Transformer, src: Tensor, tgt_in: Tensor, target: 
     T = tgt_in.shape[1]
     D, H = cfg.d_model, cfg.n_heads
     Dh = D // H
-    embed = PreNormLRPForward(model)._embed
+    embed = TransformerLRPForward(model)._embed
     valid = special.decoder_positions(tgt_in)  # (B, T)
     src_allowed = src.ne(special.pad)[:, None, None, :]  # (B, 1, 1, S)
 
     # ---- forward, keeping what the backward pass needs
-    x = embed(model.src_embed, src)
+    x = embed("src", src)
     enc_inputs, enc = [x], []
     for layer in model.encoder_layers:
         n, f_attn = _norm_with_factor(x, layer.self_attn_norm)
@@ -198,7 +242,7 @@ def _ding_in_eval_mode(model: Transformer, src: Tensor, tgt_in: Tensor, target: 
     memory, f_mem = _norm_with_factor(x, model.encoder_norm)
 
     causal = torch.ones(T, T, dtype=torch.bool, device=src.device).tril()[None, None]
-    y = embed(model.tgt_embed, tgt_in)
+    y = embed("tgt", tgt_in)
     dec_inputs, dec = [y], []
     for layer in model.decoder_layers:
         n, f_self = _norm_with_factor(y, layer.self_attn_norm)
