@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from headcount.config import load_experiments
+from headcount.config import load_experiments, pretrained_files
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
@@ -62,16 +62,23 @@ def copied_under_a_new_name(example: dict, name: str) -> dict:
     return {"run": [name], "experiments": {name: copy.deepcopy(experiment)}}
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/pretrained.md"])
-def test_the_pretrained_config_validates_when_copied_under_a_new_name(page):
+@pytest.mark.parametrize("page, count", [("README.md", 1), ("docs/pretrained.md", 2)])
+def test_the_pretrained_config_validates_when_copied_under_a_new_name(page, count, tmp_path, monkeypatch):
     examples = pretrained_examples(REPO / page)
-    assert len(examples) == 1, f"{page}: expected one YAML block with a pretrained experiment"
-    config = merged(copied_under_a_new_name(examples[0], "a_copy_of_the_example"))
-    experiments = load_experiments(config, SCHEMA)  # raises ConfigError naming every problem
-    copy_ = experiments["a_copy_of_the_example"]
-    # it is built (so the pretrained checks ran on it), and it is a pretrained experiment
-    assert config["run"] == ["a_copy_of_the_example"] and copy_["pretrained"]
-    assert copy_["prune"]["lr_schedule"] == "noam"
+    assert len(examples) == count, f"{page}: expected {count} YAML blocks with a pretrained experiment"
+    monkeypatch.chdir(tmp_path)  # where the files an example names are put, as a user has them
+    for example in examples:
+        config = merged(copied_under_a_new_name(example, "a_copy_of_the_example"))
+        for path in pretrained_files(config["experiments"]["a_copy_of_the_example"]):
+            folder = not Path(path).suffix  # a data-bin directory; the rest are files
+            (Path(path) if folder else Path(path).parent).mkdir(parents=True, exist_ok=True)
+            if not folder:
+                Path(path).touch()
+        experiments = load_experiments(config, SCHEMA)  # raises ConfigError naming every problem
+        copy_ = experiments["a_copy_of_the_example"]
+        # it is built (so the pretrained checks ran on it), and it is a pretrained experiment
+        assert config["run"] == ["a_copy_of_the_example"] and copy_["pretrained"]
+        assert copy_["prune"]["lr_schedule"] == "noam"
 
 
 def test_the_readme_variants_validate_too():

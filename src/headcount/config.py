@@ -86,12 +86,45 @@ def looks_like_directory(name: str) -> bool:
     return name.startswith((".", "/", "~"))
 
 
+def fairseq_source(exp: dict) -> dict | None:
+    """A fairseq model's files ({"checkpoint", "data", "sentencepiece": {"src", "tgt"} or None}) when
+    `pretrained:` names one (`family: fairseq`), else None."""
+    source = exp.get("pretrained")
+    if not isinstance(source, dict):
+        return None
+    spm = source.get("sentencepiece")
+    if isinstance(spm, str):  # one model for both sides, as fairseq's --bpe sentencepiece has
+        spm = {"src": spm, "tgt": spm}
+    return {"checkpoint": source["checkpoint"], "data": source["data"], "sentencepiece": spm}
+
+
+def pretrained_files(exp: dict) -> list[str]:
+    """The local files a pretrained experiment imports (a changed file imports it again); a hub id
+    is no file."""
+    fairseq = fairseq_source(exp)
+    if fairseq is not None:
+        spm = sorted(set((fairseq["sentencepiece"] or {}).values()))
+        return [str(Path(p).expanduser()) for p in [fairseq["checkpoint"], fairseq["data"], *spm]]
+    source = exp["pretrained"]
+    return [str(Path(source).expanduser())] if looks_like_directory(source) else []
+
+
 def _pretrained_problems(name: str, exp: dict) -> list[str]:
     """What a pretrained experiment cannot have: there is no baseline training run to read."""
     key = f"config key 'experiments.{name}"
     problems = []
     source = exp["pretrained"]
-    if looks_like_directory(source) and not Path(source).expanduser().is_dir():
+    fairseq = fairseq_source(exp)
+    if fairseq is not None:
+        wanted = [("checkpoint", fairseq["checkpoint"], Path.is_file), ("data", fairseq["data"], Path.is_dir)]
+        wanted += [(f"sentencepiece.{side}", path, Path.is_file)
+                   for side, path in (fairseq["sentencepiece"] or {}).items()]
+        for what, path, check in wanted:
+            if not check(Path(path).expanduser()):
+                kind = "directory (fairseq's data-bin, with its dict.<lang>.txt)" if what == "data" else "file"
+                problems.append(f"{key}.pretrained.{what}': {kind} '{path}' does not exist (relative paths are read "
+                                f"from the working directory)")
+    elif looks_like_directory(source) and not Path(source).expanduser().is_dir():
         problems.append(f"{key}.pretrained': directory '{source}' does not exist (relative paths are read from "
                         f"the working directory). Download the model there on a machine with network "
                         f"(`hf download <hub id> --local-dir {source}`) or give its hub id")

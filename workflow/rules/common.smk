@@ -14,9 +14,9 @@ from headcount.config import (
     ConfigError,
     check_mirror,
     is_pretrained,
+    pretrained_files,
     is_synthetic,
     lambda_label,
-    looks_like_directory,
     load_experiments,
     resolve_mirror,
     side_source,
@@ -208,10 +208,9 @@ def tokenizer(side):
 
 
 def pretrained_source(wildcards):
-    """A pretrained model's local directory as the import's input (a changed model is imported
+    """A pretrained model's local files as the import's input (a changed model is imported
     again); a hub id is no file, and is a parameter only."""
-    source = exp_config(wildcards)["pretrained"]
-    return [str(Path(source).expanduser())] if looks_like_directory(source) else []
+    return pretrained_files(exp_config(wildcards))
 
 
 def parse_inputs(wildcards):

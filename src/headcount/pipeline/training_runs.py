@@ -67,6 +67,8 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
     the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
     own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages."""
+    if isinstance(source, dict):  # a fairseq checkpoint (config.fairseq_source's form)
+        return _import_fairseq_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
     from headcount.models.hf import import_pretrained
 
     langs = model_langs or {}
@@ -82,6 +84,25 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
                "provenance": provenance()}
     write_json(summary_out, summary)
     log(f"{model.family.name} model, {summary['parameters']} parameters, heads per layer {summary['heads']}")
+    return summary
+
+
+def _import_fairseq_baseline(source: dict, model_out: str, summary_out: str, tokenizer_dir: str, src_lang: str,
+                             tgt_lang: str, log=print) -> dict:
+    from headcount.models.fairseq import import_fairseq
+
+    log(f"importing fairseq checkpoint {source['checkpoint']} (dictionaries in {source['data']})")
+    model, args = import_fairseq(source["checkpoint"], source["data"], source["sentencepiece"], model_out,
+                                 tokenizer_dir)
+    cfg = model.cfg.to_dict()
+    summary = {"pretrained": {k: v for k, v in source.items()}, "family": "fairseq", "arch": args.get("arch"),
+               "src_lang": src_lang, "tgt_lang": tgt_lang, "model_config": cfg,
+               "heads": {kind: [m.n_heads for m in mods] for kind, mods in model.attention_modules().items()},
+               "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},
+               "provenance": provenance()}
+    write_json(summary_out, summary)
+    log(f"fairseq {args.get('arch')}: {cfg['enc_layers']}+{cfg['dec_layers']} layers, d_model {cfg['d_model']}, "
+        f"{cfg['n_heads']} heads, {cfg['norm']}-LN, {cfg['positions']} positions, {summary['parameters']} parameters")
     return summary
 
 
