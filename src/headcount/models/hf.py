@@ -341,7 +341,7 @@ class Family:
     qkv_names: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
     heads_attr: str = "num_heads"
     head_dim_attr: str = "head_dim"
-    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
+    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART, FSMT)
     # T5's layout (T5, mT5): blocks of sublayers, q/k/v/o, a relative position bias, RMSNorm, no
     # position embeddings, the hidden state scaled before the output layer (output_scale).
     t5_layout: bool = False
@@ -815,7 +815,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
 def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None, src_lang: str | None = None,
                     tgt_lang: str | None = None) -> tuple[HFTokenizer, HFTokenizer]:
     """The model's tokenizer -> (source side, target side). src_lang/tgt_lang for multilingual
-    tokenizers (mBART, M2M100, NLLB)."""
+    tokenizers (mBART, M2M100, NLLB); FSMT's translates one pair (`_fsmt_sides`)."""
     from transformers import AutoTokenizer
 
     name, local_only = _resolve(name_or_dir, offline)
