@@ -1148,3 +1148,54 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     model.save(tmp_path / "pruned.pt")
     with torch.no_grad():
         torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+
+
+def test_roles_and_pruning_run_on_a_tiny_fsmt_model(tiny_fsmt_dir, tmp_path):
+    """FSMT through the stages the other tests leave to Marian: head roles (its BPE pieces aligned
+    with the words), a few gated fine-tuning steps (its sinusoids stay constants), an encoder layer
+    losing every head, beam search and a checkpoint after that."""
+    from conftest import toy_conllu
+
+    from headcount.analysis.importance import dev_batches
+    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import count_words
+    from headcount.data.parses import read_conllu
+    from headcount.pruning.hard_concrete import fold_gates, penalty, prepare_for_pruning
+    from headcount.pruning.removal import remove_pruned_heads
+    from headcount.training.decode import beam_search
+    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
+
+    model = import_pretrained(tiny_fsmt_dir, tmp_path / "model.pt", tmp_path / "tokenizer")
+    source, target = load_tokenizers(tmp_path / "tokenizer")
+    src_lines, tgt_lines = toy_corpus(24, seed=13)
+    src_ids, tgt_ids = source.encode(src_lines), target.encode(tgt_lines)
+    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
+    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
+                           log=lambda line: None)
+    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
+                                  log=lambda line: None)
+    roles = assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+    assert len(roles) == 2 * 4 and roles["role"].notna().all()
+
+    positions = [p.detach().clone() for name, p in model.named_parameters() if "embed_positions" in name]
+    gates, groups = prepare_for_pruning(model, "all", log_alpha_init=None, gate_lr_scale=1.0)
+    cfg = TrainConfig(max_tokens=200, max_steps=3, warmup_steps=1, eval_interval=3, checkpoint_interval=3,
+                      log_interval=3, dev_bleu_sentences=0, select="last", device="cpu", precision="fp32")
+    train(model, cfg, Corpus(src_ids, tgt_ids), DevSet(src_ids[:4], tgt_ids[:4], tgt_lines[:4]), tmp_path / "prune",
+          parameters=groups, extra_loss=penalty(gates, 0.5), log=lambda line: None)
+    after = [p for name, p in model.named_parameters() if "embed_positions" in name]
+    assert all(torch.equal(a, b) for a, b in zip(positions, after))
+    model.eval()
+    src, tgt_in, _ = dev_batches(src_ids, tgt_ids, max_tokens=200, special=model.special)[0]
+    with torch.no_grad():
+        fold_gates(model)
+        model.set_head_mask({"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0]])})
+        masked = model(src, tgt_in)[0]
+        remove_pruned_heads(model)
+        assert model.head_counts()["enc_self"] == [2, 0]
+        torch.testing.assert_close(model(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+        assert len(beam_search(model, src, beam=3)) == src.shape[0]
+    model.save(tmp_path / "pruned.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
