@@ -2,7 +2,7 @@
 training speed on a smaller FSMT, scaled by FLOPs (docs/pretrained.md, "facebook/wmt19-en-ru").
 
 No download: the full model is built from its config on the meta device (no memory), the smaller
-one with random weights. Usage: `.venv/bin/python benchmarks/fsmt_cost.py [--steps 3]`.
+one with random weights. Usage: `.venv/bin/python benchmarks/fsmt_cost.py [--steps 8]`.
 """
 
 from __future__ import annotations
@@ -54,8 +54,10 @@ def forward_flops(size: dict, S: int, T: int) -> float:
     return encoder + decoder + 2 * T * D * V
 
 
-def measure(size: dict, batch: int, S: int, T: int, steps: int) -> float:
-    """Seconds per training step (forward, cross-entropy, backward; no optimizer), fp32, this CPU."""
+def measure(size: dict, batch: int, S: int, T: int, steps: int, n: int = 2048) -> tuple[float, float]:
+    """(seconds per training step, FLOP/s of an fp32 n^3 matrix product) on this CPU, fp32. A step is
+    forward, cross-entropy and backward (no optimizer). The machine is shared: the two are timed
+    alternately and each keeps its fastest reading, so that both are read under the same load."""
     from transformers import FSMTForConditionalGeneration
 
     from headcount.models.hf import HFSeq2Seq
@@ -65,33 +67,25 @@ def measure(size: dict, batch: int, S: int, T: int, steps: int) -> float:
     src = torch.randint(4, size["src_vocab"], (batch, S))
     tgt = torch.randint(4, size["tgt_vocab"], (batch, T + 1))
     src[:, -1] = tgt[:, 0] = 2
-    times = []
-    for _ in range(steps + 1):  # the first is a warm-up
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    step, product = [], []
+    for _ in range(steps + 1):  # the first of each is a warm-up
         start = time.perf_counter()
         logits, _ = model(src, tgt[:, :-1])
         torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten()).backward()
         model.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-    return min(times[1:])
-
-
-def matmul_peak(n: int = 2048, repeats: int = 3) -> float:
-    """FLOP/s of an fp32 n^3 matrix product on this CPU, the best of a few (the machine is shared:
-    reading it next to the training steps puts both under the same load)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(repeats):
+        step.append(time.perf_counter() - start)
         start = time.perf_counter()
         a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+        product.append(time.perf_counter() - start)
+    return min(step[1:]), 2 * n**3 / min(product[1:])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--length", type=int, default=30, help="tokens per sentence, each side")
-    parser.add_argument("--batch", type=int, default=16, help="sentences per measured step")
+    parser.add_argument("--batch", type=int, default=8, help="sentences per measured step")
     args = parser.parse_args()
     import transformers
 
@@ -102,9 +96,7 @@ def main() -> None:
     big, small = 3 * forward_flops(WMT19, L, L) / L, 3 * forward_flops(SMALL, L, L) / L
     print(f"training matmul FLOPs per target token ({L}+{L}-token pairs): wmt19 {big / 1e9:.2f} G, "
           f"small {small / 1e9:.2f} G, ratio {big / small:.1f}")
-    peak = matmul_peak()
-    seconds = measure(SMALL, B, L, L, args.steps)
-    peak = max(peak, matmul_peak())
+    seconds, peak = measure(SMALL, B, L, L, args.steps)
     rate = small * B * L / seconds
     print(f"measured, {torch.get_num_threads()} threads: small FSMT {B * L / seconds:.0f} target tokens/s "
           f"({rate / 1e9:.1f} GFLOP/s, {rate / peak:.2f} of the fp32 matmul peak read beside it, "
