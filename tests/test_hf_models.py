@@ -1,6 +1,6 @@
 """The transformers adapter (hf_models.py, hf_lrp.py) on tiny randomly initialised models of each
-family, built from configs, with a Marian tokenizer trained here on the toy corpus: nothing is
-downloaded."""
+family, built from configs, with Marian and FSMT tokenizers trained here on the toy corpus: nothing
+is downloaded."""
 
 import copy
 import json
@@ -24,6 +24,7 @@ from headcount.models.hf import (  # noqa: E402
     import_pretrained,
     load_pretrained,
     load_tokenizers,
+    write_tiny_fsmt,
     write_tiny_marian,
 )
 from headcount.models.loading import load_model, open_tokenizer  # noqa: E402
@@ -33,8 +34,8 @@ from headcount.models.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHead
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
-FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5")
-LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5")
+FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5", "fsmt")
+LRP_FAMILIES = ("marian", "bart", "mbart", "m2m_100", "t5", "mt5", "fsmt")
 T5_LAYOUT = ("t5", "mt5")
 
 
@@ -61,6 +62,11 @@ def tiny_hf(family: str, vocab: int = 40, d_model: int = 16, heads: int = 4, ffn
         hf = transformers.MBartForConditionalGeneration(transformers.MBartConfig(**common, scale_embedding=True))
     elif family == "m2m_100":
         hf = transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common))
+    elif family == "fsmt":  # a source vocabulary of its own, larger than the target's (batch draws from the target's)
+        sizes = dict(src_vocab_size=vocab + 7, tgt_vocab_size=vocab)
+        config = transformers.FSMTConfig(langs=["en", "de"], **sizes, **{k: v for k, v in common.items()
+                                                                         if k != "vocab_size"})
+        hf = transformers.FSMTForConditionalGeneration(config)
     elif family == "mt5":  # gated feed-forward and an untied output layer, as mT5 checkpoints have
         config = transformers.MT5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=ffn,
                                         num_layers=layers, num_decoder_layers=layers, num_heads=heads,
@@ -132,9 +138,11 @@ def marian_for(tokenizer, **kwargs) -> HFSeq2Seq:
 
 
 def hf_reference(model: HFSeq2Seq, src, tgt_in):
+    """transformers' own full forward pass. use_cache=False: FSMT's decoder is causal only without
+    a cache (with its default use_cache=True every target position sees the whole target)."""
     pad = model.special.pad
     return model.hf(input_ids=src, attention_mask=src.ne(pad).long(), decoder_input_ids=tgt_in,
-                    decoder_attention_mask=torch.ones_like(tgt_in), output_attentions=True)
+                    decoder_attention_mask=torch.ones_like(tgt_in), output_attentions=True, use_cache=False)
 
 
 @pytest.mark.parametrize("family", [*FAMILIES, "t5-untied"])  # T5 v1.1 and Flan-T5 save untied embeddings
@@ -168,7 +176,7 @@ def test_logits_and_probabilities_match_transformers(family):
 def test_special_ids(family):
     model = tiny(family)
     expected = {"marian": (39, 39, 0), "bart": (1, 2, 2), "mbart": (1, 2, 2), "m2m_100": (1, 2, 2),
-                "t5": (0, 0, 1), "mt5": (0, 0, 1)}[family]
+                "t5": (0, 0, 1), "mt5": (0, 0, 1), "fsmt": (1, 2, 2)}[family]
     assert (model.special.pad, model.special.bos, model.special.eos) == expected
     assert model.special.eos not in model.special.never_generated()
     assert model.d_model == 16 and model.max_positions >= 64
@@ -186,16 +194,23 @@ def test_incremental_decoding_equals_full_decoding(family):
         memory, src_pad, _ = model.encode(src)
         full, full_self, full_cross = model.decode(tgt_in, memory, src_pad, need_weights=True)
         cache = model.new_cache()
+        # The rows of real tokens: what a padding token computes is no part of the contract (FSMT
+        # gives padding the pad position in a full pass, the cache length + 1 in a step; no real
+        # token sees it either way).
+        real = model.special.decoder_positions(tgt_in)
         for t in range(tgt_in.shape[1]):
             hidden, self_probs, cross_probs = model.decode(tgt_in[:, t : t + 1], memory, src_pad, need_weights=True,
                                                            cache=cache, start=t)
-            torch.testing.assert_close(hidden[:, 0], full[:, t], rtol=1e-5, atol=1e-6)
-            torch.testing.assert_close(model.logits(hidden)[:, 0], model.logits(full)[:, t], rtol=1e-5, atol=1e-5)
+            rows = real[:, t]
+            torch.testing.assert_close(hidden[rows, 0], full[rows, t], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model.logits(hidden)[rows, 0], model.logits(full)[rows, t], rtol=1e-5,
+                                       atol=1e-5)
             for layer in range(2):
-                torch.testing.assert_close(self_probs[layer][:, :, 0], full_self[layer][:, :, t, : t + 1],
+                torch.testing.assert_close(self_probs[layer][rows, :, 0], full_self[layer][rows, :, t, : t + 1],
                                            rtol=1e-5, atol=1e-6)
-                torch.testing.assert_close(cross_probs[layer][:, :, 0], full_cross[layer][:, :, t],
+                torch.testing.assert_close(cross_probs[layer][rows, :, 0], full_cross[layer][rows, :, t],
                                            rtol=1e-5, atol=1e-6)
+        assert not real.all()  # padding was there to be skipped
         with pytest.raises(ValueError, match="start"):
             model.decode(tgt_in[:, :1], memory, src_pad, cache=cache, start=0)
 
@@ -214,7 +229,9 @@ def test_reorder_cache(family):
         model.reorder_cache(cache, rows)
         after, _, _ = model.decode(tgt_in[rows, 2:], memory[rows], src_pad[rows], cache=cache, start=2)
         alone, _, _ = model.decode(tgt_in[rows], memory[rows], src_pad[rows])
-    torch.testing.assert_close(after, alone[:, 2:], rtol=1e-5, atol=1e-6)
+    real = model.special.decoder_positions(tgt_in[rows])[:, 2:]  # padding: see the test above
+    assert real.any() and not real.all()
+    torch.testing.assert_close(after[real], alone[:, 2:][real], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -373,7 +390,8 @@ def test_keep_heads_equals_masking(family):
         cache = pruned.new_cache()
         steps = [pruned.decode(tgt_in[:, t : t + 1], memory, src_pad, cache=cache, start=t)[0]
                  for t in range(tgt_in.shape[1])]
-        torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-6)
+        real = pruned.special.decoder_positions(tgt_in)  # padding: see test_incremental_decoding_equals_full_decoding
+        torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], rtol=1e-5, atol=1e-6)
     assert pruned.head_mask()["enc_self"].tolist() == [[1, 1], [1, 0]]
     pruned.set_head_mask(pruned.head_mask())  # the padded layout round-trips
     pruned.set_head_mask({"enc_self": torch.tensor([[0.0, 1.0], [1.0, 0.0]])})
@@ -622,6 +640,65 @@ def test_tokenizer_round_trip_pieces_and_no_eos(marian_tokenizer):
     assert model.special.pad == marian_tokenizer.pad_token_id and model.special.eos == marian_tokenizer.eos_token_id
 
 
+@pytest.fixture(scope="module")
+def tiny_fsmt_dir(tmp_path_factory):
+    """A stand-in for a facebook/wmt19-* directory: Moses + BPE merges learned from the toy corpus
+    (with apostrophes, which Moses escapes and splits by language), a vocabulary per side, random
+    FSMT weights."""
+    src, tgt = toy_corpus(300, seed=11)
+    src += ["The cat's dog isn't old."] * 10
+    tgt += ["Die katze's hund ist nicht alt."] * 10
+    return write_tiny_fsmt(tmp_path_factory.mktemp("wmt19-toy"), src, tgt, langs=("en", "de"))
+
+
+def test_fsmt_tokenizer_gives_each_side_its_own_vocabulary_and_moses_language(tiny_fsmt_dir, tmp_path):
+    """transformers' FSMT tokenizer segments any text with the source's Moses rules and maps it to
+    the source vocabulary; the target side (load_tokenizers, after import_pretrained's copy too)
+    uses the target's, and pieces align with the words of the text."""
+    from headcount.analysis.roles.alignment import align_pieces
+    from headcount.data.batching import source_tensor
+
+    model = import_pretrained(tiny_fsmt_dir, tmp_path / "model.pt", tmp_path / "tokenizer")
+    assert model.family.name == "fsmt" and model.special.forced == () and model.special.bos == model.special.eos
+    frozen = [p.requires_grad for name, p in model.named_parameters() if "embed_positions" in name]
+    assert frozen == [False, False]  # fairseq's sinusoids are constants
+    vocab = {side: json.loads((tiny_fsmt_dir / f"vocab-{name}.json").read_text())
+             for side, name in (("source", "src"), ("target", "tgt"))}
+    assert (model.dims()["src_vocab"], model.dims()["tgt_vocab"]) == (len(vocab["source"]), len(vocab["target"]))
+    assert vocab["source"] != vocab["target"]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tiny_fsmt_dir))
+    src_lines, tgt_lines = toy_corpus(6, seed=5)
+    for side, lines, lang in (("source", src_lines, "en"), ("target", tgt_lines, "de")):
+        tok = open_tokenizer(tmp_path / "tokenizer", side)
+        assert tok.tokenizer.src_lang == lang and len(tok) == len(vocab[side])
+        ids = tok.encode(lines)
+        assert ids == open_tokenizer(tiny_fsmt_dir, side).encode(lines)
+        assert tok.decode(ids) == lines
+        for line, row in zip(lines, ids):
+            assert [vocab[side][p] for p in tok.tokenizer.tokenize(line)] == row
+            assert len(tok.pieces(line)) == len(row)
+    source, target = load_tokenizers(tiny_fsmt_dir)
+    # transformers' own target-side ids are the source vocabulary's; headcount's are the target's.
+    theirs = [row[:-1] for row in hf_tok(text_target=tgt_lines)["input_ids"]]
+    assert theirs != target.encode(tgt_lines) and theirs == [[vocab["source"].get(p, 3) for p in hf_tok.tokenize(line)]
+                                                             for line in tgt_lines]
+    # Moses by language: English makes "katze's" katze + &apos;s, German katze + &apos; + s.
+    assert target.tokenizer.moses_tokenize("katze's", "de") != source.tokenizer.moses_tokenize("katze's", "en")
+    # Pieces are spelled as sentencepiece's, escapes undone, and align with the words.
+    pieces = source.pieces("The cat's dog isn't old.")
+    assert pieces[0].startswith("\u2581") and not any("</w>" in p or "&apos;" in p or p == SPECIAL_PIECE
+                                                        for p in pieces)
+    words = ["The", "cat", "'s", "dog", "is", "n't", "old", "."]
+    owner = align_pieces(words, pieces)
+    assert ["".join(p.strip("\u2581\u200b") for p, w in zip(pieces, owner) if w == i) for i in range(len(words))] \
+        == words
+    # The source side is transformers' own: the same input ids, EOS and padding included.
+    src = source_tensor(source.encode(src_lines), model.special)
+    assert src.tolist() == hf_tok(src_lines, return_tensors="pt", padding=True)["input_ids"].tolist()
+    with pytest.raises(HeadcountError, match="translates en -> de only"):
+        load_tokenizers(tiny_fsmt_dir, src_lang="de", tgt_lang="en")
+
+
 # --------------------------------------------------------------------------------------------
 # LRP
 
@@ -727,13 +804,15 @@ def lrp_attention(attention, slot, acts, probs, x_q, x_kv, R_out, rule, eps):
 
 
 def capture(model: HFSeq2Seq, src, tgt_in):
-    """(input, output) of every Linear and LayerNorm in transformers' own forward pass, sentence 0."""
+    """(input, output) of every Linear and LayerNorm in transformers' own forward pass, sentence 0
+    (FSMT's layers see time-major tensors (T, B, .): sentence 0 is [:, 0] there)."""
     acts, hooks = {}, []
+    sentence = (lambda x: x[:, 0]) if model.family.time_major else (lambda x: x[0])
     for module in model.modules():
         norm = isinstance(module, nn.LayerNorm) or type(module).__name__ in ("T5LayerNorm", "MT5LayerNorm")
-        if (isinstance(module, nn.Linear) or norm) and module is not model.hf.lm_head:
-            hooks.append(module.register_forward_hook(
-                lambda mod, inp, out: acts.__setitem__(mod, (inp[0][0].detach().numpy(), out[0].detach().numpy()))))
+        if (isinstance(module, nn.Linear) or norm) and module is not model.family.output_layer(model.hf):
+            hooks.append(module.register_forward_hook(lambda mod, inp, out: acts.__setitem__(
+                mod, (sentence(inp[0]).detach().numpy(), sentence(out).detach().numpy()))))
     with torch.no_grad():
         logits, attn = model(src, tgt_in, need_weights=True)
     for h in hooks:
@@ -753,7 +832,7 @@ def explicit_lrp(model: HFSeq2Seq, src, tgt_in, rule: str, eps: float):
     encoder, decoder = model.family.stacks(model.hf)
     enc, dec = encoder.layers[0], decoder.layers[0]
     slots = {kind: mods[0] for kind, mods in model.attention_modules().items()}
-    W = model.hf.lm_head.weight.detach().numpy()
+    W = model.family.output_layer(model.hf).weight.detach().numpy()
     bias = model.hf.final_logits_bias[0].detach().numpy() if hasattr(model.hf, "final_logits_bias") else 0 * W[:, 0]
 
     def ln(norm, R):  # relevance at a LayerNorm's input
@@ -1066,6 +1145,57 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
         remove_pruned_heads(model)
         assert model.head_counts()["enc_self"] == [2, 3]
         torch.testing.assert_close(model(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+    model.save(tmp_path / "pruned.pt")
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+
+
+def test_roles_and_pruning_run_on_a_tiny_fsmt_model(tiny_fsmt_dir, tmp_path):
+    """FSMT through the stages the other tests leave to Marian: head roles (its BPE pieces aligned
+    with the words), a few gated fine-tuning steps (its sinusoids stay constants), an encoder layer
+    losing every head, beam search and a checkpoint after that."""
+    from conftest import toy_conllu
+
+    from headcount.analysis.importance import dev_batches
+    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import count_words
+    from headcount.data.parses import read_conllu
+    from headcount.pruning.hard_concrete import fold_gates, penalty, prepare_for_pruning
+    from headcount.pruning.removal import remove_pruned_heads
+    from headcount.training.decode import beam_search
+    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
+
+    model = import_pretrained(tiny_fsmt_dir, tmp_path / "model.pt", tmp_path / "tokenizer")
+    source, target = load_tokenizers(tmp_path / "tokenizer")
+    src_lines, tgt_lines = toy_corpus(24, seed=13)
+    src_ids, tgt_ids = source.encode(src_lines), target.encode(tgt_lines)
+    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
+    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
+                           log=lambda line: None)
+    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
+                                  log=lambda line: None)
+    roles = assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+    assert len(roles) == 2 * 4 and roles["role"].notna().all()
+
+    positions = [p.detach().clone() for name, p in model.named_parameters() if "embed_positions" in name]
+    gates, groups = prepare_for_pruning(model, "all", log_alpha_init=None, gate_lr_scale=1.0)
+    cfg = TrainConfig(max_tokens=200, max_steps=3, warmup_steps=1, eval_interval=3, checkpoint_interval=3,
+                      log_interval=3, dev_bleu_sentences=0, select="last", device="cpu", precision="fp32")
+    train(model, cfg, Corpus(src_ids, tgt_ids), DevSet(src_ids[:4], tgt_ids[:4], tgt_lines[:4]), tmp_path / "prune",
+          parameters=groups, extra_loss=penalty(gates, 0.5), log=lambda line: None)
+    after = [p for name, p in model.named_parameters() if "embed_positions" in name]
+    assert all(torch.equal(a, b) for a, b in zip(positions, after))
+    model.eval()
+    src, tgt_in, _ = dev_batches(src_ids, tgt_ids, max_tokens=200, special=model.special)[0]
+    with torch.no_grad():
+        fold_gates(model)
+        model.set_head_mask({"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0]])})
+        masked = model(src, tgt_in)[0]
+        remove_pruned_heads(model)
+        assert model.head_counts()["enc_self"] == [2, 0]
+        torch.testing.assert_close(model(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
+        assert len(beam_search(model, src, beam=3)) == src.shape[0]
     model.save(tmp_path / "pruned.pt")
     with torch.no_grad():
         torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)

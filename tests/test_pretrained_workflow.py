@@ -134,9 +134,10 @@ def test_what_a_pretrained_experiment_cannot_have_is_a_config_error_with_the_fix
         assert absent not in result.stdout, absent
 
 
-def test_the_shipped_opus_mt_experiments_plan_in_a_dry_run(tmp_path):
+def test_the_shipped_pretrained_experiments_plan_in_a_dry_run(tmp_path):
+    """opus-mt (MarianMT) and fairseq's WMT19 model (FSMT): hub ids, planned without a network."""
     config = shipped_config()
-    config["run"] = ["opus_mt_en_de", "opus_mt_en_ru"]
+    config["run"] = ["opus_mt_en_de", "opus_mt_en_ru", "wmt19_en_ru"]
     config["mirror"] = None
     config_path = write_config(tmp_path / "c.yaml", config)
     result = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile", config_path, cwd=tmp_path,
@@ -144,6 +145,6 @@ def test_the_shipped_opus_mt_experiments_plan_in_a_dry_run(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = dict(line.split() for line in result.stdout.splitlines() if len(line.split()) == 2
                 and line.split()[1].isdigit())
-    assert jobs["import_pretrained"] == "2" and jobs["pruning_report"] == "2" and jobs["head_roles"] == "2"
+    assert jobs["import_pretrained"] == "3" and jobs["pruning_report"] == "3" and jobs["head_roles"] == "3"
     for absent in ("train_subwords", "train_baseline", "train_from_scratch"):
         assert absent not in jobs, absent

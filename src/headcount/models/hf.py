@@ -1,12 +1,13 @@
 """Pretrained encoder-decoder models from HuggingFace transformers, as `Seq2SeqWithHeads` (seq2seq.py).
 
 `HFSeq2Seq` wraps a transformers model so that every headcount analysis runs on it: MarianMT
-(Helsinki-NLP's opus-mt models, the architecture of Voita et al. 2019), BART/mBART, M2M100/NLLB and
-T5/mT5. The transformers model runs as it is (its own forward pass, eager attention so that it can
-return attention probabilities); the adapter only replaces each attention's output projection by
-`HeadGates`, which receives the concatenated per-head contexts (B, T, H * Dh) and applies, per head,
-the `head_context` hook, the fixed 0/1 `head_mask` and the Hard Concrete gates before the original
-projection: MultiHead = Concat_i(g_i head_i) W^O (Voita et al. 2019, eq. 2).
+(Helsinki-NLP's opus-mt models, the architecture of Voita et al. 2019), BART/mBART, M2M100/NLLB,
+T5/mT5 and FSMT (fairseq's WMT19 models, facebook/wmt19-en-ru and its siblings). The transformers
+model runs as it is (its own forward pass, eager attention so that it can return attention
+probabilities); the adapter only replaces each attention's output projection by `HeadGates`, which
+receives the concatenated per-head contexts (B, T, H * Dh; FSMT: T, B, H * Dh) and applies, per
+head, the `head_context` hook, the fixed 0/1 `head_mask` and the Hard Concrete gates before the
+original projection: MultiHead = Concat_i(g_i head_i) W^O (Voita et al. 2019, eq. 2).
 
 Loading: `load_pretrained(name_or_dir)` reads a hub id or a local directory written by
 `save_pretrained` / `hf download`; `load_tokenizers(name_or_dir)` gives the source and target
@@ -14,15 +15,25 @@ Loading: `load_pretrained(name_or_dir)` reads a hub id or a local directory writ
 it writes a headcount checkpoint (family = the transformers model type; loading.load_model reads it
 back, pruned heads and gates included) and the tokenizer's files, which `loading.open_tokenizer(dir, side)`
 opens for the later stages. `write_tiny_marian` writes an opus-mt-shaped directory with a tokenizer
-trained on given lines, for tests and dry runs where the hub is out of reach.
+trained on given lines, for tests and dry runs where the hub is out of reach; `write_tiny_fsmt` the
+same for a wmt19-shaped directory (Moses and BPE, a vocabulary per side).
 
 What differs between families (`Family` below): module names, how logits are formed (Marian and
 BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 where its saved config tied
-the embeddings, mT5 never: `Family.output_scale`), what the decoder starts from (Marian, T5 and
-mT5: their pad id; BART, mBART, M2M100: EOS), and
-what the LRP forward pass must re-create (hf_lrp.py). T5's relative position bias is computed once,
-in the first layer, for all heads of every layer: a T5 layer whose heads were removed adds the
-bias of its remaining heads and passes on the bias of all of them (`_slice_position_bias`).
+the embeddings, mT5 never: `Family.output_scale`; FSMT's output layer is its decoder's
+`output_projection`, no bias), what the decoder starts from (Marian, T5 and mT5: their pad id;
+BART, mBART, M2M100, FSMT: EOS), and what the LRP forward pass must re-create (hf_lrp.py).
+FSMT is transformers' port of fairseq's code: its attention works on time-major tensors (T, B, D)
+(`HeadGates` sees them so; a pruned layer runs `_time_major_attention`), its decoder takes its
+masks as positional arguments, builds no causal mask when a cache is in use (transformers' own full
+forward pass is causal only with use_cache=False) and applies the output layer itself
+(`_fsmt_decoder`), source and target have vocabularies of their own, and its sinusoidal positions
+are an ordinary parameter, which the adapter freezes (fairseq's are constants). Its tokenizer
+(Moses, then BPE) encodes with the source side's vocabulary and Moses language whatever the side;
+`load_tokenizers` gives the target side a tokenizer with the two swapped (`_fsmt_sides`).
+T5's relative position bias is computed once, in the first layer, for all heads of every layer: a
+T5 layer whose heads were removed adds the bias of its remaining heads and passes on the bias of
+all of them (`_slice_position_bias`).
 Multilingual checkpoints (mBART-50, M2M100, NLLB) expect language tags: the source language's
 tag before the source text, the target language's forced after the decoder's start token. The
 tokenizer gives both (`HFTokenizer`: its special tokens before the text are part of the ids), and
@@ -37,9 +48,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
 import inspect
 import json
 import os
+import re
+import types
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,13 +75,15 @@ class HeadGates(nn.Module):
     """An attention module's output projection with per-head gates in front; satisfies `HeadSlots`.
 
     Replaces the transformers attention's output projection (out_proj, or T5's o). Its input is the
-    concatenation of the head contexts, (B, T, H * Dh); the original projection is `proj`.
+    concatenation of the head contexts, (B, T, H * Dh), or (T, B, H * Dh) where the family is
+    time-major (FSMT); the original projection is `proj`, given the input's layout.
     """
 
     def __init__(self, attention: nn.Module, family: Family):
         super().__init__()
         self.proj = getattr(attention, family.out_name)
         self.family = family.name
+        self.time_major = family.time_major
         self.n_heads = int(getattr(attention, family.heads_attr))
         self.head_dim = int(getattr(attention, family.head_dim_attr))
         self.register_buffer("head_mask", torch.ones(self.n_heads))
@@ -92,10 +109,17 @@ class HeadGates(nn.Module):
             return self.head_mask
         return self.head_mask * self.hard_concrete()
 
-    def forward(self, x: Tensor) -> Tensor:  # x (B, T, H * Dh)
-        B, T, _ = x.shape
-        ctx = self.head_context(x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2))  # (B, H, T, Dh)
+    def forward(self, x: Tensor) -> Tensor:  # x (B, T, H * Dh); time-major: (T, B, H * Dh)
+        if self.time_major:
+            T, B, _ = x.shape
+            ctx = x.view(T, B, self.n_heads, self.head_dim).permute(1, 2, 0, 3)
+        else:
+            B, T, _ = x.shape
+            ctx = x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        ctx = self.head_context(ctx)  # (B, H, T, Dh)
         ctx = ctx * self.gates().to(ctx.dtype).view(1, -1, 1, 1)
+        if self.time_major:
+            return self.proj(ctx.permute(2, 0, 1, 3).reshape(T, B, self.n_heads * self.head_dim))
         return self.proj(ctx.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def keep_heads(self, heads: list[int]) -> None:
@@ -121,7 +145,10 @@ class HeadGates(nn.Module):
         if family.t5_layout:
             attention.inner_dim = len(heads) * Dh
             _slice_position_bias(attention, self)
-        if len(heads) == 0:
+        if family.time_major:
+            # FSMT's forward reshapes the contexts to the model's width: it cannot run fewer heads.
+            attention.forward = types.MethodType(_time_major_attention, attention)
+        elif len(heads) == 0:
             _silence(attention, self)
 
     def extra_repr(self) -> str:
@@ -226,6 +253,81 @@ def _silence(attention: nn.Module, gates: HeadGates) -> None:
     attention.forward = forward
 
 
+def _time_major_attention(self: nn.Module, query: Tensor, key: Tensor | None, key_padding_mask: Tensor | None = None,
+                          layer_state: Any = None, attn_mask: Tensor | None = None, output_attentions: bool = False,
+                          **kwargs) -> tuple[Tensor, Tensor | None]:
+    """FSMT's attention after keep_heads (bound to the attention module: a deep copy keeps its own).
+
+    The same computation as transformers' forward, on the heads that remain: query (T, B, D), key
+    (Tk, B, D), key_padding_mask (B, Tk) True at padding, attn_mask added to the scores. The
+    self-attention's keys and values are appended to the cache at each step; the cross-attention's
+    are computed at the first step and reused. A layer with no heads left outputs W^O's bias and
+    still writes one all-zero head to the cache: the decoder reads the number of decoded tokens
+    (its positions) off the first layer's self-attention cache.
+    """
+    gates = self.out_proj
+    H, Dh, layer = gates.n_heads, gates.head_dim, self.layer_idx
+    T, B, _ = query.shape
+    cross = self.encoder_decoder_attention
+    store = None
+    if layer_state is not None:
+        store = getattr(layer_state, "cross_attention_cache" if cross else "self_attention_cache", layer_state)
+
+    def split(z: Tensor) -> Tensor:  # (L, B, H * Dh) -> (B, H, L, Dh)
+        return z.view(z.shape[0], B, H, Dh).permute(1, 2, 0, 3)
+
+    if cross and store is not None and layer_state.is_updated.get(layer):
+        k, v = store.layers[layer].keys[:, :H], store.layers[layer].values[:, :H]
+    else:
+        source = key if cross else query
+        k, v = split(self.k_proj(source)), split(self.v_proj(source))  # (B, H, Tk, Dh)
+        if store is not None:
+            if H == 0:
+                k = v = k.new_zeros(B, 1, k.shape[2], Dh)
+            k, v = store.update(k, v, layer)
+            k, v = k[:, :H], v[:, :H]
+            if cross:
+                layer_state.is_updated[layer] = True
+    q = split(self.q_proj(query) * self.scaling)  # (B, H, T, Dh)
+    scores = q @ k.transpose(-1, -2)  # (B, H, T, Tk)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    probs = scores.softmax(dim=-1)
+    ctx = nn.functional.dropout(probs, p=self.dropout, training=self.training) @ v  # (B, H, T, Dh)
+    out = self.out_proj(ctx.permute(2, 0, 1, 3).reshape(T, B, H * Dh))
+    return out, probs if output_attentions else None
+
+
+@contextmanager
+def _without_output_layer(decoder: nn.Module):
+    """FSMT's decoder applies the output layer itself; decode returns the hidden state before it
+    (logits applies it), so the layer is bypassed for the call rather than computed twice."""
+    projection = decoder.output_projection
+    decoder.output_projection = nn.Identity()
+    try:
+        yield
+    finally:
+        decoder.output_projection = projection
+
+
+def _fsmt_decoder(decoder: nn.Module, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Any, start: int,
+                  need_weights: bool):
+    """FSMT's decoder over tgt_in (B, T), the cache holding `start` tokens. It takes its masks as
+    positional arguments: the source's attention mask (1 at real tokens), no target padding mask
+    (as the other families: padding follows the text, the causal mask keeps it from the real
+    positions), and the causal mask (T, start + T), 0 where allowed and the dtype's minimum
+    elsewhere, as transformers builds it; transformers gives none whenever a cache is in use."""
+    T = tgt_in.shape[1]
+    dtype = decoder.embed_tokens.weight.dtype
+    future = torch.ones(T, start + T, dtype=torch.bool, device=tgt_in.device).triu(start + 1)
+    causal = torch.zeros(T, start + T, dtype=dtype, device=tgt_in.device).masked_fill(future, torch.finfo(dtype).min)
+    with _without_output_layer(decoder):
+        return decoder(tgt_in, memory, (~src_pad).long(), None, causal, **{_cache_argument(type(decoder)): cache},
+                       use_cache=cache is not None, output_attentions=need_weights)
+
+
 # --------------------------------------------------------------------------------------------
 # Families
 
@@ -239,11 +341,18 @@ class Family:
     qkv_names: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
     heads_attr: str = "num_heads"
     head_dim_attr: str = "head_dim"
-    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART)
+    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART, FSMT)
     # T5's layout (T5, mT5): blocks of sublayers, q/k/v/o, a relative position bias, RMSNorm, no
     # position embeddings, the hidden state scaled before the output layer (output_scale).
     t5_layout: bool = False
     scales_output: bool = False  # T5 only: see output_scale
+    # FSMT (fairseq's port): attention on (T, B, D), the decoder called with positional masks and
+    # ending in the output layer (`_fsmt_decoder`), fixed sinusoidal positions.
+    time_major: bool = False
+    output_layer_path: str = "lm_head"  # the output layer (D -> V), a module path in the transformers model
+
+    def output_layer(self, hf: nn.Module) -> nn.Linear:
+        return hf.get_submodule(self.output_layer_path)
 
     def output_scale(self, config) -> float:
         """What transformers multiplies the decoder's last hidden state by before the output layer:
@@ -281,6 +390,8 @@ FAMILIES = {
 }
 # Multilingual T5: T5's architecture; transformers' mT5 never scales the decoder's output.
 FAMILIES["mt5"] = dataclasses.replace(FAMILIES["t5"], name="mt5", scales_output=False)
+# fairseq's WMT19 models (facebook/wmt19-en-ru, -ru-en, -en-de, -de-en): post-LN, like BART's modules.
+FAMILIES["fsmt"] = Family("fsmt", time_major=True, output_layer_path="model.decoder.output_projection")
 
 
 def family_of(config) -> Family:
@@ -319,6 +430,9 @@ class HFSeq2Seq(nn.Module):
         self.max_positions = int(getattr(config, "max_position_embeddings", None)
                                  or getattr(config, "n_positions", None) or 512)
         self.d_model = int(config.d_model)
+        if self.family.time_major:  # FSMT's sinusoids are a trainable parameter there, constants in fairseq
+            for stack in self.family.stacks(hf):
+                stack.embed_positions.weight.requires_grad_(False)
         for modules in self.family.attentions(hf).values():
             for attention in modules:
                 if not isinstance(getattr(attention, self.family.out_name), HeadGates):
@@ -364,9 +478,12 @@ class HFSeq2Seq(nn.Module):
             raise ValueError("decode: without a cache the target must start at position 0")
         self._check_length(start + tgt_in.shape[1])
         _, decoder = self.family.stacks(self.hf)
-        out = decoder(input_ids=tgt_in, encoder_hidden_states=memory, encoder_attention_mask=(~src_pad).long(),
-                      **{_cache_argument(type(decoder)): cache}, use_cache=cache is not None,
-                      output_attentions=need_weights)
+        if self.family.time_major:
+            out = _fsmt_decoder(decoder, tgt_in, memory, src_pad, cache, start, need_weights)
+        else:
+            out = decoder(input_ids=tgt_in, encoder_hidden_states=memory, encoder_attention_mask=(~src_pad).long(),
+                          **{_cache_argument(type(decoder)): cache}, use_cache=cache is not None,
+                          output_attentions=need_weights)
         n = len(self.family.attentions(self.hf)["dec_self"])
         if need_weights:
             return out.last_hidden_state, list(out.attentions), list(out.cross_attentions)
@@ -377,7 +494,7 @@ class HFSeq2Seq(nn.Module):
         scale = self.family.output_scale(self.config)
         if scale != 1.0:
             hidden = hidden * scale
-        logits = self.hf.lm_head(hidden)
+        logits = self.family.output_layer(self.hf)(hidden)
         bias = getattr(self.hf, "final_logits_bias", None)
         return logits if bias is None else logits + bias.to(logits.dtype)
 
@@ -436,14 +553,17 @@ class HFSeq2Seq(nn.Module):
         if self.family.t5_layout:
             return dict(d_model=c.d_model, n_heads=c.num_heads, d_ff=c.d_ff, enc_layers=c.num_layers,
                         dec_layers=c.num_decoder_layers, src_vocab=c.vocab_size, tgt_vocab=c.vocab_size)
+        # FSMT: src_vocab_size and tgt_vocab_size (its vocab_size is the target's)
         return dict(d_model=c.d_model, n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
-                    enc_layers=c.encoder_layers, dec_layers=c.decoder_layers, src_vocab=c.vocab_size,
+                    enc_layers=c.encoder_layers, dec_layers=c.decoder_layers,
+                    src_vocab=getattr(c, "src_vocab_size", None) or c.vocab_size,
                     tgt_vocab=getattr(c, "decoder_vocab_size", None) or c.vocab_size)
 
     def encoder_parameters(self):
         """The source side: token embeddings, encoder layers, the encoder's norms. Where the model
         shares one embedding between source, target and output layer (opus-mt, BART, T5), that
-        embedding is among them, so encoder-only training also moves the target side's embedding."""
+        embedding is among them, so encoder-only training also moves the target side's embedding
+        (FSMT's source embedding is its own)."""
         encoder, _ = self.family.stacks(self.hf)
         return encoder.parameters()
 
@@ -504,8 +624,8 @@ def _generation_setting(hf: nn.Module, name: str) -> int | None:
 
 
 def _decoder_start(hf: nn.Module, eos: int) -> int:
-    """What the decoder input starts with: Marian and T5 their pad id, BART and M2M100 EOS. mBART
-    leaves it unset and starts from EOS followed by a language code."""
+    """What the decoder input starts with: Marian and T5 their pad id, BART, M2M100 and FSMT EOS.
+    mBART leaves it unset and starts from EOS followed by a language code."""
     start = _generation_setting(hf, "decoder_start_token_id")
     if start is not None:
         return start
@@ -539,12 +659,17 @@ class HFTokenizer:
     ids the tokenizer gives with its special tokens, less the EOS at the end (batching adds EOS).
     So a multilingual model's language tag comes first (mBART-50, M2M100, NLLB: the source
     language on the source side, the target language on the target side, which search then
-    forces: SpecialIds.forced), BART's <s> too, and Marian and T5 get the text alone."""
+    forces: SpecialIds.forced), BART's <s> too, and Marian, T5 and FSMT get the text alone.
 
-    def __init__(self, tokenizer, side: str):
+    `decoding`: the tokenizer that turns this side's ids back into text, where it is not
+    `tokenizer` (FSMT: each side's vocabulary and Moses language are those its tokenizer calls
+    source, and the text of ids those it calls target; `_fsmt_sides`)."""
+
+    def __init__(self, tokenizer, side: str, decoding=None):
         if side not in ("source", "target"):
             raise ValueError(f"side must be 'source' or 'target', not {side!r}")
         self.tokenizer, self.side = tokenizer, side
+        self.decoding = tokenizer if decoding is None else decoding
         self.prefix = self._prefix()
 
     def _ids(self, lines: list[str], special: bool) -> list[list[int]]:
@@ -562,12 +687,14 @@ class HFTokenizer:
             raise HeadcountError(f"{type(self.tokenizer).__name__}: cannot tell its special tokens from the text "
                                  f"({full} with them, {text} without) on the {self.side} side")
         prefix, suffix = full[:starts[0]], full[starts[0] + len(text):]
+        # FSMT's tokenizer ends a sentence with its separator </s> and names no EOS token.
+        eos = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.tokenizer.sep_token_id
         unk = self.tokenizer.unk_token_id
         if unk is not None and unk in prefix:  # NLLB's tokenizer maps an unknown language code to <unk>
             lang = getattr(self.tokenizer, "src_lang" if self.side == "source" else "tgt_lang", None)
             raise HeadcountError(f"{type(self.tokenizer).__name__}: the {self.side} language code {lang!r} is not "
                                  f"one of this tokenizer's (it becomes <unk>); use the model's own codes")
-        if suffix not in ([], [self.tokenizer.eos_token_id]):
+        if suffix not in ([], [eos]):
             raise HeadcountError(
                 f"{type(self.tokenizer).__name__} puts {self.tokenizer.convert_ids_to_tokens(suffix)} after a "
                 f"{self.side} sentence; headcount ends every sentence with EOS alone, so a tokenizer that puts "
@@ -582,7 +709,10 @@ class HFTokenizer:
         return [self.prefix + ids for ids in self._ids(lines, False)]
 
     def pieces(self, line: str) -> list[str]:
-        """The subword strings, one per id of encode([line])[0] (SPECIAL_PIECE for the prefix)."""
+        """The subword strings, one per id of encode([line])[0] (SPECIAL_PIECE for the prefix).
+        BPE pieces that end a word with '</w>' (FSMT) are written as sentencepiece's are, the
+        word-start marker before a word's first piece, Moses' escapes (&apos; ...) undone, so that
+        they align with the text's words (roles.alignment)."""
         tok = self.tokenizer
         prefix = [SPECIAL_PIECE] * len(self.prefix)
         if self.side == "target" and hasattr(tok, "_switch_to_target_mode"):
@@ -591,7 +721,7 @@ class HFTokenizer:
                 return prefix + tok.tokenize(line)
             finally:
                 tok._switch_to_input_mode()
-        return prefix + tok.tokenize(line)
+        return prefix + _word_end_pieces(tok.tokenize(line))
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Text of each id list, less the prefix (a language tag, which some tokenizers would
@@ -599,7 +729,32 @@ class HFTokenizer:
         rows = [list(map(int, x)) for x in ids]
         n = len(self.prefix)
         rows = [row[n:] if n and row[:n] == self.prefix else row for row in rows]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return self.decoding.batch_decode(rows, skip_special_tokens=True)
+
+
+_WORD_END = "</w>"  # the end-of-word marker of XLM/FSMT's BPE
+
+
+def _word_end_pieces(pieces: list[str]) -> list[str]:
+    """BPE pieces with end-of-word markers ('cat</w>') -> sentencepiece's spelling ('▁cat'),
+    Moses' XML escapes undone ('&apos;s</w>' -> "▁'s"); pieces without the marker are returned
+    as they are. An escape split over several pieces is its character in the first of them and a
+    zero-width space in the others (never the empty string, which is SPECIAL_PIECE): a character
+    no word has, so that alignment puts them in the word of the one before."""
+    if not any(p.endswith(_WORD_END) for p in pieces):
+        return pieces
+    out, word = [], []
+    for k, piece in enumerate(pieces):
+        word.append(piece.removesuffix(_WORD_END))
+        if not piece.endswith(_WORD_END) and k + 1 < len(pieces):
+            continue
+        owner = [i for i, p in enumerate(word) for _ in p]  # the piece of each character of the word
+        texts = [""] * len(word)
+        for match in re.finditer(r"&(?:#\d+|#x[0-9a-fA-F]+|\w+);|.", "".join(word), flags=re.S):
+            texts[owner[match.start()]] += html.unescape(match.group())
+        out += ["\u2581" + texts[0], *(text or "\u200b" for text in texts[1:])]
+        word = []
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,7 +815,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
 def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None, src_lang: str | None = None,
                     tgt_lang: str | None = None) -> tuple[HFTokenizer, HFTokenizer]:
     """The model's tokenizer -> (source side, target side). src_lang/tgt_lang for multilingual
-    tokenizers (mBART, M2M100, NLLB)."""
+    tokenizers (mBART, M2M100, NLLB); FSMT's translates one pair (`_fsmt_sides`)."""
     from transformers import AutoTokenizer
 
     name, local_only = _resolve(name_or_dir, offline)
@@ -672,7 +827,33 @@ def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None,
                              f"src_lang {src_lang!r}, tgt_lang {tgt_lang!r}); use the model's own codes") from None
     except (OSError, ValueError) as error:
         raise _unavailable(str(name_or_dir), error) from None
+    if _is_fsmt(tokenizer):
+        return _fsmt_sides(tokenizer, str(name_or_dir), src_lang, tgt_lang)
     return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
+
+
+def _is_fsmt(tokenizer) -> bool:
+    return type(tokenizer).__name__ == "FSMTTokenizer"
+
+
+def _fsmt_sides(tokenizer, name: str, src_lang: str | None, tgt_lang: str | None) -> tuple[HFTokenizer, HFTokenizer]:
+    """FSMT's tokenizer segments any text with the source language's Moses rules and gives ids in
+    the source vocabulary (text_target included), and turns ids into text with the target
+    vocabulary and the target language's detokenizer. The target side here is the same tokenizer
+    with languages and vocabularies swapped (the BPE merges are one file for both sides, as in
+    fairseq's WMT19 models), so that target text gets target ids; each side decodes with the
+    tokenizer whose output vocabulary is its own."""
+    pair = [tokenizer.src_lang, tokenizer.tgt_lang]
+    asked = [src_lang or pair[0], tgt_lang or pair[1]]
+    if asked != pair:
+        raise HeadcountError(f"{name}: an FSMT model translates {pair[0]} -> {pair[1]} only (its tokenizer's "
+                             f"langs), not {asked[0]} -> {asked[1]}; leave out pretrained_langs")
+    swapped = type(tokenizer)(langs=pair[::-1], src_vocab_file=tokenizer.tgt_vocab_file,
+                              tgt_vocab_file=tokenizer.src_vocab_file, merges_file=tokenizer.merges_file,
+                              do_lower_case=tokenizer.do_lower_case, unk_token=tokenizer.unk_token,
+                              bos_token=tokenizer.bos_token, sep_token=tokenizer.sep_token,
+                              pad_token=tokenizer.pad_token)
+    return HFTokenizer(tokenizer, "source", decoding=swapped), HFTokenizer(swapped, "target", decoding=tokenizer)
 
 
 def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
@@ -685,8 +866,8 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     model = load_pretrained(name_or_dir, offline=offline)
     if tokenizer_dir is not None:
         source, target = load_tokenizers(name_or_dir, offline=offline, src_lang=src_lang, tgt_lang=tgt_lang)
-        default = getattr(source.tokenizer, "src_lang", None)
-        if default is not None and (src_lang is None or tgt_lang is None):
+        default = getattr(source.tokenizer, "src_lang", None)  # FSMT's names its one pair: no choice there
+        if default is not None and (src_lang is None or tgt_lang is None) and not _is_fsmt(source.tokenizer):
             raise HeadcountError(
                 f"{name_or_dir}: its tokenizer is multilingual (source language {default!r} unless told "
                 f"otherwise); set the experiment's `pretrained_langs: {{src: ..., tgt: ...}}` to this model's "
@@ -742,5 +923,88 @@ def write_tiny_marian(directory: str | os.PathLike, src_lines: list[str], tgt_li
     return directory
 
 
+def _learn_bpe(words: dict[str, int], merges: int) -> list[tuple[str, str]]:
+    """BPE merges learned from word counts, each word's last symbol marked '</w>' (the scheme of
+    fairseq's WMT19 models): at each step the most frequent adjacent pair is merged (ties: the
+    pair that sorts last)."""
+    corpus = {tuple(w[:-1]) + (w[-1] + _WORD_END,): n for w, n in words.items() if w}
+    learned = []
+    for _ in range(merges):
+        counts: dict[tuple[str, str], int] = {}
+        for symbols, n in corpus.items():
+            for pair in zip(symbols, symbols[1:]):
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = max(counts, key=lambda pair: (counts[pair], pair))
+        learned.append(best)
+        merged: dict[tuple[str, ...], int] = {}
+        for symbols, n in corpus.items():
+            out, i = [], 0
+            while i < len(symbols):
+                if symbols[i:i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(symbols[i])
+                    i += 1
+            merged[tuple(out)] = merged.get(tuple(out), 0) + n
+        corpus = merged
+    return learned
+
+
+def write_tiny_fsmt(directory: str | os.PathLike, src_lines: list[str], tgt_lines: list[str],
+                    langs: tuple[str, str] = ("en", "de"), merges: int = 60, d_model: int = 16, layers: int = 2,
+                    heads: int = 4, ffn: int = 32, seed: int = 0) -> Path:
+    """A randomly initialised FSMT model with a tokenizer built from the given lines, written as
+    save_pretrained writes facebook/wmt19-*: a stand-in where the hub is out of reach (tests, dry
+    runs). As there, the text is Moses-tokenized in its own language, one set of BPE merges
+    (merges.txt) is learned from both sides, and each side has its own vocabulary (vocab-src.json,
+    vocab-tgt.json: fairseq's four special tokens, every single character of that side in both
+    its word-inner and word-final form, then the pieces its lines segment into)."""
+    from transformers import FSMTConfig, FSMTForConditionalGeneration, FSMTTokenizer
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    specials = ["<s>", "<pad>", "</s>", "<unk>"]  # fairseq's dictionary: 0, 1, 2, 3
+
+    def tokenizer(pair: tuple[str, str]) -> FSMTTokenizer:
+        return FSMTTokenizer(langs=list(pair), src_vocab_file=str(directory / "vocab-src.json"),
+                             tgt_vocab_file=str(directory / "vocab-tgt.json"),
+                             merges_file=str(directory / "merges.txt"))
+
+    sides = {"src": (src_lines, tuple(langs)), "tgt": (tgt_lines, tuple(langs[::-1]))}
+    for name in ("src", "tgt"):
+        (directory / f"vocab-{name}.json").write_text(json.dumps({t: i for i, t in enumerate(specials)}),
+                                                      encoding="utf-8")
+    (directory / "merges.txt").write_text("", encoding="utf-8")
+    words: dict[str, int] = {}
+    for lines, pair in sides.values():
+        moses = tokenizer(pair)
+        for line in lines:
+            for word in moses.moses_tokenize(moses.moses_pipeline(line, pair[0]), pair[0]):
+                words[word] = words.get(word, 0) + 1
+    learned = _learn_bpe(words, merges)
+    (directory / "merges.txt").write_text("".join(f"{a} {b}\n" for a, b in learned), encoding="utf-8")
+    for name, (lines, pair) in sides.items():
+        segmenter = tokenizer(pair)
+        chars = sorted({c for line in lines for c in "".join(segmenter.moses_tokenize(
+            segmenter.moses_pipeline(line, pair[0]), pair[0]))})
+        vocab = {t: i for i, t in enumerate(specials)}
+        for piece in [*chars, *(c + _WORD_END for c in chars),
+                      *(p for line in lines for p in segmenter.tokenize(line))]:
+            vocab.setdefault(piece, len(vocab))
+        (directory / f"vocab-{name}.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    final = tokenizer(tuple(langs))
+    config = FSMTConfig(langs=list(langs), src_vocab_size=final.src_vocab_size, tgt_vocab_size=final.tgt_vocab_size,
+                        d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+                        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
+                        max_position_embeddings=512, dropout=0.1, attention_dropout=0.0, activation_dropout=0.0)
+    torch.manual_seed(seed)
+    FSMTForConditionalGeneration(config).save_pretrained(str(directory))
+    final.save_pretrained(str(directory))
+    return directory
+
+
 __all__ = ["ATTENTION_TYPES", "FAMILIES", "HFSeq2Seq", "HFTokenizer", "HeadGates", "PretrainedModelUnavailable",
-           "import_pretrained", "load_pretrained", "load_tokenizers", "write_tiny_marian"]
+           "import_pretrained", "load_pretrained", "load_tokenizers", "write_tiny_fsmt", "write_tiny_marian"]

@@ -3,18 +3,22 @@
 `HFLRPForward` is the `LRPForward` (seq2seq.py) of an `HFSeq2Seq` (hf.py). It re-creates the
 architecture as it is, from the model's own modules, in evaluation mode:
 
-- embeddings: token embedding times the family's scale (Marian with scale_embedding: sqrt(d_model))
-  plus the family's own positions (Marian's sinusoids, BART's learned table, M2M100's
-  padding-aware sinusoids), taken from the model's position module as constants; BART and mBART
-  then apply `layernorm_embedding`;
-- blocks: post-LayerNorm, x = LN(x + f(x)) (Marian, BART), or pre-LayerNorm, x = x + f(LN(x)),
+- embeddings: token embedding times the family's scale (Marian and FSMT with scale_embedding:
+  sqrt(d_model)) plus the family's own positions (Marian's sinusoids, BART's learned table, M2M100's
+  and FSMT's padding-aware sinusoids), taken from the model's position module as constants; BART
+  and mBART then apply `layernorm_embedding`;
+- blocks: post-LayerNorm, x = LN(x + f(x)) (Marian, BART, FSMT), or pre-LayerNorm, x = x + f(LN(x)),
   with a final LayerNorm on each stack (mBART, M2M100);
-- the feed-forward activation from the config (opus-mt: swish/SiLU; BART: GELU): relevance passes
+- attention re-computed here from the module's q/k/v projections and its `HeadGates`' W^O, so
+  FSMT's time-major layout (its modules take (T, B, D)) plays no part: every tensor here is
+  batch-major;
+- the feed-forward activation from the config (opus-mt: swish/SiLU; BART: GELU; FSMT: ReLU): relevance passes
   through an element-wise non-linearity unchanged, neuron by neuron (lrp.pass_through), under
   both rules: the paper's rule ignores non-linearities, as lrp.py does for ReLU, and AttnLRP's
   identity rule for element-wise non-linearities is the same map;
-- logits: lm_head plus final_logits_bias (Marian, BART), so the top-1 logit is what the model
-  scores; its bias absorbs its share of the relevance (z-rule).
+- logits: the output layer (lm_head; FSMT: its decoder's output_projection) plus final_logits_bias
+  (Marian, BART), so the top-1 logit is what the model scores; its bias absorbs its share of the
+  relevance (z-rule).
 
 Linear maps, residual sums, LayerNorm and attention use the rule object's `linear`, `add`,
 `layer_norm` and `attention` (lrp.DingRules / lrp.AttnLRPRules), and the traces returned are lrp.py's
@@ -48,8 +52,8 @@ def lrp_forward_of(model):
 
 
 def _top_logit(model, hidden: Tensor, tgt_in: Tensor, rules, target: Tensor | None, scale: float = 1.0):
-    """(stabilised top-1 logit (B, T), target (B, T)): lm_head(hidden * scale) + final_logits_bias."""
-    weight = model.hf.lm_head.weight  # (V, D)
+    """(stabilised top-1 logit (B, T), target (B, T)): output layer(hidden * scale) + final_logits_bias."""
+    weight = model.family.output_layer(model.hf).weight  # (V, D)
     bias = getattr(model.hf, "final_logits_bias", None)
     bias = None if bias is None else bias[0].to(hidden.dtype)  # (V,)
     target = torch.full_like(tgt_in, -1) if target is None else target
@@ -85,14 +89,14 @@ class HFLRPForward:
                 positions = stack.embed_positions(tokens.shape)
             elif name == "m2m_100":
                 positions = stack.embed_positions(tokens, embeds)
-            else:  # BART, mBART: a learned table, offset by 2
+            else:  # BART, mBART: a learned table, offset by 2; FSMT: sinusoids from the pad id + 1 on
                 positions = stack.embed_positions(tokens)
         return positions if positions.dim() == 3 else positions[None]
 
     def _embed(self, stack: nn.Module, tokens: Tensor, rules) -> Tensor:
         embed = stack.embed_tokens
         x = F.embedding(tokens, embed.weight) * float(getattr(embed, "embed_scale", 1.0) or 1.0)
-        x = x * float(getattr(stack, "embed_scale", 1.0))  # Marian scales outside its embedding module
+        x = x * float(getattr(stack, "embed_scale", 1.0))  # Marian and FSMT scale outside the embedding module
         x = x + self._positions(stack, tokens, x).to(x.dtype)
         norm = getattr(stack, "layernorm_embedding", None)
         return x if norm is None else rules.layer_norm(x, norm)
