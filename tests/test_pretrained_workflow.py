@@ -148,3 +148,57 @@ def test_the_shipped_pretrained_experiments_plan_in_a_dry_run(tmp_path):
     assert jobs["import_pretrained"] == "3" and jobs["pruning_report"] == "3" and jobs["head_roles"] == "3"
     for absent in ("train_subwords", "train_baseline", "train_from_scratch"):
         assert absent not in jobs, absent
+
+
+@pytest.mark.workflow
+def test_a_fairseq_checkpoint_runs_through_every_stage(tmp_path):
+    """The same stages on a transformer that fairseq-train trained (tests/data/fairseq/pre, see
+    test_fairseq.py): `pretrained: {family: fairseq, ...}` imports it with its dictionaries and
+    sentencepiece models; translation, head scores, roles, gates and head removal follow."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "data" / "fairseq" / "pre"
+    mirror = make_toy_mirror(tmp_path)
+    workdir = copy_workflow(tmp_path / "wf")
+    config = pretrained_config(mirror, "unused")
+    config["experiments"]["toy"]["pretrained"] = {
+        "family": "fairseq", "checkpoint": str(folder / "checkpoint.pt"), "data": str(folder),
+        "sentencepiece": {"src": str(folder / "src.model"), "tgt": str(folder / "tgt.model")}}
+    config_path = write_config(workdir / "fairseq.yaml", config)
+    targets = [f"results/toy/{name}" for name in (
+        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
+        "prune/enc/lambda_2/physical/model.pt")]
+    start = time.perf_counter()
+    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile", timeout=600)
+    print(f"fairseq workflow: {time.perf_counter() - start:.0f} s")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = workdir / "results/toy"
+    record = json.loads((results / "baseline/training.json").read_text())
+    assert record["family"] == "fairseq" and record["model_config"]["norm"] == "pre"
+    assert (results / "pretrained/tokenizer/fairseq_tokenizer.json").exists()
+    scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
+    assert scores["sentences"] == 40
+    heads = pd.read_parquet(results / "heads/scores.parquet")
+    assert len(heads) == 3 * 2 * 4  # 2+2 layers, 4 heads
+    for _, layer in heads.groupby(["type", "layer"]):
+        assert layer["lrp"].sum() == pytest.approx(1.0, abs=1e-6)
+    assert len(pd.read_csv(results / "syntax/roles.csv")) == 2 * 4
+    gates = json.loads((results / "prune/enc/lambda_2/gates.json").read_text())
+    assert gates["retained"]["dec_self"] == 8 and gates["steps"]["fine_tuning"] == 6
+    export = json.loads((results / "prune/enc/lambda_2/physical/summary.json").read_text())
+    assert sum(export["heads"]["enc_self"]) == gates["retained"]["enc_self"]
+
+
+def test_a_fairseq_experiment_with_missing_files_is_a_config_error_naming_each(tmp_path):
+    config = smoke_config(make_toy_mirror(tmp_path))
+    config["defaults"]["training"].update(snapshot_interval=0)
+    config["defaults"]["prune"].update(from_scratch={"all": False}, lr_schedule="noam")
+    config["experiments"]["toy"]["pretrained"] = {"family": "fairseq", "checkpoint": str(tmp_path / "ckpt.pt"),
+                                                  "data": str(tmp_path / "data-bin"), "sentencepiece": "./spm.model"}
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    for key in ("pretrained.checkpoint': file", "pretrained.data': directory", "pretrained.sentencepiece.src'"):
+        assert f"'experiments.toy.{key}" in output, key
+    assert not (tmp_path / "results").exists()

@@ -89,12 +89,16 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
 
 def _import_fairseq_baseline(source: dict, model_out: str, summary_out: str, tokenizer_dir: str, src_lang: str,
                              tgt_lang: str, log=print) -> dict:
+    from dataclasses import asdict
+
+    from headcount.config import fairseq_source
     from headcount.models.fairseq import import_fairseq
 
-    log(f"importing fairseq checkpoint {source['checkpoint']} (dictionaries in {source['data']})")
-    model, args = import_fairseq(source["checkpoint"], source["data"], source["sentencepiece"], model_out,
+    files = fairseq_source({"pretrained": source})  # one sentencepiece path -> both sides
+    log(f"importing fairseq checkpoint {files['checkpoint']} (dictionaries in {files['data']})")
+    model, args = import_fairseq(files["checkpoint"], files["data"], files["sentencepiece"] or {}, model_out,
                                  tokenizer_dir)
-    cfg = model.cfg.to_dict()
+    cfg = asdict(model.cfg)
     summary = {"pretrained": {k: v for k, v in source.items()}, "family": "fairseq", "arch": args.get("arch"),
                "src_lang": src_lang, "tgt_lang": tgt_lang, "model_config": cfg,
                "heads": {kind: [m.n_heads for m in mods] for kind, mods in model.attention_modules().items()},
