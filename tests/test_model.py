@@ -224,3 +224,24 @@ def test_model_settings_written_before_dropout_masks_still_match():
     fast = tiny_config(dropout_masks="fast").to_dict()
     assert fast == {**before, "dropout_masks": "fast"}
     assert Transformer(type(tiny_config())(**fast)).cfg.dropout_masks == "fast"
+
+
+def test_qkv_init_gain_scales_only_the_query_key_value_projections():
+    import dataclasses
+
+    cfg = tiny_config(d_model=64, n_heads=4, d_ff=128)
+    torch.manual_seed(0)
+    plain = Transformer(cfg)
+    torch.manual_seed(0)
+    again = Transformer(dataclasses.replace(cfg, qkv_init_gain=1.0))
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), again.state_dict().values()))
+    torch.manual_seed(0)
+    scaled = Transformer(dataclasses.replace(cfg, qkv_init_gain=0.5))
+    bound = (6 / (64 + 64)) ** 0.5  # Xavier uniform's bound for a 64x64 matrix, gain 1
+    for kind, modules in scaled.attention_modules().items():
+        for m in modules:
+            for proj in (m.q_proj, m.k_proj, m.v_proj):
+                assert float(proj.weight.abs().max()) <= 0.5 * bound + 1e-7
+                assert float(proj.weight.std()) == pytest.approx(0.5 * bound / 3**0.5, rel=0.1)
+            assert float(m.out_proj.weight.abs().max()) > 0.5 * bound  # W^O keeps gain 1
+    assert "qkv_init_gain" not in plain.cfg.to_dict()  # old fingerprints and checkpoints still match

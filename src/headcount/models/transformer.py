@@ -74,6 +74,9 @@ class ModelConfig:
     layernorm_embedding: bool = False
     activation: str = "relu"
     share_all_embeddings: bool = False  # one matrix for source and target embeddings (one vocabulary)
+    # Xavier gain of W^Q, W^K, W^V at initialisation: 1, or fairseq's 1/sqrt(2) (its q, k and v
+    # projections are initialised as one (3D, D) matrix would be; issue 41 measures the effect).
+    qkv_init_gain: float = 1.0
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID  # what the decoder input starts with (fairseq: its EOS)
     eos_id: int = EOS_ID
@@ -97,7 +100,7 @@ class ModelConfig:
     # checkpoints and run fingerprints written before them still match and those runs resume
     # instead of restarting.
     ADDED_LATER = ("dropout_masks", "norm", "positions", "scale_embeddings", "layernorm_embedding", "activation",
-                   "share_all_embeddings", "pad_id", "bos_id", "eos_id", "unk_id")
+                   "share_all_embeddings", "qkv_init_gain", "pad_id", "bos_id", "eos_id", "unk_id")
 
     @property
     def special(self) -> SpecialIds:
@@ -399,6 +402,11 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.cfg.qkv_init_gain != 1.0:  # drawn after the rest, so gain 1 keeps the old random stream
+            for modules in self.attention_modules().values():
+                for m in modules:
+                    for proj in (m.q_proj, m.k_proj, m.v_proj):
+                        nn.init.xavier_uniform_(proj.weight, gain=self.cfg.qkv_init_gain)
         for embed in (self.src_embed, self.tgt_embed):
             # Scaled by sqrt(D) on the way in, so unit-scale vectors after scaling.
             nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
