@@ -1,0 +1,274 @@
+"""Time to quality (issue 41): test BLEU against updates for headcount and fairseq, seeds apart.
+
+    python benchmarks/time_to_quality.py train --arm headcount --seed 1 [--variant qkv_gain]
+    python benchmarks/time_to_quality.py train --arm fairseq --seed 1
+    python benchmarks/time_to_quality.py evaluate      # every checkpoint not yet scored
+    python benchmarks/time_to_quality.py report        # curves and updates to 30 / 34 / 36 test BLEU
+
+Both arms train the default experiment's model (6+6 layers, d_model 256, 8 heads, FFN 1024, pre-LN,
+tied target embeddings) on Multi30k en-de with headcount's own sentencepiece data (results/
+multi30k_en_de, made by `snakemake results/multi30k_en_de/data/test_2016_flickr.src.txt
+results/multi30k_en_de/subwords/src.model ...`), max-tokens 1600, Noam / inverse_sqrt with the same
+peak and warm-up, and keep the weights every --every updates. headcount trains with its own loop
+(headcount.training.loop.train, the settings of config/config.yaml's multi30k_en_de, one variant's
+change applied); fairseq with fairseq-train (tools/fairseq_reference.py, which also records fairseq's
+own outputs). Both resume where they stopped: rerunning `train` continues a run.
+
+`evaluate` scores every kept checkpoint the same way for both arms, with headcount's decoder (fairseq's
+checkpoints through headcount's fairseq reader, which tests/test_fairseq.py checks against fairseq's
+own SequenceGenerator): dev BLEU of greedy translations of the whole dev set, and test_2016_flickr
+BLEU with beam 4 (alpha 0.6), the default experiment's decoding. Scores are cached per checkpoint
+(scores.json beside the run), so evaluation also resumes.
+
+`report` prints, per arm and variant, test BLEU at each update count (mean over seeds and a 95%
+t-interval), and the updates each seed needed to reach 30, 34 and 36 test BLEU (linear
+interpolation between kept checkpoints; "not reached" otherwise) with their mean and interval, and
+CPU seconds per update where the run recorded them (headcount's checkpoint records CPU time; fairseq
+logs wall time only). Runs live under --runs (default benchmarks/.time-to-quality, git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "src"))
+
+EXP = REPO / "results" / "multi30k_en_de"
+THRESHOLDS = (30.0, 34.0, 36.0)
+# One change at a time against headcount's default (issue 41, item 2); each is a model or training
+# setting of the config, so a variant that helps becomes a config default.
+VARIANTS = {
+    "default": {},
+    "qkv_gain": {"model": {"qkv_init_gain": 0.5**0.5}},  # fairseq's Xavier gain for W^Q, W^K, W^V
+}
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def run_dir(runs: Path, arm: str, variant: str, seed: int) -> Path:
+    name = arm if arm == "fairseq" or variant == "default" else f"{arm}-{variant}"
+    return runs / name / f"seed_{seed}"
+
+
+def experiment_settings() -> dict:
+    """config/config.yaml's multi30k_en_de, defaults merged, as the workflow sees it."""
+    import yaml
+
+    from headcount.config import load_experiments
+
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["run"] = ["multi30k_en_de"]
+    return load_experiments(config, REPO / "workflow" / "schemas" / "config.schema.yaml")["multi30k_en_de"]
+
+
+# --------------------------------------------------------------------------------------------
+# Training
+
+
+def train_headcount(out: Path, seed: int, variant: str, max_updates: int, every: int, threads: int) -> None:
+    from headcount.pipeline.training_runs import train_translation_model
+
+    exp = experiment_settings()
+    model = {**exp["model"], **VARIANTS[variant].get("model", {})}
+    training = {**exp["training"], **VARIANTS[variant].get("training", {}), "seed": seed,
+                "max_steps": max_updates, "snapshot_interval": every, "threads": threads,
+                # the benchmark scores the snapshots itself: no dev BLEU inside training, last weights
+                "eval_interval": max_updates, "dev_bleu_sentences": 0, "select": "last"}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "settings.json").write_text(json.dumps({"model": model, "training": training}, indent=1))
+    data, sub = EXP / "data", EXP / "subwords"
+    train_translation_model(
+        str(data / "train.src.txt"), str(data / "train.tgt.txt"), str(data / "dev.src.txt"),
+        str(data / "dev.tgt.txt"), str(sub / "src.model"), str(sub / "tgt.model"), model, training,
+        exp["subwords"]["lowercase"], str(out / "work"), str(out / "model.pt"), str(out / "summary.json"), log=log)
+
+
+def train_fairseq(out: Path, seed: int, max_updates: int, every: int, threads: int) -> None:
+    subprocess.run([sys.executable, str(REPO / "tools" / "fairseq_reference.py"), "--out", str(out),
+                    "--text-dir", str(EXP / "data"), "--spm-src", str(EXP / "subwords" / "src.model"),
+                    "--spm-tgt", str(EXP / "subwords" / "tgt.model"), "--arch-preset", "multi30k",
+                    "--max-update", str(max_updates), "--save-every", str(every), "--seed", str(seed),
+                    "--threads", str(threads), "--reference-sentences", "100"], check=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def checkpoints(run: Path) -> dict[int, Path]:
+    """{updates: checkpoint} of a run, either arm."""
+    found = {}
+    for path in (run / "work" / "snapshots").glob("step_*.pt"):  # headcount
+        found[int(path.stem.split("_")[1])] = path
+    for path in (run / "checkpoints").glob("checkpoint_*_*.pt"):  # fairseq: checkpoint_{epoch}_{updates}.pt
+        found[int(path.stem.rsplit("_", 1)[1])] = path
+    return dict(sorted(found.items()))
+
+
+def open_run(run: Path, path: Path):
+    """(model, source tokenizer, target tokenizer) of one checkpoint."""
+    if (run / "checkpoints").exists():
+        from headcount.data.fairseq_dictionary import FairseqTokenizer
+        from headcount.models.fairseq import read_fairseq
+
+        model, _ = read_fairseq(path)
+        return (model, FairseqTokenizer(run / "data-bin" / "dict.src.txt", run / "spm" / "src.model"),
+                FairseqTokenizer(run / "data-bin" / "dict.tgt.txt", run / "spm" / "tgt.model"))
+    from headcount.data.subwords import Segmenter
+    from headcount.models.loading import load_model
+
+    return (load_model(path).eval(), Segmenter(str(EXP / "subwords" / "src.model")),
+            Segmenter(str(EXP / "subwords" / "tgt.model")))
+
+
+def score(run: Path, updates: int, path: Path, beam: int, alpha: float, sentences: int | None = None) -> dict:
+    import torch
+
+    from headcount.io import read_lines
+    from headcount.training.decode import translate
+    from headcount.training.evaluate import corpus_bleu
+
+    model, src_tok, tgt_tok = open_run(run, path)
+    out = {}
+    with torch.inference_mode():
+        for name, split, b in (("dev_bleu_greedy", "dev", 1), ("test_bleu_beam", "test_2016_flickr", beam)):
+            sources = src_tok.encode(read_lines(EXP / "data" / f"{split}.src.txt")[:sentences])
+            hyps = translate(model, sources, beam=b, alpha=alpha, max_tokens=8000)
+            references = read_lines(EXP / "data" / f"{split}.tgt.txt")[:sentences]
+            out[name] = corpus_bleu(tgt_tok.decode(hyps), references)
+    log(f"{run.relative_to(run.parent.parent)} at {updates} updates: dev {out['dev_bleu_greedy']:.2f} (greedy), "
+        f"test {out['test_bleu_beam']:.2f} (beam {beam})")
+    return out
+
+
+def evaluate(runs: Path, beam: int, alpha: float, sentences: int | None = None) -> None:
+    for run in sorted(p for p in runs.glob("*/seed_*") if p.is_dir()):
+        cache = run / "scores.json"
+        scores = json.loads(cache.read_text()) if cache.exists() else {}
+        for updates, path in checkpoints(run).items():
+            key = str(updates)
+            if key in scores and scores[key].get("checkpoint_mtime") == os.path.getmtime(path):
+                continue
+            scores[key] = {**score(run, updates, path, beam, alpha, sentences),
+                           "checkpoint_mtime": os.path.getmtime(path), "sentences": sentences or "all"}
+            cache.write_text(json.dumps(scores, indent=1))  # after each: an interrupted run keeps what it scored
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+# Student's t, 0.975 quantile, by degrees of freedom (scipy is not a dependency; a table suffices for seeds).
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def interval(values: list[float]) -> str:
+    """mean [95% t-interval] over seeds; the mean alone for one seed."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:.2f} (1 seed)"
+    half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean:.2f} [{mean - half:.2f}, {mean + half:.2f}] ({len(values)} seeds)"
+
+
+def updates_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
+    """Linear interpolation between the first checkpoint at or above target and the one before."""
+    before = (0, 0.0)
+    for updates, bleu in curve:
+        if bleu >= target:
+            u0, b0 = before
+            return u0 + (target - b0) / (bleu - b0) * (updates - u0) if bleu > b0 else float(updates)
+        before = (updates, bleu)
+    return None
+
+
+def cpu_per_update(run: Path) -> float | None:
+    """headcount: CPU seconds per update from its last training checkpoint's record."""
+    summary = run / "summary.json"
+    if summary.exists():
+        record = json.loads(summary.read_text())
+        cpu, steps = record.get("train_cpu_seconds_all"), record.get("steps") or record.get("last_step")
+        if cpu and steps:
+            return cpu / steps
+    return None
+
+
+def report(runs: Path) -> str:
+    lines = ["| arm | updates | seeds | dev BLEU, greedy | test BLEU, beam 4 |", "|---|---|---|---|---|"]
+    reach = ["", "| arm | " + " | ".join(f"updates to {t:g} test BLEU" for t in THRESHOLDS)
+             + " | CPU s / update (headcount's record) |", "|---|" + "---|" * (len(THRESHOLDS) + 1)]
+    for arm_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+        seeds = {}
+        for run in sorted(arm_dir.glob("seed_*")):
+            cache = run / "scores.json"
+            if cache.exists():
+                seeds[run.name] = {int(k): v for k, v in json.loads(cache.read_text()).items()}
+        if not seeds:
+            continue
+        all_updates = sorted({u for s in seeds.values() for u in s})
+        for u in all_updates:
+            have = [s[u] for s in seeds.values() if u in s]
+            lines.append(f"| {arm_dir.name} | {u} | {len(have)} | {interval([h['dev_bleu_greedy'] for h in have])} | "
+                         f"{interval([h['test_bleu_beam'] for h in have])} |")
+        cells = []
+        for t in THRESHOLDS:
+            reached = [updates_to_reach(sorted((u, v["test_bleu_beam"]) for u, v in s.items()), t)
+                       for s in seeds.values()]
+            got = [r for r in reached if r is not None]
+            missing = len(reached) - len(got)
+            cell = interval(got) if got else "not reached"
+            cells.append(cell + (f", {missing} seed(s) not reached" if got and missing else ""))
+        cpu = [c for run in sorted(arm_dir.glob("seed_*")) if (c := cpu_per_update(run)) is not None]
+        cells.append(interval(cpu) if cpu else "not recorded")
+        reach.append(f"| {arm_dir.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + reach)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=["train", "evaluate", "report"])
+    ap.add_argument("--arm", choices=["headcount", "fairseq"])
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="default")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-updates", type=int, default=2400)
+    ap.add_argument("--every", type=int, default=400, help="keep the weights every this many updates")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--alpha", type=float, default=0.6)
+    ap.add_argument("--sentences", type=int, help="score only the first N sentences of each set (a smoke test)")
+    ap.add_argument("--runs", default=str(HERE / ".time-to-quality"))
+    args = ap.parse_args()
+    runs = Path(args.runs)
+    if args.command == "train":
+        if args.arm is None:
+            ap.error("train needs --arm")
+        if args.arm == "fairseq" and args.variant != "default":
+            ap.error("variants change headcount's model; fairseq trains as fairseq does")
+        out = run_dir(runs, args.arm, args.variant, args.seed)
+        if args.arm == "headcount":
+            train_headcount(out, args.seed, args.variant, args.max_updates, args.every, args.threads)
+        else:
+            train_fairseq(out, args.seed, args.max_updates, args.every, args.threads)
+    elif args.command == "evaluate":
+        evaluate(runs, args.beam, args.alpha, args.sentences)
+    else:
+        table = report(runs)
+        print(table)
+        (HERE / "time_to_quality_latest.md").write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
