@@ -238,7 +238,7 @@ def test_qkv_init_gain_scales_only_the_query_key_value_projections():
     torch.manual_seed(0)
     scaled = Transformer(dataclasses.replace(cfg, qkv_init_gain=0.5))
     bound = (6 / (64 + 64)) ** 0.5  # Xavier uniform's bound for a 64x64 matrix, gain 1
-    for kind, modules in scaled.attention_modules().items():
+    for modules in scaled.attention_modules().values():
         for m in modules:
             for proj in (m.q_proj, m.k_proj, m.v_proj):
                 assert float(proj.weight.abs().max()) <= 0.5 * bound + 1e-7

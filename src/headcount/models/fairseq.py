@@ -142,7 +142,8 @@ def model_args(state: dict, path: str | os.PathLike = "checkpoint") -> dict:
 
 
 def _refuse(path, option: str, value, fix: str) -> FairseqUnsupported:
-    return FairseqUnsupported(f"{path}: fairseq option {option}={value!r} is not supported by headcount's reader; {fix}")
+    return FairseqUnsupported(f"{path}: fairseq option {option}={value!r} is not supported by headcount's "
+                              f"reader; {fix}")
 
 
 def fairseq_config(args: dict, weights: dict[str, Tensor], path: str | os.PathLike = "checkpoint") -> ModelConfig:
