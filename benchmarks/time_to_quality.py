@@ -49,6 +49,9 @@ THRESHOLDS = (30.0, 34.0, 36.0)
 VARIANTS = {
     "default": {},
     "qkv_gain": {"model": {"qkv_init_gain": 0.5**0.5}},  # fairseq's Xavier gain for W^Q, W^K, W^V
+    # headcount trains in bf16 autocast where the CPU has AVX512-BF16 (precision: auto); fairseq's CPU
+    # path is fp32: whether bf16 costs anything per update
+    "fp32": {"training": {"precision": "fp32"}},
 }
 
 
