@@ -244,3 +244,36 @@ def test_incremental_decoding_equals_a_full_pass_in_each_variant(name):
     cache = model.new_cache()
     steps = [model.decode(tgt_in[:, t:t + 1], memory, src_pad, cache=cache, start=t)[0] for t in range(tgt_in.shape[1])]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_a_headcount_checkpoint_from_another_run_imports_with_its_sentencepiece_models(tmp_path):
+    """`pretrained: {family: headcount, checkpoint, sentencepiece}`: a model trained elsewhere (here a
+    random one sized to two sentencepiece models) becomes the baseline with its own tokenizer."""
+    import json
+
+    from headcount.data.subwords import Segmenter
+    from headcount.io import HeadcountError
+    from headcount.pipeline.training_runs import import_pretrained_baseline
+
+    spm = {"src": str(DATA / "pre" / "src.model"), "tgt": str(DATA / "pre" / "tgt.model")}
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab=len(Segmenter(spm["src"])), tgt_vocab=len(Segmenter(spm["tgt"]))))
+    model.save(tmp_path / "trained.pt")
+    source = {"family": "headcount", "checkpoint": str(tmp_path / "trained.pt"), "sentencepiece": spm}
+    summary = import_pretrained_baseline(source, str(tmp_path / "model.pt"), str(tmp_path / "training.json"),
+                                         str(tmp_path / "tokenizer"), "en", "de", log=lambda _: None)
+    assert summary["family"] == "headcount" and json.loads((tmp_path / "training.json").read_text())["arch"]
+    loaded = load_model(tmp_path / "model.pt")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    line = "some text here"
+    assert open_tokenizer(tmp_path / "tokenizer", "target").encode([line]) == Segmenter(spm["tgt"]).encode([line])
+    from headcount.data.subwords import train_bpe
+
+    (tmp_path / "text.txt").write_text("".join(f"word{i} other{i % 7} text\n" for i in range(200)))
+    other = str(tmp_path / "other.model")  # another run's model, of another size
+    train_bpe(tmp_path / "text.txt", other, vocab_size=40)
+    assert len(Segmenter(other)) != len(Segmenter(spm["src"]))
+    with pytest.raises(HeadcountError, match="not its model"):
+        import_pretrained_baseline({**source, "sentencepiece": {"src": other, "tgt": spm["tgt"]}},
+                                   str(tmp_path / "m2.pt"), str(tmp_path / "t2.json"), str(tmp_path / "tok2"),
+                                   "en", "de", log=lambda _: None)

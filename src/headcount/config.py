@@ -86,27 +86,49 @@ def looks_like_directory(name: str) -> bool:
     return name.startswith((".", "/", "~"))
 
 
-def fairseq_source(exp: dict) -> dict | None:
-    """A fairseq model's files ({"checkpoint", "data", "sentencepiece": {"src", "tgt"} or None}) when
-    `pretrained:` names one (`family: fairseq`), else None."""
+def checkpoint_source(exp: dict) -> dict | None:
+    """A checkpoint that another run or toolkit wrote, when `pretrained:` names one: {"family"
+    (fairseq or headcount), "checkpoint", "data" (fairseq's data-bin; None for headcount),
+    "sentencepiece": {"src", "tgt"} or None}; None for a transformers model (a hub id or directory)."""
     source = exp.get("pretrained")
     if not isinstance(source, dict):
         return None
     spm = source.get("sentencepiece")
     if isinstance(spm, str):  # one model for both sides, as fairseq's --bpe sentencepiece has
         spm = {"src": spm, "tgt": spm}
-    return {"checkpoint": source["checkpoint"], "data": source["data"], "sentencepiece": spm}
+    return {"family": source["family"], "checkpoint": source["checkpoint"], "data": source.get("data"),
+            "sentencepiece": spm}
 
 
 def pretrained_files(exp: dict) -> list[str]:
     """The local files a pretrained experiment imports (a changed file imports it again); a hub id
     is no file."""
-    fairseq = fairseq_source(exp)
-    if fairseq is not None:
-        spm = sorted(set((fairseq["sentencepiece"] or {}).values()))
-        return [str(Path(p).expanduser()) for p in [fairseq["checkpoint"], fairseq["data"], *spm]]
-    source = exp["pretrained"]
-    return [str(Path(source).expanduser())] if looks_like_directory(source) else []
+    source = checkpoint_source(exp)
+    if source is not None:
+        spm = sorted(set((source["sentencepiece"] or {}).values()))
+        paths = [source["checkpoint"], *([source["data"]] if source["data"] else []), *spm]
+        return [str(Path(p).expanduser()) for p in paths]
+    name = exp["pretrained"]
+    return [str(Path(name).expanduser())] if looks_like_directory(name) else []
+
+
+def _checkpoint_problems(key: str, source: dict) -> list[str]:
+    problems = []
+    if source["family"] == "fairseq" and not source["data"]:
+        problems.append(f"{key}.pretrained.data': a fairseq checkpoint needs its data-bin directory (its "
+                        f"dict.<lang>.txt files)")
+    if source["family"] == "headcount" and (source["data"] or not source["sentencepiece"]):
+        problems.append(f"{key}.pretrained': a headcount checkpoint takes its sentencepiece models "
+                        f"(sentencepiece: {{src: ..., tgt: ...}}, the run's subwords/*.model) and no data")
+    wanted = [("checkpoint", source["checkpoint"], Path.is_file)]
+    wanted += [("data", source["data"], Path.is_dir)] if source["data"] else []
+    wanted += [(f"sentencepiece.{side}", path, Path.is_file) for side, path in (source["sentencepiece"] or {}).items()]
+    for what, path, check in wanted:
+        if not check(Path(path).expanduser()):
+            kind = "directory (fairseq's data-bin, with its dict.<lang>.txt)" if what == "data" else "file"
+            problems.append(f"{key}.pretrained.{what}': {kind} '{path}' does not exist (relative paths are read "
+                            f"from the working directory)")
+    return problems
 
 
 def _pretrained_problems(name: str, exp: dict) -> list[str]:
@@ -114,16 +136,9 @@ def _pretrained_problems(name: str, exp: dict) -> list[str]:
     key = f"config key 'experiments.{name}"
     problems = []
     source = exp["pretrained"]
-    fairseq = fairseq_source(exp)
-    if fairseq is not None:
-        wanted = [("checkpoint", fairseq["checkpoint"], Path.is_file), ("data", fairseq["data"], Path.is_dir)]
-        wanted += [(f"sentencepiece.{side}", path, Path.is_file)
-                   for side, path in (fairseq["sentencepiece"] or {}).items()]
-        for what, path, check in wanted:
-            if not check(Path(path).expanduser()):
-                kind = "directory (fairseq's data-bin, with its dict.<lang>.txt)" if what == "data" else "file"
-                problems.append(f"{key}.pretrained.{what}': {kind} '{path}' does not exist (relative paths are read "
-                                f"from the working directory)")
+    checkpoint = checkpoint_source(exp)
+    if checkpoint is not None:
+        problems += _checkpoint_problems(key, checkpoint)
     elif looks_like_directory(source) and not Path(source).expanduser().is_dir():
         problems.append(f"{key}.pretrained': directory '{source}' does not exist (relative paths are read from "
                         f"the working directory). Download the model there on a machine with network "

@@ -73,3 +73,25 @@ class Segmenter:
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.sp.decode(ids)
+
+
+# A tokenizer directory holding a headcount model's two sentencepiece models (the import of a
+# headcount checkpoint trained by another run writes it; models.loading.open_tokenizer reads it).
+TOKENIZER_MANIFEST = "headcount_tokenizer.json"
+
+
+def write_tokenizer_dir(directory: str | os.PathLike, models: dict[str, str]) -> None:
+    """Copy the source and target sentencepiece models ({"src", "tgt"}) into `directory`."""
+    import json
+    import shutil
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for side in ("src", "tgt"):
+        shutil.copyfile(models[side], directory / f"{side}.model")
+    (directory / TOKENIZER_MANIFEST).write_text(json.dumps({"src": "src.model", "tgt": "tgt.model"}) + "\n")
+
+
+def open_tokenizer_dir(directory: str | os.PathLike, side: str) -> Segmenter:
+    """One side ("source"/"target") of a directory write_tokenizer_dir wrote."""
+    return Segmenter(Path(directory) / ("src.model" if side == "source" else "tgt.model"))

@@ -48,15 +48,18 @@ def load_model(path: str | os.PathLike, map_location="cpu") -> Seq2SeqWithHeads:
 def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
     """A stage's tokenizer (`src_spm`/`tgt_spm` inputs): headcount's sentencepiece model file ->
     data.subwords.Segmenter; a directory holding a fairseq model's dictionaries -> that side's
-    data.fairseq_dictionary.FairseqTokenizer; a directory holding a transformers tokenizer (a
+    data.fairseq_dictionary.FairseqTokenizer; one holding an imported headcount checkpoint's
+    sentencepiece models -> that side's Segmenter; a directory holding a transformers tokenizer (a
     pretrained model's, written by the import_pretrained rule) -> that side of it (transformers is
     imported only then).
     side: "source" or "target"."""
     if Path(path).is_dir():
-        from headcount.data.fairseq_dictionary import MANIFEST, open_tokenizer_dir
+        from headcount.data import fairseq_dictionary, subwords
 
-        if (Path(path) / MANIFEST).exists():  # a fairseq model's dictionaries (import_fairseq wrote them)
-            return open_tokenizer_dir(path, side)
+        if (Path(path) / fairseq_dictionary.MANIFEST).exists():  # a fairseq model's (import_fairseq wrote it)
+            return fairseq_dictionary.open_tokenizer_dir(path, side)
+        if (Path(path) / subwords.TOKENIZER_MANIFEST).exists():  # an imported headcount checkpoint's
+            return subwords.open_tokenizer_dir(path, side)
         from headcount.models.hf import load_tokenizers
 
         return load_tokenizers(path, offline=True)[0 if side == "source" else 1]

@@ -9,7 +9,7 @@ import torch
 
 from headcount.data.subwords import Segmenter
 from headcount.data.token_corpus import encode_file
-from headcount.io import read_lines, sha256_file, write_json
+from headcount.io import HeadcountError, read_lines, sha256_file, write_json
 from headcount.models.loading import load_model
 from headcount.models.seq2seq import Seq2SeqWithHeads
 from headcount.models.transformer import ModelConfig, Transformer
@@ -67,8 +67,8 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
     the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
     own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages."""
-    if isinstance(source, dict):  # a fairseq checkpoint (config.fairseq_source's form)
-        return _import_fairseq_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
+    if isinstance(source, dict):  # a checkpoint another run or toolkit wrote (config.checkpoint_source)
+        return _import_checkpoint_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
     from headcount.models.hf import import_pretrained
 
     langs = model_langs or {}
@@ -87,25 +87,42 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     return summary
 
 
-def _import_fairseq_baseline(source: dict, model_out: str, summary_out: str, tokenizer_dir: str, src_lang: str,
-                             tgt_lang: str, log=print) -> dict:
+def _import_checkpoint_baseline(source: dict, model_out: str, summary_out: str, tokenizer_dir: str, src_lang: str,
+                                tgt_lang: str, log=print) -> dict:
+    """A fairseq checkpoint, or a headcount checkpoint from another run, as the experiment's baseline."""
     from dataclasses import asdict
 
-    from headcount.config import fairseq_source
-    from headcount.models.fairseq import import_fairseq
+    from headcount.config import checkpoint_source
 
-    files = fairseq_source({"pretrained": source})  # one sentencepiece path -> both sides
-    log(f"importing fairseq checkpoint {files['checkpoint']} (dictionaries in {files['data']})")
-    model, args = import_fairseq(files["checkpoint"], files["data"], files["sentencepiece"] or {}, model_out,
-                                 tokenizer_dir)
+    files = checkpoint_source({"pretrained": source})  # one sentencepiece path -> both sides
+    log(f"importing {files['family']} checkpoint {files['checkpoint']}")
+    if files["family"] == "fairseq":
+        from headcount.models.fairseq import import_fairseq
+
+        model, args = import_fairseq(files["checkpoint"], files["data"], files["sentencepiece"] or {}, model_out,
+                                     tokenizer_dir)
+        arch = args.get("arch")
+    else:
+        from headcount.data.subwords import write_tokenizer_dir
+
+        model, arch = load_model(files["checkpoint"]), "headcount"
+        if not isinstance(model, Transformer):
+            raise HeadcountError(f"{files['checkpoint']}: a {type(model).__name__} checkpoint, not headcount's own "
+                                 f"Transformer; give a transformers model as `pretrained: <directory>`")
+        for side, vocab in (("src", model.cfg.src_vocab), ("tgt", model.cfg.tgt_vocab)):
+            if len(Segmenter(files["sentencepiece"][side])) != vocab:
+                raise HeadcountError(f"{files['sentencepiece'][side]}: {len(Segmenter(files['sentencepiece'][side]))} "
+                                     f"pieces, but the checkpoint's {side} vocabulary has {vocab}: not its model")
+        write_tokenizer_dir(tokenizer_dir, files["sentencepiece"])
+        model.save(model_out, extra={"pretrained": {"source": str(files["checkpoint"]), "family": "headcount"}})
     cfg = asdict(model.cfg)
-    summary = {"pretrained": {k: v for k, v in source.items()}, "family": "fairseq", "arch": args.get("arch"),
+    summary = {"pretrained": dict(source), "family": files["family"], "arch": arch,
                "src_lang": src_lang, "tgt_lang": tgt_lang, "model_config": cfg,
                "heads": {kind: [m.n_heads for m in mods] for kind, mods in model.attention_modules().items()},
                "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},
                "provenance": provenance()}
     write_json(summary_out, summary)
-    log(f"fairseq {args.get('arch')}: {cfg['enc_layers']}+{cfg['dec_layers']} layers, d_model {cfg['d_model']}, "
+    log(f"{files['family']} {arch}: {cfg['enc_layers']}+{cfg['dec_layers']} layers, d_model {cfg['d_model']}, "
         f"{cfg['n_heads']} heads, {cfg['norm']}-LN, {cfg['positions']} positions, {summary['parameters']} parameters")
     return summary
 
