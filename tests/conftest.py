@@ -130,6 +130,21 @@ def tiny_model() -> Transformer:
     return Transformer(tiny_config()).eval()
 
 
+def randomise_norms_and_biases(model, biases: bool = True):
+    """LayerNorm gains in [0.5, 1.5] and, with `biases`, LayerNorm and Linear biases ~ N(0, 0.2)
+    (else zero): a model whose every affine term matters, for LRP and forward checks."""
+    from torch import nn
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
+            elif isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
+    return model
+
+
 def random_batch(model: Transformer, batch: int = 3, src_len: int = 7, tgt_len: int = 5, seed: int = 0):
     """Source (B, S) and decoder input (B, T) with some padding at the ends."""
     g = torch.Generator().manual_seed(seed)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_batch, tiny_config
+from conftest import random_batch, randomise_norms_and_biases, tiny_config
 from torch import nn
 
 from headcount.io import CheckpointError
@@ -201,15 +201,10 @@ def variant(name: str, seed: int = 0, biases: bool = True) -> Transformer:
     torch.manual_seed(seed)
     cfg = tiny_config(src_vocab=14, tgt_vocab=14, d_model=8, n_heads=2, d_ff=16, enc_layers=2, dec_layers=2,
                       max_len=40)
-    model = Transformer(dataclasses.replace(cfg, **VARIANTS[name])).double().eval()
-    with torch.no_grad():
+    model = randomise_norms_and_biases(Transformer(dataclasses.replace(cfg, **VARIANTS[name])).double().eval(), biases)
+    with torch.no_grad():  # learned positions and embeddings at unit scale, as trained ones are
         for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
-            elif isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
-            elif isinstance(module, nn.Embedding):
+            if isinstance(module, nn.Embedding):
                 module.weight.normal_(0, 1)
     return model
 

@@ -98,6 +98,23 @@ def tiny(family: str, **kwargs) -> HFSeq2Seq:
     return HFSeq2Seq(tiny_hf(family, **kwargs)).eval()
 
 
+def toy_roles(model, source, src_lines: list[str], tmp_path):
+    """Head roles (positional, rare-token, syntactic) of `model` on toy lines through its tokenizer."""
+    from conftest import toy_conllu
+
+    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.statistics import count_words
+    from headcount.data.parses import read_conllu
+
+    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
+    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
+                           log=lambda line: None)
+    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
+                                  log=lambda line: None)
+    return assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+
+
 def batch(model: HFSeq2Seq, B: int = 3, S: int = 6, T: int = 5, seed: int = 0):
     """Source ids + EOS, padded; decoder input from the model's start token, padded."""
     g = torch.Generator().manual_seed(seed)
@@ -1108,19 +1125,7 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     assert int(table["n_steps"].iloc[0]) == sum(len(h) + 1 for h in explained)  # BOS (= pad) step included
 
     # Head roles: positional, rare-token and syntactic statistics through the model's tokenizer.
-    from conftest import toy_conllu
-
-    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
-    from headcount.analysis.roles.registry import assign_roles
-    from headcount.analysis.roles.statistics import count_words
-    from headcount.data.parses import read_conllu
-
-    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
-    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
-                           log=lambda line: None)
-    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
-                                  log=lambda line: None)
-    roles = assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+    roles = toy_roles(model, source, src_lines, tmp_path)
     assert len(roles) == n_heads and roles["role"].notna().all()
 
     # L0 pruning: gates on the attention, a few training steps with the penalty, fold, remove.
@@ -1154,13 +1159,8 @@ def test_roles_and_pruning_run_on_a_tiny_fsmt_model(tiny_fsmt_dir, tmp_path):
     """FSMT through the stages the other tests leave to Marian: head roles (its BPE pieces aligned
     with the words), a few gated fine-tuning steps (its sinusoids stay constants), an encoder layer
     losing every head, beam search and a checkpoint after that."""
-    from conftest import toy_conllu
 
     from headcount.analysis.importance import dev_batches
-    from headcount.analysis.roles.collect import syntactic_statistics, text_statistics
-    from headcount.analysis.roles.registry import assign_roles
-    from headcount.analysis.roles.statistics import count_words
-    from headcount.data.parses import read_conllu
     from headcount.pruning.hard_concrete import fold_gates, penalty, prepare_for_pruning
     from headcount.pruning.removal import remove_pruned_heads
     from headcount.training.decode import beam_search
@@ -1170,12 +1170,7 @@ def test_roles_and_pruning_run_on_a_tiny_fsmt_model(tiny_fsmt_dir, tmp_path):
     source, target = load_tokenizers(tmp_path / "tokenizer")
     src_lines, tgt_lines = toy_corpus(24, seed=13)
     src_ids, tgt_ids = source.encode(src_lines), target.encode(tgt_lines)
-    (tmp_path / "toy.conllu").write_text(toy_conllu(src_lines[:12]), encoding="utf-8")
-    text = text_statistics(model, source, src_lines, count_words(src_lines, lowercase=False), lowercase=False,
-                           log=lambda line: None)
-    parsed = syntactic_statistics(model, source, read_conllu(tmp_path / "toy.conllu"), lowercase=False,
-                                  log=lambda line: None)
-    roles = assign_roles(text["positional"], parsed["syntactic"], text["rare"])
+    roles = toy_roles(model, source, src_lines, tmp_path)
     assert len(roles) == 2 * 4 and roles["role"].notna().all()
 
     positions = [p.detach().clone() for name, p in model.named_parameters() if "embed_positions" in name]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import random_batch, tiny_config
+from conftest import random_batch, randomise_norms_and_biases, tiny_config
 from torch import nn
 
 from headcount.analysis.relevance import head_relevance, sub_batches
@@ -21,15 +21,7 @@ def tiny_lrp_model(seed: int = 0, biases: bool = True, **overrides) -> Transform
     torch.manual_seed(seed)
     settings = dict(src_vocab=12, tgt_vocab=12, d_model=8, n_heads=2, d_ff=16, enc_layers=1, dec_layers=1)
     settings.update(overrides)
-    model = Transformer(tiny_config(**settings)).double().eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
-            elif isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.normal_(0, 0.2) if biases else module.bias.zero_()
-    return model
+    return randomise_norms_and_biases(Transformer(tiny_config(**settings)).double().eval(), biases)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,19 +32,14 @@ def pretrained_config(mirror, model_dir) -> dict:
     return config
 
 
-@pytest.mark.workflow
-def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
-    from headcount.models.hf import write_tiny_marian
-
-    mirror = make_toy_mirror(tmp_path)
-    src, tgt = toy_corpus(600, seed=1)
-    model_dir = write_tiny_marian(tmp_path / "opus-mt-toy", src, tgt)
+def run_every_stage(tmp_path, config: dict):
+    """What is particular to a pretrained model: the import, translation and scores through its
+    tokenizer, head scores, roles, one pruning run and its physical export. The reports that only
+    read these files (score table, Michel curve, pruning table, plots) are the same code for every
+    family and run in the smoke test; leaving them and the lambda = 0 run out halves this test.
+    -> the experiment's results directory."""
     workdir = copy_workflow(tmp_path / "wf")
-    config_path = write_config(workdir / "pretrained.yaml", pretrained_config(mirror, model_dir))
-    # What is particular to a pretrained model: the import, translation and scores through its
-    # tokenizer, head scores, roles, one pruning run and its physical export. The reports that only
-    # read these files (score table, Michel curve, pruning table, plots) are the same code for every
-    # family and run in the smoke test; leaving them and the lambda = 0 run out halves this test.
+    config_path = write_config(workdir / "pretrained.yaml", config)
     targets = [f"results/toy/{name}" for name in (
         "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
         "prune/enc/lambda_2/physical/model.pt")]
@@ -53,7 +48,17 @@ def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
                        snakefile=workdir / "Snakefile", timeout=600)
     print(f"pretrained workflow: {time.perf_counter() - start:.0f} s")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    results = workdir / "results/toy"
+    return workdir / "results/toy"
+
+
+@pytest.mark.workflow
+def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
+    from headcount.models.hf import write_tiny_marian
+
+    mirror = make_toy_mirror(tmp_path)
+    src, tgt = toy_corpus(600, seed=1)
+    model_dir = write_tiny_marian(tmp_path / "opus-mt-toy", src, tgt)
+    results = run_every_stage(tmp_path, pretrained_config(mirror, model_dir))
 
     # No subwords and no training: the model and its own tokenizer were imported.
     assert not (results / "subwords").exists() and not (results / "baseline/train").exists()
@@ -159,21 +164,11 @@ def test_a_fairseq_checkpoint_runs_through_every_stage(tmp_path):
 
     folder = Path(__file__).parent / "data" / "fairseq" / "pre"
     mirror = make_toy_mirror(tmp_path)
-    workdir = copy_workflow(tmp_path / "wf")
     config = pretrained_config(mirror, "unused")
     config["experiments"]["toy"]["pretrained"] = {
         "family": "fairseq", "checkpoint": str(folder / "checkpoint.pt"), "data": str(folder),
         "sentencepiece": {"src": str(folder / "src.model"), "tgt": str(folder / "tgt.model")}}
-    config_path = write_config(workdir / "fairseq.yaml", config)
-    targets = [f"results/toy/{name}" for name in (
-        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
-        "prune/enc/lambda_2/physical/model.pt")]
-    start = time.perf_counter()
-    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
-                       snakefile=workdir / "Snakefile", timeout=600)
-    print(f"fairseq workflow: {time.perf_counter() - start:.0f} s")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    results = workdir / "results/toy"
+    results = run_every_stage(tmp_path, config)
     record = json.loads((results / "baseline/training.json").read_text())
     assert record["family"] == "fairseq" and record["model_config"]["norm"] == "pre"
     assert (results / "pretrained/tokenizer/fairseq_tokenizer.json").exists()

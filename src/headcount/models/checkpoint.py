@@ -38,18 +38,22 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     except pickle.UnpicklingError as error:
         if "weights only load failed" not in str(error).lower():
             raise _unreadable(path, error) from None
-        wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
-        raise CheckpointError(
-            f"{path}: refused, not loaded: it holds a pickled Python object "
-            f"({wanted.group(1) if wanted else 'not plain data'}), and loading it would run code from the file. "
-            f"headcount's checkpoints hold only tensors, numbers, strings and containers, so this file was not "
-            f"written by headcount or was altered. Delete it, or replace it with one from a source you trust."
-        ) from None
+        raise refused(path, error, "headcount's checkpoints hold only tensors, numbers, strings and containers, so "
+                                   "this file was not written by headcount or was altered. Delete it, or replace it "
+                                   "with one from a source you trust.") from None
     except Exception as error:  # a truncated or corrupted file: torch raises several kinds
         raise _unreadable(path, error) from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a headcount checkpoint (no 'model' entry); delete it")
     return state
+
+
+def refused(path, error: Exception, why: str) -> CheckpointError:
+    """The refusal of a file whose weights-only load met a pickled object: names that object."""
+    wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
+    return CheckpointError(f"{path}: refused, not loaded: it holds a pickled Python object "
+                           f"({wanted.group(1) if wanted else 'not plain data'}), and loading it would run code "
+                           f"from the file. {why}")
 
 
 def _unreadable(path, error: Exception) -> CheckpointError:

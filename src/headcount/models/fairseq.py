@@ -36,6 +36,7 @@ from torch import Tensor
 
 from headcount.data.fairseq_dictionary import FAIRSEQ_SPECIAL
 from headcount.io import CheckpointError, HeadcountError
+from headcount.models.checkpoint import refused
 from headcount.models.transformer import ModelConfig, Transformer
 
 # fairseq's architectures that are TransformerModel with other defaults (the checkpoint's args hold the
@@ -100,13 +101,9 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict:
     except pickle.UnpicklingError as error:
         if "weights only load failed" not in str(error).lower():
             raise CheckpointError(f"{path}: cannot be read as a fairseq checkpoint ({error})") from None
-        wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
-        raise CheckpointError(
-            f"{path}: refused, not loaded: it holds a pickled Python object "
-            f"({wanted.group(1) if wanted else 'not plain data'}), and loading it would run code from the file. "
-            f"fairseq checkpoints hold tensors, argparse.Namespace and omegaconf configurations, which headcount "
-            f"reads; this file holds something else. Replace it with one from a source you trust."
-        ) from None
+        raise refused(path, error, "fairseq checkpoints hold tensors, argparse.Namespace and omegaconf "
+                                   "configurations, which headcount reads; this file holds something else. Replace "
+                                   "it with one from a source you trust.") from None
     except (OSError, RuntimeError) as error:
         raise CheckpointError(f"{path}: cannot be read as a checkpoint ({type(error).__name__}: {error})") from None
     if not isinstance(state, dict) or "model" not in state:
