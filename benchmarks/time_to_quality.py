@@ -4,6 +4,7 @@
     python benchmarks/time_to_quality.py train --arm fairseq --seed 1
     python benchmarks/time_to_quality.py evaluate      # every checkpoint not yet scored
     python benchmarks/time_to_quality.py report        # curves and updates to 30 / 34 / 36 test BLEU
+    python benchmarks/time_to_quality.py queue headcount:default:2 fairseq:default:2 ...   # in order, then evaluate
 
 Both arms train the default experiment's model (6+6 layers, d_model 256, 8 heads, FFN 1024, pre-LN,
 tied target embeddings) on Multi30k en-de with headcount's own sentencepiece data (results/
@@ -240,7 +241,9 @@ def report(runs: Path) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["train", "evaluate", "report"])
+    ap.add_argument("command", choices=["train", "evaluate", "report", "queue"])
+    ap.add_argument("plan", nargs="*", help="queue: runs as arm:variant:seed, trained one after another (each "
+                    "resumes where it stopped), every checkpoint scored after each")
     ap.add_argument("--arm", choices=["headcount", "fairseq"])
     ap.add_argument("--variant", choices=sorted(VARIANTS), default="default")
     ap.add_argument("--seed", type=int, default=1)
@@ -263,6 +266,18 @@ def main() -> int:
             train_headcount(out, args.seed, args.variant, args.max_updates, args.every, args.threads)
         else:
             train_fairseq(out, args.seed, args.max_updates, args.every, args.threads)
+    elif args.command == "queue":
+        # One run at a time on one thread: two queues with different plans share 2 cores without the
+        # contention that multi-threaded runs suffer on a loaded machine.
+        for item in args.plan:
+            arm, variant, seed = item.split(":")
+            out = run_dir(runs, arm, variant, int(seed))
+            log(f"queue: {arm} {variant} seed {seed} -> {out}")
+            if arm == "headcount":
+                train_headcount(out, int(seed), variant, args.max_updates, args.every, args.threads)
+            else:
+                train_fairseq(out, int(seed), args.max_updates, args.every, args.threads)
+            evaluate(runs, args.beam, args.alpha, args.sentences)
     elif args.command == "evaluate":
         evaluate(runs, args.beam, args.alpha, args.sentences)
     else:
