@@ -301,7 +301,9 @@ def train(cfg: ReferenceConfig) -> dict:
     start = time.monotonic()
     result = trainer.train(resume_from_checkpoint=last)
     trained_for = time.monotonic() - start
-    summary.update(dev_loss=trainer.evaluate()["eval_loss"], steps=trainer.state.global_step,
+    step = trainer.state.global_step
+    evaluated = [log["eval_loss"] for log in trainer.state.log_history if "eval_loss" in log and log["step"] == step]
+    summary.update(dev_loss=evaluated[-1] if evaluated else trainer.evaluate()["eval_loss"], steps=step,
                    resumed_from=last, train_loss=result.training_loss, vocabulary=len(tokenizer),
                    seconds_this_run=round(trained_for, 1), out=str(Path(cfg.out)))
     model.save_pretrained(cfg.out)
