@@ -442,7 +442,8 @@ def made_up_report(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
+    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder",
+                                                                  "layers")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     report = dict(experiment="toy", baseline_scores=str(tmp_path / "baseline/scores/test.json"),
                   roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None, references=str(tmp_path / "ref.txt"),
@@ -503,6 +504,14 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
     claims = (tmp_path / "report/claims").read_text()
     assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims
+    # heads kept per layer: 5 of the 8 encoder heads closed at lambda 0.5 (the first 4 of layer 0, one of
+    # layer 1); head 0.0, the one with a role, among them
+    layers = pd.read_csv(out["layers"], sep="\t")
+    enc = layers[(layers["lam"] == 0.5) & (layers["type"] == "enc_self")].set_index(["layer", "role"])
+    assert enc.loc[(0, "positional"), ["heads", "kept"]].tolist() == [1, 0]
+    assert enc.loc[(0, "none"), ["heads", "kept"]].tolist() == [3, 0]
+    assert enc.loc[(1, "none"), ["heads", "kept"]].tolist() == [4, 3]
+    assert layers[layers["type"] == "dec_self"]["role"].isna().all()  # decoder heads have no roles
     assert "| 8 | baseline | 50.00 |  |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
 
 

@@ -232,6 +232,12 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp.get("pretrained_langs") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
                             f"language codes; remove it or set pretrained")
+        control = exp.get("positive_control")
+        if control is not None and (control not in experiments or not is_synthetic(experiments[control])
+                                    or control == name):
+            problems.append(f"config key 'experiments.{name}.positive_control': '{control}' is not another, "
+                            f"synthetic experiment of this config (its pruning is the control's evidence); "
+                            f"name one or use null")
         prune = exp["prune"]
         if prune["eval_split"] is not None and prune["eval_split"] not in tests:
             problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "

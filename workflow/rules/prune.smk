@@ -180,6 +180,7 @@ rule pruning_report:
             subcategory="{exp}",
         ),
         table2_csv="results/{exp}/prune/table2.csv",
+        layers="results/{exp}/prune/layer_survival.tsv",
         encoder=report(
             "results/{exp}/prune/encoder.md",
             caption="../report/encoder.rst",
