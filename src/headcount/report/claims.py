@@ -331,7 +331,7 @@ def types_order(pruning: pd.DataFrame) -> Claim:
                 + "; ".join(parts))
     disagree = len(runs) - agree
     return Claim("attention types", paper, measured, directional_verdict(agree, disagree, len(runs)),
-                 f"{agree} of {len(runs)} runs in that order (a count; no test)")
+                 f"{agree} of {len(runs)} runs in that order; a count, no test")
 
 
 DECODER_LAYER_FINDING = {"dec_self": "lower", "dec_enc": "higher"}  # where the paper finds survivors
@@ -433,7 +433,7 @@ def specialised_heads_last(pruning: pd.DataFrame, layers: pd.DataFrame | None = 
     reading = directional_verdict(agree, disagree, len(runs))
     missing = ", ".join(f"{lam:g}" for lam in pooled_lams if not any(np.isclose(lam, done) for done, _ in runs))
     measured = (f"within layers (role labels permuted within each layer, exact; p < {ALPHA}): "
-                + significant_basis(agree, disagree, len(runs)) + " runs. "
+                + significant_basis(agree, disagree, len(runs), "runs significant") + ". "
                 + (_within_layer_text(runs) + ". " if runs else "")
                 + (f"Runs with no per-layer record: lambda {missing}. " if missing else ""))
     basis = "experiment: " + significant_basis(agree, disagree, len(runs))
@@ -443,7 +443,8 @@ def specialised_heads_last(pruning: pd.DataFrame, layers: pd.DataFrame | None = 
         c_agree = sum(t.p_more < ALPHA for _, t in control)
         c_disagree = sum(t.p_fewer < ALPHA for _, t in control)
         control_reading = directional_verdict(c_agree, c_disagree, len(control))
-        measured += (f"Positive control, within layers: {significant_basis(c_agree, c_disagree, len(control))} runs"
+        measured += (f"Positive control, within layers: "
+                     f"{significant_basis(c_agree, c_disagree, len(control), 'runs significant')}"
                      + (f" ({_within_layer_text(control)})" if control else "")
                      + f"; pooled: {_pooled_control_text(control_layers)}. ")
         basis += "; control: " + significant_basis(c_agree, c_disagree, len(control))

@@ -108,9 +108,7 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
             row[f"{method}_bleu"] = (row["bleu"] - row[f"d_{method}"] if point and not pd.isna(row[f"d_{method}"])
                                      else float("nan"))
         rows.append(row)
-        heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"],
-                                  role=[role_of.get((r.layer, r.head), NO_ROLE) if r.type == "enc_self" else ""
-                                        for r in table.itertuples()]))
+        heads.append(run_heads(record, role_of))
     pruning = pd.DataFrame(rows)
     for column in ("bleu_scratch", "chrf_scratch"):
         if column not in pruning:
@@ -154,6 +152,15 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
              "bleu_scratch", "steps", "steps_scratch"]
     log("\n" + pruning.reindex(columns=shown).to_string(index=False))
     return pruning
+
+
+def run_heads(record: dict, role_of: dict) -> pd.DataFrame:
+    """One pruning run's heads (its gates.json record): type, layer, head, pruned, ..., with its
+    setting, lam, retained and the encoder heads' roles (role "" for decoder heads)."""
+    table = pd.DataFrame(record["heads"])
+    return table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"].astype(bool),
+                        role=[role_of.get((r.layer, r.head), NO_ROLE) if r.type == "enc_self" else ""
+                              for r in table.itertuples()])
 
 
 LAYER_SURVIVAL_COLUMNS = ["setting", "lam", "type", "layer", "role", "heads", "kept"]
