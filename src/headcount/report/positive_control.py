@@ -256,7 +256,8 @@ def control_report(roles_path: str, syntactic_path: str, scores_path: str, gates
     log("planted functions not found: " + (", ".join(missing) if missing else "none"))
     with atomic_path(out_csv) as tmp:
         table.to_csv(tmp, index=False, float_format="%.4g")
+    threshold = settings["positional_threshold"]
     with atomic_path(out_md) as tmp:
-        tmp.write_text(report_markdown(table, order, n_heads, positional_readings(roles, settings["positional_threshold"]),
-                                       settings["positional_threshold"]), encoding="utf-8")
+        tmp.write_text(report_markdown(table, order, n_heads, positional_readings(roles, threshold), threshold),
+                       encoding="utf-8")
     return table
