@@ -8,9 +8,11 @@ docs/results.md marks each stretch of prose with the sources its numbers come fr
     <!-- end numbers -->
 
 A source is a file of the repository, optionally restricted to the rows whose columns have the
-values in brackets, or an older commit's file, git:<commit>:<path>. Every decimal number in the
+values in brackets (for the config, the part the brackets name: config/config.yaml[defaults.roles]),
+or an older commit's file, git:<commit>:<path>. Every decimal number in the
 stretch must be in one of its sources: as written in a markdown source (which prints numbers as the
-prose quotes them), as written or rounded from a number of a data table (.tsv, .csv, .yaml).
+prose quotes them), as written or, with two decimals or more, rounded from a number of a data table
+(.tsv, .csv, .yaml).
 "differences" among the sources also accepts a number that is the difference of two numbers quoted
 on the same line (an old and a new value, say), each itself in a source. A head's name (layer.head,
 counted from 1: layers 1-6, heads 1-8), which the prose uses constantly, is no number: an unsigned
@@ -66,6 +68,13 @@ def source_text(source: str) -> str:
                               text=True, check=True).stdout
     else:
         text = (REPO / path).read_text()
+    if rows and path.endswith(".yaml"):  # a part of the config: config/config.yaml[defaults.roles]
+        import yaml
+
+        part = yaml.safe_load(text)
+        for key in rows.split("."):
+            part = part[key]
+        return yaml.safe_dump(part)
     if rows:
         table = pd.read_csv(StringIO(text), sep="\t" if path.endswith(".tsv") else ",")
         for condition in rows.split(","):
@@ -82,6 +91,8 @@ def found_in(number: str, text: str, exact: str = "") -> bool:
     if any(re.search(rf"(?<![\d.]){re.escape(number)}(?![\d])", t) for t in (text, exact)):
         return True
     decimals = len(number.split(".")[1])
+    if decimals < 2:  # one decimal rounds from too many numbers of a big table to tell anything
+        return False
     value = float(number)
     signed = number[0] in "+-"
     for x in re.findall(r"[+-]?\d+\.\d+(?:[eE][+-]?\d+)?|[+-]?\d+(?:[eE][+-]?\d+)?", text):
