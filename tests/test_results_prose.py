@@ -16,8 +16,9 @@ prose quotes them), as written or, with two decimals or more, rounded from a num
 "differences" among the sources also accepts a number that is the difference of two numbers quoted
 on the same line (an old and a new value, say), each itself in a source. A head's name (layer.head,
 counted from 1: layers 1-6, heads 1-8), which the prose uses constantly, is no number: an unsigned
-d.d of those digits is not checked unless a unit follows it (1.9 BLEU is a number, 1.8 a head). Every line of the results (from "## Baseline" to the section on other
-models) that quotes a decimal lies in such a stretch or in a published table.
+d.d of those digits is not checked unless a unit follows it (1.9 BLEU is a number, 1.8 a head).
+Every line of the results (from "## Baseline" to the section on other models) that quotes a decimal
+lies in such a stretch or in a published table. Integers (head counts, steps) are not checked.
 
 Fast: reads files, and git for the older commits.
 """
