@@ -280,3 +280,18 @@ def test_a_directional_finding_holds_only_in_most_runs():
     assert claim.verdict == NOT_RESOLVED and claim.basis == "2 of 4 significant"  # was "holds"
     three = pd.concat([runs, _decoder("dec_enc", LOW[::-1], lam=2.0)])
     assert decoder_layers(three, "dec_enc").verdict == HOLDS  # 3 of 5
+
+
+def test_schedule_matched_twins_are_read_against_zero():
+    """Twins on the pruned model's own schedule (prune.scratch_schedule: pruned) have no schedule to
+    separate: a lead whose interval excludes 0 counts, even beside a run that pruned nothing."""
+    unpruned = dict(_scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48)), schedule_scratch="pruned")
+    leads = [dict(_scratch_run(0.1, 1.15, 3.45), schedule_scratch="pruned"),
+             dict(_scratch_run(0.3, 0.81, 2.91), schedule_scratch="pruned")]
+    claim = pruned_beats_scratch(_table(unpruned, *leads))
+    assert claim.verdict == HOLDS and claim.basis == "2 of 2 significant"
+    assert "(schedule-matched twin)" in claim.measured and "schedules alone" not in claim.measured
+    # a Noam twin in the same grid is still read against the schedules' share of a Noam twin
+    noam_unpruned = _scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48))
+    mixed = pruned_beats_scratch(_table(noam_unpruned, leads[0], _scratch_run(0.5, 0.41, 2.72)))
+    assert mixed.verdict == NOT_SEPARABLE and "of the 1 against Noam twins" in mixed.measured

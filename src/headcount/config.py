@@ -336,6 +336,17 @@ def fine_tuning_steps(prune: dict) -> int:
     return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
 
 
+def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
+    """The from-scratch twin's learning-rate schedule (prune.scratch_schedule): None for the
+    baseline's Noam over all its steps; for "pruned", what training.schedules.pruned_model_lr needs to
+    give it the pruned model's own schedule."""
+    if prune.get("scratch_schedule", "noam") == "noam":
+        return None
+    return {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
+            "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
+            "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0))}
+
+
 def scratch_training(baseline_training: dict, prune: dict) -> dict:
     """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
     model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""

@@ -274,42 +274,49 @@ def pruned_beats_scratch(pruning: pd.DataFrame) -> Claim:
 
     Only runs that pruned a head count. A run that kept every head (a small lambda) set against its
     twin compares training schedules alone: its interval is the schedule's share, and a pruned run's
-    lead counts for pruning only beyond it (the rules above). Without such a run, a lead counts
-    where its interval excludes 0."""
+    lead over a Noam twin counts for pruning only beyond it (the rules above). Twins trained on the
+    pruned model's own schedule (prune.scratch_schedule: pruned; the table's schedule_scratch) have no
+    schedule to separate, and neither has a grid without a run that pruned nothing: those leads are
+    read against 0."""
     paper = ("Table 2: each pruned model scores above the same configuration trained from scratch "
              "(by 0.01-0.51 BLEU).")
     name = "pruned beats from scratch"
     total = int(_baseline(pruning)["retained_total"])
     twinned = _pruned_runs(pruning, "all").dropna(subset=["d_pruned_scratch_low", "d_pruned_scratch_high"])
-    runs, unpruned = twinned[twinned["retained_total"] < total], twinned[twinned["retained_total"] >= total]
+    matched = twinned.get("schedule_scratch", pd.Series("", index=twinned.index)).fillna("") == "pruned"
+    runs = twinned[twinned["retained_total"] < total]
+    unpruned = twinned[(twinned["retained_total"] >= total) & ~matched]  # Noam twins: the schedules alone
 
     def describe(r) -> str:
         return (f"lambda {r.lam:g}: {r.d_pruned_scratch:+.2f} [{r.d_pruned_scratch_low:+.2f}, "
-                f"{r.d_pruned_scratch_high:+.2f}]")
+                f"{r.d_pruned_scratch_high:+.2f}]" + (" (schedule-matched twin)" if matched[r.Index] else ""))
 
     schedule = ("" if unpruned.empty else " With no head pruned, the continued model against its twin (the "
                 "schedules alone): " + "; ".join(describe(r) for r in unpruned.itertuples()) + ".")
     if runs.empty:
         return Claim(name, paper, "no all-types run that pruned a head has a from-scratch twin." + schedule, NOT_SHOWN)
-    listed = "; ".join(describe(r) for r in runs.itertuples())
-    if unpruned.empty:
-        better = int((runs["d_pruned_scratch_low"] > 0).sum())
-        worse = int((runs["d_pruned_scratch_high"] < 0).sum())
-        measured = (f"pruned better in {better}, from scratch better in {worse}, no difference shown in "
-                    f"{len(runs) - better - worse} of {len(runs)}; pruned - from scratch, {listed}.")
-        return Claim(name, paper, measured, directional_verdict(better, worse, len(runs)),
-                     significant_basis(better, worse, len(runs)))
-    low, high = unpruned["d_pruned_scratch_low"].min(), unpruned["d_pruned_scratch_high"].max()
-    readings = [schedule_reading(r.d_pruned_scratch_low, r.d_pruned_scratch_high, low, high) for r in runs.itertuples()]
-    beyond, below = readings.count(1), readings.count(-1)
+    low, high = (unpruned["d_pruned_scratch_low"].min(), unpruned["d_pruned_scratch_high"].max()) \
+        if not unpruned.empty else (0.0, 0.0)
+    readings, noam = [], []  # per run: +1, -1 or 0 (schedule_reading); and the runs read against the schedule
+    for r in runs.itertuples():
+        against = not matched[r.Index] and not unpruned.empty
+        reference = (low, high) if against else (0.0, 0.0)
+        readings.append(schedule_reading(r.d_pruned_scratch_low, r.d_pruned_scratch_high, *reference))
+        noam.append(against)
+    agree, disagree = readings.count(1), readings.count(-1)
     better = int((runs["d_pruned_scratch_low"] > 0).sum())
-    measured = (f"pruned better than its twin in {better} of {len(runs)}, beyond the schedules' share "
-                f"[{low:+.2f}, {high:+.2f}] in {beyond}, below it in {below}, overlapping it in "
-                f"{len(runs) - beyond - below}; pruned - from scratch, {listed}.{schedule}")
-    verdict = directional_verdict(beyond, below, len(runs))
-    if verdict == NOT_RESOLVED:
+    worse = int((runs["d_pruned_scratch_high"] < 0).sum())
+    measured = f"pruned better than its twin in {better} of {len(runs)}, from scratch better in {worse}"
+    if any(noam):
+        read = [x for x, against in zip(readings, noam) if against]
+        measured += (f"; of the {len(read)} against Noam twins, beyond the schedules' share [{low:+.2f}, {high:+.2f}] "
+                     f"in {read.count(1)}, below it in {read.count(-1)}, overlapping it in {read.count(0)}")
+    measured += "; pruned - from scratch, " + "; ".join(describe(r) for r in runs.itertuples()) + "." + schedule
+    verdict = directional_verdict(agree, disagree, len(runs))
+    if verdict == NOT_RESOLVED and any(noam):
         verdict = NOT_SEPARABLE
-    return Claim(name, paper, measured, verdict, significant_basis(beyond, below, len(runs), "beyond the schedule"))
+    what = "beyond the schedule" if all(noam) else "significant" if not any(noam) else "beyond the schedule or 0"
+    return Claim(name, paper, measured, verdict, significant_basis(agree, disagree, len(runs), what))
 
 
 def types_order(pruning: pd.DataFrame) -> Claim:

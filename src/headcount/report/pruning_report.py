@@ -94,6 +94,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                "steps": steps["total"], "selection": record.get("recipe", {}).get("select", "last"),
                "steps_scratch": twin.get("steps", float("nan")),
                "selection_scratch": twin.get("train_config", {}).get("select", ""),
+               # the twin's learning rate: "noam", or "pruned" (the pruned model's own schedule)
+               "schedule_scratch": twin.get("lr_schedule", "noam") if twin else "",
                **_role_counts(kept_enc, role_of)}
         control = controls.get(record["setting"])
         row.update(interval("d_baseline", hyps.get(folder), baseline_hyps))
