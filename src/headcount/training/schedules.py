@@ -61,7 +61,9 @@ def pruned_model_lr(baseline_training: dict, fine_tuning: dict, lr_schedule: str
     twin trained on the same schedule: the baseline's Noam schedule for its `max_steps`, then the
     fine-tuning's rate (fine_tuning_lr) for `fine_tuning_steps`, then the healing decay from the
     fine-tuning's last rate over `heal_steps`. A twin on plain Noam anneals as step^-0.5 only, while
-    the pruned model ends on a constant rate decaying to 0, and that difference alone moves BLEU."""
+    the pruned model ends on a constant rate decaying to 0, and that difference alone moves BLEU.
+    The twin keeps one Adam throughout; the pruned model's fine-tuning starts a fresh one (unless
+    prune.resume_optimizer), which this schedule does not copy."""
     baseline_steps = int(baseline_training["max_steps"])
     tuned = fine_tuning_lr(lr_schedule, baseline_training, fine_tuning, d_model)
     healed = healing_lr(tuned(fine_tuning_steps), heal_steps) if heal_steps else None
