@@ -1,6 +1,9 @@
-"""The paper's pruning findings checked on a pruning table (headcount.claims)."""
+"""The paper's pruning findings checked on a pruning table (headcount.report.claims), and the rules
+that turn them into verdicts: each rule has a test here that fails when the reading it replaced (a
+verdict from any one significant run, "no loss" from an interval reaching 0, pruned - from scratch
+against 0, role heads against the whole encoder) is put back."""
 
-from itertools import combinations
+from itertools import combinations, product
 
 import numpy as np
 import pandas as pd
@@ -10,7 +13,10 @@ from headcount.report.claims import (
     FAILS,
     HOLDS,
     MIXED,
+    NOT_RESOLVED,
+    NOT_SEPARABLE,
     NOT_SHOWN,
+    claims_markdown,
     decoder_layers,
     heads_prunable,
     hypergeometric_upper_tail,
@@ -18,6 +24,7 @@ from headcount.report.claims import (
     pruned_beats_scratch,
     specialised_heads_last,
     types_order,
+    within_layer_test,
 )
 
 
@@ -46,85 +53,245 @@ def _row(setting, lam, enc, dec, cross, **extra):
             "retained_dec_enc": cross, "retained_total": enc + dec + cross, **extra}
 
 
-def _table(*rows):
-    return pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=41), *rows])
+def _table(*rows, with_role=7):
+    return pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=48 - with_role), *rows])
 
 
-def test_prunable_claims_need_a_quarter_of_the_heads_or_fewer_without_a_loss():
-    def run(setting, kept, low, high):
+# --------------------------------------------------------------------------------------------
+# The within-layer test
+
+
+def _heads_of(strata):
+    """Per-head arrays (layer, has a role, kept) of strata (role, role kept, other, other kept)."""
+    layers, role, kept = [], [], []
+    for layer, (r, rk, o, ok) in enumerate(strata):
+        layers += [layer] * (r + o)
+        role += [True] * r + [False] * o
+        kept += [i < rk for i in range(r)] + [i < ok for i in range(o)]
+    return np.array(layers), np.array(role), np.array(kept)
+
+
+def test_within_layer_test_is_every_relabelling_within_layers():
+    strata = [(2, 1, 2, 2), (1, 1, 3, 0), (2, 0, 1, 1)]  # 4 + 4 + 3 heads
+    layers, role, kept = _heads_of(strata)
+    observed = int((role & kept).sum())
+    totals = []
+    # every assignment of each layer's role labels to its heads, equally likely under the null
+    per_layer = [list(combinations(np.flatnonzero(layers == layer), int(role[layers == layer].sum())))
+                 for layer in range(3)]
+    for choice in product(*per_layer):
+        totals.append(sum(int(kept[list(c)].sum()) for c in choice))
+    totals = np.array(totals)
+    test = within_layer_test(strata)
+    assert test.observed == observed == 2
+    assert test.p_more == pytest.approx((totals >= observed).mean())
+    assert test.p_fewer == pytest.approx((totals <= observed).mean())
+    assert test.expected == pytest.approx(totals.mean())
+    assert test.informative == 3
+
+
+def test_within_layer_test_against_a_seeded_permutation_of_role_labels():
+    strata = [(3, 3, 5, 1), (2, 2, 6, 2), (4, 1, 4, 1), (8, 8, 0, 0), (0, 0, 8, 3)]
+    layers, role, kept = _heads_of(strata)
+    rng = np.random.default_rng(0)
+    draws = 20_000
+    totals = np.zeros(draws, dtype=int)
+    for layer in np.unique(layers):
+        idx = np.flatnonzero(layers == layer)
+        shuffled = np.argsort(rng.random((draws, len(idx))), axis=1)  # role labels permuted within the layer
+        totals += (role[idx][shuffled] & kept[idx][None, :]).sum(axis=1)
+    observed = int((role & kept).sum())
+    test = within_layer_test(strata)
+    assert test.p_more == pytest.approx((totals >= observed).mean(), abs=0.01)
+    assert test.p_fewer == pytest.approx((totals <= observed).mean(), abs=0.01)
+    assert test.informative == 3  # layer 4 is all role heads, layer 5 has none
+
+
+# Planted survival: the first layer is all role heads and survives whole (as Multi30k's rare-token
+# layer does); the second has 2 role heads of 8 and keeps half of each kind; the rest keep few.
+LAYER_ONLY = [(8, 8, 0, 0), (2, 1, 6, 3), (0, 0, 8, 1), (0, 0, 8, 0)]
+# Role within layer: every layer keeps its two role heads and one other.
+ROLE_WITHIN_LAYER = [(2, 2, 6, 1)] * 4
+
+
+def test_survival_by_layer_alone_is_not_significant_within_layers_but_is_pooled():
+    within = within_layer_test(LAYER_ONLY)
+    assert within.p_more > 0.5 and within.observed == 9 and within.expected == pytest.approx(9.0)
+    # the pooled test the verdict used to rest on calls the same data significant
+    kept, with_role, kept_role = 13, 10, 9
+    assert hypergeometric_upper_tail(32, with_role, kept, kept_role) < 0.01
+
+
+def test_survival_by_role_within_layers_is_significant():
+    within = within_layer_test(ROLE_WITHIN_LAYER)
+    assert within.p_more == pytest.approx((6 / 56) ** 4) and within.p_more < 0.001
+    assert within_layer_test([(2, 0, 6, 3)] * 4).p_fewer == pytest.approx((20 / 56) ** 4)  # role heads closed first
+
+
+def _enc_layers(lam, strata, setting="enc"):
+    rows = []
+    for layer, (r, rk, o, ok) in enumerate(strata):
+        rows += [{"setting": setting, "lam": lam, "type": "enc_self", "layer": layer, "role": "rare", "heads": r,
+                  "kept": rk}] if r else []
+        rows += [{"setting": setting, "lam": lam, "type": "enc_self", "layer": layer, "role": "none", "heads": o,
+                  "kept": ok}] if o else []
+    return pd.DataFrame(rows)
+
+
+def _enc_pruning(strata, lam=0.1):
+    """pruning.tsv's rows for one encoder-only run with these strata."""
+    heads = sum(r + o for r, _, o, _ in strata)
+    with_role = sum(r for r, _, _, _ in strata)
+    kept = sum(rk + ok for _, rk, _, ok in strata)
+    kept_none = sum(ok for _, _, _, ok in strata)
+    return pd.DataFrame([_row("baseline", float("nan"), heads, 48, 48, role_none=heads - with_role),
+                         _row("enc", lam, kept, 48, 48, role_none=kept_none)])
+
+
+def test_specialised_heads_last_is_read_within_layers():
+    # layer-confounded: the pooled test is significant, the within-layer one is not
+    claim = specialised_heads_last(_enc_pruning(LAYER_ONLY), _enc_layers(0.1, LAYER_ONLY))
+    assert claim.verdict == NOT_RESOLVED and "0 of 1 significant" in claim.basis
+    assert "p = 0.00" in claim.measured.split("Pooled")[1]  # reported beside, no longer the verdict
+    claim = specialised_heads_last(_enc_pruning(ROLE_WITHIN_LAYER), _enc_layers(0.1, ROLE_WITHIN_LAYER))
+    assert claim.verdict == HOLDS and "1 of 1 significant" in claim.basis
+    closed_first = [(2, 0, 6, 3)] * 4
+    assert specialised_heads_last(_enc_pruning(closed_first), _enc_layers(0.1, closed_first)).verdict == FAILS
+    # a run without a per-layer record is named, and cannot make the finding hold
+    claim = specialised_heads_last(_enc_pruning(ROLE_WITHIN_LAYER), None)
+    assert claim.verdict == NOT_SHOWN and "no per-layer record: lambda 0.1" in claim.measured
+    assert specialised_heads_last(_table(_row("enc", 0.1, 8, 48, 48, role_none=8), with_role=0)).verdict == NOT_SHOWN
+
+
+def test_the_positive_control_counts_in_the_specialised_verdict():
+    pruning, layers = _enc_pruning(ROLE_WITHIN_LAYER), _enc_layers(0.1, ROLE_WITHIN_LAYER)
+    confirms = _enc_layers(0.3, ROLE_WITHIN_LAYER)
+    assert specialised_heads_last(pruning, layers, confirms).verdict == HOLDS
+    claim = specialised_heads_last(pruning, layers, _enc_layers(0.3, LAYER_ONLY))  # the control cannot confirm
+    assert claim.verdict == NOT_RESOLVED and "control: 0 of 1 significant" in claim.basis
+    assert "Positive control" in claim.measured and "pooled" in claim.measured
+    contradicts = _enc_layers(0.3, [(2, 0, 6, 3)] * 4)
+    assert specialised_heads_last(pruning, layers, contradicts).verdict == MIXED
+
+
+# --------------------------------------------------------------------------------------------
+# No loss within a stated margin
+
+
+def test_prunable_claims_need_no_loss_within_the_papers_margin():
+    def run(setting, kept, low, high, diff="d_baseline"):
         counts = (kept, 48, 48) if setting == "enc" else (kept // 3, kept // 3, kept - 2 * (kept // 3))
-        return _row(setting, 0.1, *counts, d_baseline=(low + high) / 2, d_baseline_low=low, d_baseline_high=high)
+        return _row(setting, 0.1, *counts, **{diff: (low + high) / 2, f"{diff}_low": low, f"{diff}_high": high})
 
-    assert heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "enc").verdict == HOLDS
-    assert heads_prunable(_table(run("enc", 10, -1.5, -0.2)), "enc").verdict == FAILS
-    assert heads_prunable(_table(run("enc", 13, -0.8, 0.3)), "enc").verdict == NOT_SHOWN  # more than a quarter
-    claim = heads_prunable(_table(run("enc", 12, -0.5, 0.5), run("enc", 6, -2.0, -1.0)), "enc")
+    # encoder only: margin 0.25 BLEU, the paper's largest encoder-only cost
+    assert heads_prunable(_table(run("enc", 10, -0.2, 0.6)), "enc").verdict == HOLDS
+    claim = heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "enc")  # reaches 0, but also -0.8
+    assert claim.verdict == NOT_RESOLVED and "±0.55 BLEU" in claim.basis and "margin 0.25 BLEU" in claim.basis
+    assert heads_prunable(_table(run("enc", 10, -0.6, -0.1)), "enc").verdict == NOT_RESOLVED  # a loss, but how big
+    assert heads_prunable(_table(run("enc", 10, -1.5, -0.3)), "enc").verdict == FAILS  # beyond the margin
+    assert heads_prunable(_table(run("enc", 13, -0.1, 0.3)), "enc").verdict == NOT_SHOWN  # more than a quarter
+    claim = heads_prunable(_table(run("enc", 12, -0.2, 0.5), run("enc", 6, -2.0, -1.0)), "enc")
     assert claim.verdict == HOLDS and "12 of 48" in claim.measured
-    # all types: a quarter of the 144 heads in all
-    assert heads_prunable(_table(run("all", 36, -0.8, 0.3)), "all").verdict == HOLDS
-    assert heads_prunable(_table(run("all", 37, -0.8, 0.3)), "all").verdict == NOT_SHOWN
-    assert heads_prunable(_table(run("enc", 10, -0.8, 0.3)), "all").verdict == NOT_SHOWN  # no all-types run
+    # all types: a quarter of the 144 heads in all, margin 0.70 (the paper's largest all-types cost)
+    assert heads_prunable(_table(run("all", 36, -0.6, 0.3)), "all").verdict == HOLDS
+    assert heads_prunable(_table(run("all", 36, -0.9, 0.3)), "all").verdict == NOT_RESOLVED
+    assert heads_prunable(_table(run("all", 37, -0.6, 0.3)), "all").verdict == NOT_SHOWN
+    assert heads_prunable(_table(run("enc", 10, -0.2, 0.3)), "all").verdict == NOT_SHOWN  # no all-types run
     # with a control, the cost of pruning is measured against it, not against the baseline
-    costly = dict(run("enc", 10, -0.8, 0.3), d_control=-1.2, d_control_low=-2.0, d_control_high=-0.4)
+    costly = dict(run("enc", 10, -0.1, 0.3), d_control=-1.2, d_control_low=-2.0, d_control_high=-0.4)
     claim = heads_prunable(_table(costly), "enc")
     assert claim.verdict == FAILS and "against the control" in claim.measured
     assert "-1.20 [-2.00, -0.40]" in claim.measured
-    free = dict(run("enc", 10, -1.5, -0.2), d_control=-0.1, d_control_low=-0.6, d_control_high=0.4)
+    free = dict(run("enc", 10, -1.5, -0.3), d_control=0.1, d_control_low=-0.2, d_control_high=0.4)
     assert heads_prunable(_table(free), "enc").verdict == HOLDS
+    assert "0.25 BLEU" in claims_markdown("toy", [claim]) and "not resolved" in claims_markdown("toy", [claim])
 
 
-def test_pruned_against_scratch_counts_only_intervals_that_exclude_zero():
-    def run(lam, low, high):
-        return _row("all", lam, 10, 20, 30, d_pruned_scratch=(low + high) / 2, d_pruned_scratch_low=low,
-                    d_pruned_scratch_high=high)
+# --------------------------------------------------------------------------------------------
+# Pruned against from scratch, against the schedule's share
 
-    assert pruned_beats_scratch(_table(run(0.1, 0.2, 0.9), run(0.3, -0.4, 0.5))).verdict == HOLDS
-    assert pruned_beats_scratch(_table(run(0.1, -0.9, -0.2))).verdict == FAILS
-    assert pruned_beats_scratch(_table(run(0.1, 0.2, 0.9), run(0.3, -0.9, -0.2))).verdict == MIXED
-    assert pruned_beats_scratch(_table(run(0.1, -0.4, 0.5))).verdict == NOT_SHOWN
+
+def _scratch_run(lam, low, high, kept=(10, 20, 30)):
+    return _row("all", lam, *kept, d_pruned_scratch=(low + high) / 2, d_pruned_scratch_low=low,
+                d_pruned_scratch_high=high)
+
+
+def test_pruned_against_scratch_without_a_schedule_reference_needs_most_runs():
+    assert pruned_beats_scratch(_table(_scratch_run(0.1, 0.2, 0.9))).verdict == HOLDS
+    claim = pruned_beats_scratch(_table(_scratch_run(0.1, 0.2, 0.9), _scratch_run(0.3, -0.4, 0.5)))
+    assert claim.verdict == NOT_RESOLVED and claim.basis == "1 of 2 significant"  # was "holds"
+    assert pruned_beats_scratch(_table(_scratch_run(0.1, -0.9, -0.2))).verdict == FAILS
+    assert pruned_beats_scratch(_table(_scratch_run(0.1, 0.2, 0.9), _scratch_run(0.3, -0.9, -0.2))).verdict == MIXED
+    assert pruned_beats_scratch(_table(_scratch_run(0.1, -0.4, 0.5))).verdict == NOT_RESOLVED
     control = _row("all", 0, 48, 48, 48, d_pruned_scratch=2.0, d_pruned_scratch_low=1.0, d_pruned_scratch_high=3.0)
     assert pruned_beats_scratch(_table(control)).verdict == NOT_SHOWN  # the control is no pruned model
-    # a run that closed no gate compares schedules, not pruning: reported, not counted
-    unpruned = _row("all", 0.01, 48, 48, 48, d_pruned_scratch=1.1, d_pruned_scratch_low=0.3,
-                    d_pruned_scratch_high=1.9)
-    claim = pruned_beats_scratch(_table(unpruned))
-    assert claim.verdict == NOT_SHOWN and "schedules alone): lambda 0.01: +1.10 [+0.30, +1.90]" in claim.measured
-    claim = pruned_beats_scratch(_table(unpruned, run(0.1, -0.9, -0.2)))
-    assert claim.verdict == FAILS and "from scratch better in 1, no difference shown in 0 of 1;" in claim.measured
+
+
+def test_pruned_against_scratch_is_read_against_the_schedules_share():
+    unpruned = _scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48))  # the same heads: the schedules alone
+    assert pruned_beats_scratch(_table(unpruned)).verdict == NOT_SHOWN
+    # leads whose intervals exclude 0 but overlap the schedule's (the published run's reading)
+    overlapping = [_scratch_run(0.1, 1.15, 3.45), _scratch_run(0.3, 0.81, 2.91), _scratch_run(0.5, 0.41, 2.72)]
+    claim = pruned_beats_scratch(_table(unpruned, *overlapping))
+    assert claim.verdict == NOT_SEPARABLE and claim.basis == "0 of 3 beyond the schedule"
+    assert "schedules alone): lambda 0.01: +1.10 [+0.30, +1.90]" in claim.measured
+    assert "better than its twin in 3 of 3" in claim.measured
+    beyond = [_scratch_run(0.1, 2.0, 3.0), _scratch_run(0.3, 2.1, 3.5)]
+    assert pruned_beats_scratch(_table(unpruned, *beyond)).verdict == HOLDS
+    below = [_scratch_run(0.1, -0.9, 0.2), _scratch_run(0.3, -1.5, 0.1)]
+    assert pruned_beats_scratch(_table(unpruned, *below)).verdict == FAILS
+
+
+# --------------------------------------------------------------------------------------------
+# Directional findings: most runs
 
 
 def test_attention_types_order():
     assert types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 0, 4, 18))).verdict == HOLDS
     assert types_order(_table(_row("all", 0.1, 30, 19, 36))).verdict == FAILS
     assert types_order(_table(_row("all", 0.01, 48, 48, 48))).verdict == NOT_SHOWN  # nothing pruned
+    half = types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 30, 19, 36)))
+    assert half.verdict == MIXED and half.basis.startswith("1 of 2 runs")
 
 
-def _heads(kind, kept_layers, layers=6, n_heads=8, lam=0.3):
-    """A per-head table of one all-types run: the heads kept are the first of each listed layer."""
-    rows = []
-    for layer in range(layers):
-        for head in range(n_heads):
-            rows.append({"setting": "all", "lam": lam, "type": kind, "layer": layer, "head": head,
-                         "retained": head < kept_layers.count(layer)})
-    return pd.DataFrame(rows)
+def _decoder(kind, kept_per_layer, lam=0.3, heads=8):
+    """The layer-survival rows of one all-types run for one decoder attention type."""
+    return pd.DataFrame([{"setting": "all", "lam": lam, "type": kind, "layer": layer, "role": float("nan"),
+                          "heads": heads, "kept": kept} for layer, kept in enumerate(kept_per_layer)])
+
+
+LOW, SPREAD = [4, 4, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1]  # eight heads kept in the two lowest layers; one a layer
 
 
 def test_decoder_layer_claims_against_heads_kept_at_random():
-    low_layers = [0, 0, 0, 1, 1, 1, 0, 1]  # eight heads kept, four in each of the two lowest layers
-    assert decoder_layers(_heads("dec_self", low_layers), "dec_self").verdict == HOLDS
-    assert decoder_layers(_heads("dec_enc", low_layers), "dec_enc").verdict == FAILS
-    high_layers = [5 - layer for layer in low_layers]
-    assert decoder_layers(_heads("dec_enc", high_layers), "dec_enc").verdict == HOLDS
-    assert decoder_layers(_heads("dec_self", high_layers), "dec_self").verdict == FAILS
-    spread = _heads("dec_enc", [0, 1, 2, 3, 4, 5])  # one head a layer: no preference
-    assert decoder_layers(spread, "dec_enc").verdict == NOT_SHOWN
+    assert decoder_layers(_decoder("dec_self", LOW), "dec_self").verdict == HOLDS
+    assert decoder_layers(_decoder("dec_enc", LOW), "dec_enc").verdict == FAILS
+    high = LOW[::-1]
+    assert decoder_layers(_decoder("dec_enc", high), "dec_enc").verdict == HOLDS
+    assert decoder_layers(_decoder("dec_self", high), "dec_self").verdict == FAILS
+    assert decoder_layers(_decoder("dec_enc", SPREAD), "dec_enc").verdict == NOT_RESOLVED  # no preference
+    assert decoder_layers(_decoder("dec_enc", [8] * 6), "dec_enc").verdict == NOT_SHOWN  # nothing pruned
 
 
-def test_specialised_heads_last_against_the_hypergeometric_tail():
-    # 7 of 48 heads have a role; a run keeping 8 heads, 6 of them with a role, is far above chance
-    kept_roles = _row("enc", 0.1, 8, 48, 48, role_none=2)
-    claim = specialised_heads_last(_table(kept_roles))
-    assert claim.verdict == HOLDS and "6 of 7" in claim.measured
-    assert specialised_heads_last(_table(_row("enc", 0.1, 40, 48, 48, role_none=40))).verdict == FAILS
-    no_roles = pd.DataFrame([_row("baseline", float("nan"), 48, 48, 48, role_none=48), kept_roles])
-    assert specialised_heads_last(no_roles).verdict == NOT_SHOWN
+def test_a_directional_finding_holds_only_in_most_runs():
+    runs = pd.concat([_decoder("dec_enc", LOW[::-1], lam=0.1), _decoder("dec_enc", LOW[::-1], lam=0.3),
+                      _decoder("dec_enc", SPREAD, lam=0.5), _decoder("dec_enc", SPREAD, lam=1.0)])
+    claim = decoder_layers(runs, "dec_enc")
+    assert claim.verdict == NOT_RESOLVED and claim.basis == "2 of 4 significant"  # was "holds"
+    three = pd.concat([runs, _decoder("dec_enc", LOW[::-1], lam=2.0)])
+    assert decoder_layers(three, "dec_enc").verdict == HOLDS  # 3 of 5
+
+
+def test_schedule_matched_twins_are_read_against_zero():
+    """Twins on the pruned model's own schedule (prune.scratch_schedule: pruned) have no schedule to
+    separate: a lead whose interval excludes 0 counts, even beside a run that pruned nothing."""
+    unpruned = dict(_scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48)), schedule_scratch="pruned")
+    leads = [dict(_scratch_run(0.1, 1.15, 3.45), schedule_scratch="pruned"),
+             dict(_scratch_run(0.3, 0.81, 2.91), schedule_scratch="pruned")]
+    claim = pruned_beats_scratch(_table(unpruned, *leads))
+    assert claim.verdict == HOLDS and claim.basis == "2 of 2 significant"
+    assert "(schedule-matched twin)" in claim.measured and "schedules alone" not in claim.measured
+    # a Noam twin in the same grid is still read against the schedules' share of a Noam twin
+    noam_unpruned = _scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48))
+    mixed = pruned_beats_scratch(_table(noam_unpruned, leads[0], _scratch_run(0.5, 0.41, 2.72)))
+    assert mixed.verdict == NOT_SEPARABLE and "of the 1 against Noam twins" in mixed.measured

@@ -114,6 +114,8 @@ def test_mirror_from_environment_or_config(config, tmp_path, monkeypatch):
          "'experiments.multi30k_en_de.seeds': [2, 3] lacks training.seed (1), the main run; add it"),
         (lambda c: c["defaults"]["prune"].update(lr_schedule="cosine"),
          "'defaults.prune.lr_schedule': 'cosine' is not one of ['noam', 'constant', 'continue']"),
+        (lambda c: c["experiments"]["multi30k_en_de"].update(positive_control="multi30k_en_de"),
+         "'experiments.multi30k_en_de.positive_control': 'multi30k_en_de' is not another, synthetic experiment"),
     ],
 )
 def test_pruning_controls_recipes_and_seeds_are_checked(config, edit, expected):

@@ -378,3 +378,28 @@ def test_a_broken_synthetic_experiment_is_named(edit, expected):
     edit(config["experiments"]["control"])
     with pytest.raises(ConfigError, match=re.escape(expected)):
         load_experiments(config, schema)
+
+
+def test_the_positional_rules_are_read_side_by_side_in_the_order_they_were_defined():
+    """The pooled rule came first; the per-piece rule was added after it missed the control's join,
+    so the table shows both readings, and a join found only per piece says so."""
+    from headcount.report.positive_control import gate_order, planted_vs_found, positional_readings, report_markdown
+
+    roles, syntactic, scores, gates = _role_tables()
+    joins_per_piece = roles.assign(is_positional=False, positional_fraction=[0.62, 0.5, 0.3, 0.2],
+                                   positional_continuation_offset=[-1, 0, 0, 0],
+                                   positional_continuation_fraction=[0.97, 0.2, 0.2, 0.2],
+                                   positional_initial_offset=0, positional_initial_fraction=0.5)
+    readings = positional_readings(joins_per_piece, 0.9)
+    assert readings["rule"].tolist() == ["pooled", "per piece"]
+    assert readings[["layer", "head", "share", "found"]].values.tolist() == [[0, 0, 0.62, False], [0, 0, 0.97, True]]
+    table = planted_vs_found(joins_per_piece, syntactic, scores, gates, SETTINGS)
+    order = gate_order(joins_per_piece, gates)
+    text = report_markdown(table, order, 2, readings, 0.9)
+    assert text.index("| pooled | first") < text.index("| per piece | added after")
+    assert "| positional -1/+1 | yes (per-piece rule only) | 1.1 (-1 from continuation pieces) |" in text
+    # the gate order's within-layer reading: at lambda 1 only head 1.1 (a role head) is open, one of
+    # the two of its layer (0.5 expected), and layer 2 closed whole (it tells nothing)
+    last = order.set_index("lambda").loc[1.0]
+    assert last["specialised_open"] == 1 and last["specialised_expected"] == 0.5
+    assert last["p_within_layers"] == 0.5

@@ -442,7 +442,8 @@ def made_up_report(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder")}
+    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder",
+                                                                  "layers")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     report = dict(experiment="toy", baseline_scores=str(tmp_path / "baseline/scores/test.json"),
                   roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None, references=str(tmp_path / "ref.txt"),
@@ -503,6 +504,14 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
     claims = (tmp_path / "report/claims").read_text()
     assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims
+    # heads kept per layer: 5 of the 8 encoder heads closed at lambda 0.5 (the first 4 of layer 0, one of
+    # layer 1); head 0.0, the one with a role, among them
+    layers = pd.read_csv(out["layers"], sep="\t")
+    enc = layers[(layers["lam"] == 0.5) & (layers["type"] == "enc_self")].set_index(["layer", "role"])
+    assert enc.loc[(0, "positional"), ["heads", "kept"]].tolist() == [1, 0]
+    assert enc.loc[(0, "none"), ["heads", "kept"]].tolist() == [3, 0]
+    assert enc.loc[(1, "none"), ["heads", "kept"]].tolist() == [4, 3]
+    assert layers[layers["type"] == "dec_self"]["role"].isna().all()  # decoder heads have no roles
     assert "| 8 | baseline | 50.00 |  |  |  |  | 20 | best_dev_bleu |" in (tmp_path / "report/encoder").read_text()
 
 
@@ -631,3 +640,43 @@ def test_pruning_and_from_scratch_runs_stop_on_a_signal_like_the_baseline(toy_ru
     for run in ("p", "s"):
         assert load_checkpoint(tmp_path / run / "train/checkpoint.pt")["step"] == 6  # not the interval's (4, 5)
         assert not (tmp_path / run / "model.pt").exists()
+
+
+def test_a_twin_on_the_pruned_models_schedule(tmp_path):
+    """prune.scratch_schedule: pruned. The twin trains from scratch on the pruned model's own learning
+    rate: Noam for the baseline's steps, the fine-tuning's constant rate, then the healing decay; its
+    summary says so, and a plain run says noam. (The mask is test_from_scratch_model_keeps_the_pruned_mask's.)"""
+    from headcount.config import scratch_schedule
+    from headcount.training.schedules import noam_lr, pruned_model_lr
+
+    src, tgt = toy_corpus(120, seed=2)
+    for name, lines in (("train.src.txt", src), ("train.tgt.txt", tgt), ("dev.src.txt", src[:5]),
+                        ("dev.tgt.txt", tgt[:5])):
+        write_lines(tmp_path / name, lines)
+    for side in ("src", "tgt"):
+        train_bpe(tmp_path / f"train.{side}.txt", tmp_path / f"{side}.model", vocab_size=60)
+    files = [str(tmp_path / f) for f in ("train.src.txt", "train.tgt.txt", "dev.src.txt", "dev.tgt.txt",
+                                          "src.model", "tgt.model")]
+    model = dict(MODEL, enc_layers=1, dec_layers=1)
+    base = dict(max_steps=4, warmup_steps=2, lr_scale=0.5)
+    prune = dict(PRUNE, scratch_schedule="pruned", lr_schedule="constant", heal_steps=2,
+                 training=dict(PRUNE["training"], max_steps=4))
+    assert scratch_schedule(training(4), dict(prune, scratch_schedule="noam")) is None
+    schedule = scratch_schedule({**training(4), **base}, prune)
+    lr = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], "constant", 4, 2, 32)
+    last = noam_lr(4, 32, 2, 0.5)
+    assert [lr(s) for s in (1, 4)] == [noam_lr(1, 32, 2, 0.5), last]
+    assert [lr(s) for s in (5, 8, 9, 10)] == pytest.approx([last, last, last, last / 2])  # constant, then healing
+    summary = train_translation_model(*files, model, {**training(10), "schedule": schedule, "dev_bleu_sentences": 0},
+                                      False, str(tmp_path / "matched"), str(tmp_path / "m.pt"),
+                                      str(tmp_path / "m.json"), log=lambda m: None)
+    assert summary["lr_schedule"] == "pruned" and summary["steps"] == 10
+    logged = {r["step"]: r["lr"] for r in map(json.loads, read_lines(tmp_path / "matched/metrics.jsonl"))
+              if "lr" in r}
+    d_model = load_model(tmp_path / "m.pt").d_model
+    expected = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], "constant", 4, 2, d_model)
+    assert logged and all(value == pytest.approx(expected(step)) for step, value in logged.items())
+    plain = train_translation_model(*files, model, {**training(1), "dev_bleu_sentences": 0}, False,
+                                    str(tmp_path / "plain"), str(tmp_path / "p.pt"), str(tmp_path / "p.json"),
+                                    log=lambda m: None)
+    assert plain["lr_schedule"] == "noam"

@@ -44,6 +44,7 @@ PUBLISHED = {
     "tables/table2.md": ("main", "prune/table2.md"),
     "tables/table2.csv": ("main", "prune/table2.csv"),
     "tables/pruning_claims.md": ("main", "prune/claims.md"),
+    "tables/layer_survival.tsv": ("main", "prune/layer_survival.tsv"),
     "tables/pruning_enc.md": ("main", "prune/encoder.md"),
     # every ranked method's curves (headcount.pruning.methods): tables/michel.enc.tsv, ...
     **{f"tables/{method}.{setting}.tsv": ("main", f"prune/{setting}/{method}.tsv")
@@ -51,6 +52,8 @@ PUBLISHED = {
     "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),
     "tables/seed_spread.md": ("main", "seeds/spread.md"),
     "tables/control_head_roles.csv": ("control", "syntax/roles.csv"),
+    "tables/control_head_scores.csv": ("control", "heads/scores.csv"),
+    "tables/control_layer_survival.tsv": ("control", "prune/layer_survival.tsv"),
     "tables/control_table1.md": ("control", "syntax/table1.md"),
     "tables/control_planted_vs_found.csv": ("control", "control/planted_vs_found.csv"),
     "tables/control_planted_vs_found.md": ("control", "control/planted_vs_found.md"),

@@ -247,6 +247,12 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp.get("pretrained_langs") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
                             f"language codes; remove it or set pretrained")
+        control = exp.get("positive_control")
+        if control is not None and (control not in experiments or not is_synthetic(experiments[control])
+                                    or control == name):
+            problems.append(f"config key 'experiments.{name}.positive_control': '{control}' is not another, "
+                            f"synthetic experiment of this config (its pruning is the control's evidence); "
+                            f"name one or use null")
         prune = exp["prune"]
         if prune["eval_split"] is not None and prune["eval_split"] not in tests:
             problems.append(f"config key 'experiments.{name}.prune.eval_split': '{prune['eval_split']}' is not "
@@ -343,6 +349,17 @@ FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_op
 def fine_tuning_steps(prune: dict) -> int:
     """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
     return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
+
+
+def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
+    """The from-scratch twin's learning-rate schedule (prune.scratch_schedule): None for the
+    baseline's Noam over all its steps; for "pruned", what training.schedules.pruned_model_lr needs to
+    give it the pruned model's own schedule."""
+    if prune.get("scratch_schedule", "noam") == "noam":
+        return None
+    return {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
+            "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
+            "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0))}
 
 
 def scratch_training(baseline_training: dict, prune: dict) -> dict:

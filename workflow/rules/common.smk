@@ -22,7 +22,7 @@ from headcount.config import (
     side_source,
     test_sets,
 )
-from headcount.config import FINE_TUNING_KEYS, scratch_training
+from headcount.config import FINE_TUNING_KEYS, scratch_schedule, scratch_training
 from headcount.analysis.measures import MEASURES, score_names
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import (
@@ -403,6 +403,12 @@ def pruning_report_inputs(wildcards):
             f"results/{exp}/{m}/gates.png" for s in settings for m in models[s]
         ],
         "roles": f"results/{exp}/syntax/roles.csv",
+        # the positive control's heads kept per layer, evidence for "specialised heads last"
+        **(
+            {"control_layers": f"results/{control}/prune/layer_survival.tsv"}
+            if (control := EXPERIMENTS[exp].get("positive_control"))
+            else {}
+        ),
         # for the paired bootstrap intervals and the matched budgets
         "references": f"results/{exp}/data/{split}.tgt.txt",
         "baseline_translations": f"results/{exp}/baseline/translations/{split}.txt",

@@ -72,9 +72,20 @@ rule train_from_scratch:
         model=lambda w: exp_config(w)["model"],
         # The pruned model's budget (baseline plus fine-tuning steps) and checkpoint selection
         # (config.scratch_training). No snapshots: the statistics over training are the baseline's.
+        # With prune.scratch_schedule: pruned, a "schedule" entry (config.scratch_schedule) for
+        # train_translation_model; with noam none, so twins trained before the option are not rerun.
         training=lambda w: {
             **scratch_training(exp_config(w)["training"], exp_config(w)["prune"]),
             "snapshot_interval": 0,
+            **(
+                {"schedule": schedule}
+                if (
+                    schedule := scratch_schedule(
+                        exp_config(w)["training"], exp_config(w)["prune"]
+                    )
+                )
+                else {}
+            ),
         },
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/scratch/train",
@@ -180,6 +191,7 @@ rule pruning_report:
             subcategory="{exp}",
         ),
         table2_csv="results/{exp}/prune/table2.csv",
+        layers="results/{exp}/prune/layer_survival.tsv",
         encoder=report(
             "results/{exp}/prune/encoder.md",
             caption="../report/encoder.rst",

@@ -20,5 +20,6 @@ with job(snakemake) as log:
         baseline_training=snakemake.input.baseline_training,
         scratch_training=list(snakemake.input.scratch_training),
         lowercase=snakemake.params.lowercase,
+        control_layers=snakemake.input.get("control_layers"),
         log=log,
     )

@@ -17,6 +17,7 @@ from headcount.provenance import provenance
 from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
+from headcount.training.schedules import pruned_model_lr
 
 
 def train_translation_model(
@@ -27,8 +28,14 @@ def train_translation_model(
     """Train a Transformer on subword-encoded text; resumable from `work_dir/checkpoint.pt`.
 
     With `head_mask_from` (a pruned model), the new model gets that model's fixed 0/1 head mask
-    and is trained from random initialisation: the paper's "from scratch" models.
+    and is trained from random initialisation: the paper's "from scratch" models. A "schedule" entry
+    of `train_settings` (config.scratch_schedule; the rule adds it only for prune.scratch_schedule:
+    pruned, so that twins trained before the option keep their parameters) replaces Noam with the
+    pruned model's own learning-rate schedule (training.schedules.pruned_model_lr); the summary's
+    `lr_schedule` says which the run had.
     """
+    train_settings = dict(train_settings)
+    schedule = train_settings.pop("schedule", None)
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     log("encoding the training and dev data")
     # Compact (token_corpus): a 6M-pair corpus as lists of Python ints would not fit in memory.
@@ -47,14 +54,23 @@ def train_translation_model(
         fingerprint["head_mask"] = {kind: mask.tolist() for kind, mask in model.head_mask().items()}
         log("retained heads: " + ", ".join(f"{k} {int(m.sum())}/{m.numel()}" for k, m in model.head_mask().items()))
 
+    lr_at = None  # the baseline's Noam
+    if schedule is not None:
+        lr_at = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], schedule["lr_schedule"],
+                                schedule["fine_tuning_steps"], schedule["heal_steps"], model.d_model)
+        fingerprint["schedule"] = schedule
+        log(f"the pruned model's schedule: Noam for {schedule['baseline_training']['max_steps']} steps, "
+            f"{schedule['lr_schedule']} for {schedule['fine_tuning_steps']}, healing for {schedule['heal_steps']}")
+
     def dev_bleu(model: Seq2SeqWithHeads, dev: DevSet) -> float:
         return greedy_dev_bleu(model, dev, tgt_seg, cfg.dev_bleu_sentences, lowercase)
 
     summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
-                    run_fingerprint=fingerprint, log=log)
+                    run_fingerprint=fingerprint, lr_at=lr_at, log=log)
     model.to("cpu")
     model.save(model_out, {"train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
-    summary = {**summary, "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
+    summary = {**summary, "lr_schedule": "noam" if schedule is None else "pruned",
+               "model_config": model_cfg.to_dict(), "train_config": cfg.to_dict(),
                "parameters": sum(p.numel() for p in model.parameters()), "provenance": provenance()}
     write_json(summary_out, summary)
     return summary

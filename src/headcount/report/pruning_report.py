@@ -31,9 +31,10 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                    references: str | None = None, baseline_translations: str | None = None,
                    pruned_translations: list[str] = (), scratch_translations: list[str] = (),
                    baseline_training: str | None = None, scratch_training: list[str] = (),
-                   lowercase: bool = False) -> pd.DataFrame:
-    """The pruning table, Table 2 beside the paper's, the paper's findings checked (claims.py),
-    and Figures 7 to 10.
+                   lowercase: bool = False, control_layers: str | None = None) -> pd.DataFrame:
+    """The pruning table, Table 2 beside the paper's, the heads kept per layer (layer_survival),
+    the paper's findings checked (claims.py; with the positive control's layer-survival table
+    `control_layers`, where given, as evidence for "specialised heads last"), and Figures 7 to 10.
 
     Every BLEU difference (pruned - baseline, from scratch - baseline, pruned - from scratch,
     pruned - its setting's lambda = 0 control) gets a 95% paired bootstrap interval over the test
@@ -93,6 +94,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                "steps": steps["total"], "selection": record.get("recipe", {}).get("select", "last"),
                "steps_scratch": twin.get("steps", float("nan")),
                "selection_scratch": twin.get("train_config", {}).get("select", ""),
+               # the twin's learning rate: "noam", or "pruned" (the pruned model's own schedule)
+               "schedule_scratch": twin.get("lr_schedule", "noam") if twin else "",
                **_role_counts(kept_enc, role_of)}
         control = controls.get(record["setting"])
         row.update(interval("d_baseline", hyps.get(folder), baseline_hyps))
@@ -107,7 +110,7 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
             row[f"{method}_bleu"] = (row["bleu"] - row[f"d_{method}"] if point and not pd.isna(row[f"d_{method}"])
                                      else float("nan"))
         rows.append(row)
-        heads.append(table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"]))
+        heads.append(run_heads(record, role_of))
     pruning = pd.DataFrame(rows)
     for column in ("bleu_scratch", "chrf_scratch"):
         if column not in pruning:
@@ -141,12 +144,41 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     all_heads = pd.concat(heads) if heads else pd.DataFrame(columns=["setting", "type", "lam", "layer", "retained"])
     plots.decoder_heads_per_layer(all_heads[all_heads["setting"] == "all"], out["figure10"],
                                   f"{experiment}: retained decoder heads per layer (all types pruned)")
+    layers = layer_survival(all_heads)
+    with atomic_path(out["layers"]) as tmp:
+        layers.to_csv(tmp, sep="\t", index=False)
+    control = pd.read_csv(control_layers, sep="\t") if control_layers else None
     with atomic_path(out["claims"]) as tmp:
-        tmp.write_text(claims_markdown(experiment, pruning_claims(pruning, all_heads)), encoding="utf-8")
+        tmp.write_text(claims_markdown(experiment, pruning_claims(pruning, layers, control)), encoding="utf-8")
     shown = ["setting", "lam", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline_low", "d_baseline_high",
              "bleu_scratch", "steps", "steps_scratch"]
     log("\n" + pruning.reindex(columns=shown).to_string(index=False))
     return pruning
+
+
+def run_heads(record: dict, role_of: dict) -> pd.DataFrame:
+    """One pruning run's heads (its gates.json record): type, layer, head, pruned, ..., with its
+    setting, lam, retained and the encoder heads' roles (role "" for decoder heads)."""
+    table = pd.DataFrame(record["heads"])
+    return table.assign(setting=record["setting"], lam=record["lambda"], retained=~table["pruned"].astype(bool),
+                        role=[role_of.get((r.layer, r.head), NO_ROLE) if r.type == "enc_self" else ""
+                              for r in table.itertuples()])
+
+
+LAYER_SURVIVAL_COLUMNS = ["setting", "lam", "type", "layer", "role", "heads", "kept"]
+
+
+def layer_survival(heads: pd.DataFrame) -> pd.DataFrame:
+    """Heads and heads kept per run, attention type, layer and (encoder self-attention) role: all
+    that the layer and role tests of claims.py read, small enough to publish. `heads` has a row per
+    head of every run (setting, lam, type, layer, head, retained, role; role "" for decoder heads,
+    which have no roles). Layers are counted from 0, as in gates.json."""
+    if heads.empty:
+        return pd.DataFrame(columns=LAYER_SURVIVAL_COLUMNS)
+    table = heads.assign(role=heads["role"].fillna("") if "role" in heads else "",
+                         retained=heads["retained"].astype(bool))
+    grouped = table.groupby(["setting", "lam", "type", "layer", "role"], sort=True)["retained"]
+    return grouped.agg(heads="size", kept="sum").reset_index()[LAYER_SURVIVAL_COLUMNS]
 
 
 TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline",

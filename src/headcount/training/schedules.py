@@ -50,3 +50,28 @@ def fine_tuning_lr(schedule: str, baseline_training: dict, fine_tuning: dict, d_
 def healing_lr(start: float, steps: int) -> Callable[[int], float]:
     """A linear decay over `steps` steps from `start` (step 1) to start / steps (the last step)."""
     return lambda step: start * (steps - step + 1) / steps
+
+
+SCRATCH_SCHEDULES = ("noam", "pruned")  # prune.scratch_schedule
+
+
+def pruned_model_lr(baseline_training: dict, fine_tuning: dict, lr_schedule: str, fine_tuning_steps: int,
+                    heal_steps: int, d_model: int) -> Callable[[int], float]:
+    """The learning rate a pruned model saw at each 1-based step of its whole life, for a from-scratch
+    twin trained on the same schedule: the baseline's Noam schedule for its `max_steps`, then the
+    fine-tuning's rate (fine_tuning_lr) for `fine_tuning_steps`, then the healing decay from the
+    fine-tuning's last rate over `heal_steps`. A twin on plain Noam anneals as step^-0.5 only, while
+    the pruned model ends on a constant rate decaying to 0, and that difference alone moves BLEU.
+    The twin keeps one Adam throughout; the pruned model's fine-tuning starts a fresh one (unless
+    prune.resume_optimizer), which this schedule does not copy."""
+    baseline_steps = int(baseline_training["max_steps"])
+    tuned = fine_tuning_lr(lr_schedule, baseline_training, fine_tuning, d_model)
+    healed = healing_lr(tuned(fine_tuning_steps), heal_steps) if heal_steps else None
+
+    def lr_at(step: int) -> float:
+        if step <= baseline_steps:
+            return noam_lr(step, d_model, baseline_training["warmup_steps"], baseline_training["lr_scale"])
+        if step <= baseline_steps + fine_tuning_steps or healed is None:
+            return tuned(step - baseline_steps)
+        return healed(step - baseline_steps - fine_tuning_steps)
+    return lr_at
