@@ -32,28 +32,32 @@ def load_checkpoint(path: str | os.PathLike, map_location="cpu") -> dict:
     numbers, strings and containers (and CHECKPOINT_TYPES) are all that headcount writes, and a file
     that holds anything else (a pickled object, whose loading would run code the file names) is
     refused unread."""
-    try:
-        with torch.serialization.safe_globals(CHECKPOINT_TYPES):
-            state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        if "weights only load failed" not in str(error).lower():
-            raise _unreadable(path, error) from None
-        raise refused(path, error, "headcount's checkpoints hold only tensors, numbers, strings and containers, so "
-                                   "this file was not written by headcount or was altered. Delete it, or replace it "
-                                   "with one from a source you trust.") from None
-    except Exception as error:  # a truncated or corrupted file: torch raises several kinds
-        raise _unreadable(path, error) from None
+    state = read_weights_only(path, CHECKPOINT_TYPES, "headcount's checkpoints hold only tensors, numbers, "
+                              "strings and containers, so this file was not written by headcount or was altered. "
+                              "Delete it, or replace it with one from a source you trust.", map_location)
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a headcount checkpoint (no 'model' entry); delete it")
     return state
 
 
-def refused(path, error: Exception, why: str) -> CheckpointError:
-    """The refusal of a file whose weights-only load met a pickled object: names that object."""
-    wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
-    return CheckpointError(f"{path}: refused, not loaded: it holds a pickled Python object "
-                           f"({wanted.group(1) if wanted else 'not plain data'}), and loading it would run code "
-                           f"from the file. {why}")
+def read_weights_only(path: str | os.PathLike, allowed: list, refusal: str, map_location="cpu"):
+    """torch.load with the weights-only unpickler, `allowed` the only classes and objects beyond
+    plain data (torch.serialization.safe_globals' list: a class, or (stand-in, "module.Name")). A
+    file that pickles anything else is refused, naming it and saying `refusal`; a damaged one is a
+    CheckpointError too. The one torch.load of the library (other readers, such as the fairseq one,
+    pass their own allow-list)."""
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        if "weights only load failed" not in str(error).lower():
+            raise _unreadable(path, error) from None
+        wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
+        raise CheckpointError(f"{path}: refused, not loaded: it holds a pickled Python object "
+                              f"({wanted.group(1) if wanted else 'not plain data'}), and loading it would run code "
+                              f"from the file. {refusal}") from None
+    except Exception as error:  # a truncated or corrupted file: torch raises several kinds
+        raise _unreadable(path, error) from None
 
 
 def _unreadable(path, error: Exception) -> CheckpointError:

@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import pickle
 import re
 import typing
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from headcount.data.fairseq_dictionary import FAIRSEQ_SPECIAL
 from headcount.io import CheckpointError, HeadcountError
-from headcount.models.checkpoint import refused
+from headcount.models.checkpoint import read_weights_only
 from headcount.models.transformer import ModelConfig, Transformer
 
 # fairseq's architectures that are TransformerModel with other defaults (the checkpoint's args hold the
@@ -95,17 +93,9 @@ def plain(value):
 def load_fairseq_checkpoint(path: str | os.PathLike) -> dict:
     """A fairseq checkpoint's dict ({"model": state dict, "args" or "cfg", ...}), configuration as
     plain dicts, read without running code from the file."""
-    try:
-        with torch.serialization.safe_globals(FAIRSEQ_TYPES):
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
-        if "weights only load failed" not in str(error).lower():
-            raise CheckpointError(f"{path}: cannot be read as a fairseq checkpoint ({error})") from None
-        raise refused(path, error, "fairseq checkpoints hold tensors, argparse.Namespace and omegaconf "
-                                   "configurations, which headcount reads; this file holds something else. Replace "
-                                   "it with one from a source you trust.") from None
-    except (OSError, RuntimeError) as error:
-        raise CheckpointError(f"{path}: cannot be read as a checkpoint ({type(error).__name__}: {error})") from None
+    state = read_weights_only(path, FAIRSEQ_TYPES, "fairseq checkpoints hold tensors, argparse.Namespace and "
+                              "omegaconf configurations, which headcount reads; this file holds something else. "
+                              "Replace it with one from a source you trust.")
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
     return {k: (v if k == "model" else plain(v)) for k, v in state.items()}
