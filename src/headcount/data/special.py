@@ -25,6 +25,7 @@ class SpecialIds:
     # What every target begins with after the start token, forced by search: a multilingual
     # model's target-language tag (mBART-50, M2M100, NLLB), BART's <s>; () for most models.
     forced: tuple[int, ...] = ()
+    mask: int | None = None  # what a masked-LM input holds in place of a masked token (BERT's [MASK])
 
     def never_generated(self) -> tuple[int, ...]:
         """Ids that search and LRP never pick as an output token."""

@@ -34,6 +34,25 @@ The contract, in short (a model is also a torch nn.Module: parameters, state_dic
   that `load_model` reads back, whatever the family. A checkpoint without "family" (written before
   families existed) is headcount's own.
 
+Three kinds of model (`MODEL_KINDS`, `model.model_kind`), one batch layout. A batch is always the
+triple (src, tgt_in, tgt_out) and `forward(src, tgt_in)` gives logits aligned with tgt_out, so
+every loss is cross-entropy of those logits against tgt_out at its non-padding positions:
+
+- encoder_decoder (translation): src = subwords + EOS (B, S); tgt_in = BOS + y (B, T);
+  tgt_out = y + EOS (B, T). Attention types enc_self, dec_self, dec_enc.
+- decoder_only (causal_lm): src is empty (B, 0); tgt_in = BOS + x[:-1] and tgt_out = x (B, T):
+  every token of the text is predicted from BOS and the tokens before it (no EOS target, so a
+  model without a padding token may pad with its EOS id). `encode` returns an empty memory
+  (B, 0, D) and no attention; `decode` runs the language model (the cross-attention list is
+  empty). Attention type dec_self: probabilities (B, H, T, T), zero above the diagonal.
+- encoder_only (masked_lm): src = BOS + x' + EOS (BERT: [CLS] x' [SEP]) where x' is x with the
+  masked positions replaced by `special.mask`; tgt_in is empty (B, 0); tgt_out (B, S) holds the
+  original id at the masked positions and `special.pad` elsewhere. `encode` is the encoder,
+  `logits(hidden)` the masked-LM head, `decode` is not available. Attention type enc_self.
+
+`attention_modules()`, `head_mask()` and `set_head_mask()` hold the model's own attention types
+only; data.batching makes the batches of each objective.
+
 Every `HeadSlots` (one attention module) multiplies head i's context by `gates()[i]` before the
 output projection (Voita et al. 2019, eq. 2), passes the contexts (B, H, Tq, Dh) through the
 `head_context` identity module first (hook point for Michel importance), has a fixed 0/1
@@ -46,6 +65,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from headcount.data.special import SpecialIds
@@ -55,6 +75,32 @@ if TYPE_CHECKING:  # annotations only: the workflow's rule files import this mod
 
 # The three kinds of attention the paper analyses and prunes; defined here once.
 ATTENTION_TYPES = ("enc_self", "dec_self", "dec_enc")
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """What a model is made of and what it is trained to do. Every analysis and pruning step runs
+    on `attention_types` (in ATTENTION_TYPES' order); `objective` says what a batch's targets are
+    and how quality is measured (translation: BLEU/chrF; causal_lm: next-token NLL and perplexity;
+    masked_lm: NLL of a fixed, seeded masking)."""
+
+    name: str
+    attention_types: tuple[str, ...]
+    objective: str
+
+
+# The three kinds of Transformer headcount analyses; defined here once. A model says its own in
+# `model_kind` (a name below); one that says none is an encoder-decoder (older code, checkpoints).
+MODEL_KINDS = {kind.name: kind for kind in (
+    ModelKind("encoder_decoder", ATTENTION_TYPES, "translation"),
+    ModelKind("decoder_only", ("dec_self",), "causal_lm"),
+    ModelKind("encoder_only", ("enc_self",), "masked_lm"),
+)}
+
+
+def kind_of(model) -> ModelKind:
+    """The model's ModelKind (encoder_decoder where it declares none)."""
+    return MODEL_KINDS[getattr(model, "model_kind", "encoder_decoder")]
 
 
 @runtime_checkable
