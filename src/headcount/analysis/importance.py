@@ -23,23 +23,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.analysis.tables import KEYS, head_rows
-from headcount.data.batching import make_batches, source_tensor, target_tensors
+from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.special import SpecialIds
-from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+from headcount.models.seq2seq import MODEL_KINDS, Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
 
 
 def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000, *,
-                special: SpecialIds) -> list[Batch]:
+                special: SpecialIds, objective: str = "translation") -> list[Batch]:
     """Deterministic padded batches of a set (the order does not change any score here), with the
-    model's special ids (`model.special`)."""
-    out = []
-    for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens, seed=0):
-        tgt_in, tgt_out = target_tensors([tgt_ids[i] for i in batch], special)
-        out.append((source_tensor([src_ids[i] for i in batch], special), tgt_in, tgt_out))
-    return out
+    model's special ids (`model.special`) and its objective (`kind_of(model).objective`; a language
+    model's text on both sides, a masked LM's masks the fixed draw of seed 0)."""
+    return [objective_tensors(objective, [src_ids[i] for i in batch], [tgt_ids[i] for i in batch], special)
+            for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens,
+                                      seed=0)]
 
 
 def _on_device(batch, model: Seq2SeqWithHeads):
@@ -64,8 +63,9 @@ def confidence_sums(probs: Tensor, query_keep: Tensor, key_keep: Tensor) -> tupl
     return (row_max * mask).sum(dim=(0, 2)), int(query_keep.sum())
 
 
-def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_bos_in_dec_self: bool = False):
-    """(query_keep, key_keep) per attention type; `special`: the model's ids.
+def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_bos_in_dec_self: bool = False,
+                     model_kind: str = "encoder_decoder"):
+    """(query_keep, key_keep) per attention type of a model kind; `special`: the model's ids.
 
     Encoder self-attention: the EOS query row and the EOS key column are left out (the paper).
     Decoder-encoder attention: every decoder input position is a query (the decoder input holds
@@ -74,16 +74,21 @@ def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_b
     left out; the first query (BOS) can only see itself and so always has weight 1. With
     `exclude_bos_in_dec_self` the BOS key column (the decoder's counterpart of the EOS "no-op"
     sink) is left out instead, and with it the first query row, which would see no key.
+    A masked LM's input also starts with BOS ([CLS]), a no-op sink as its EOS ([SEP]) is (Clark
+    et al. 2019): both are left out. A language model's decoder self-attention is the decoder's.
     """
     src_real = src.ne(special.pad)
     src_keep = src_real & src.ne(special.eos)
+    if model_kind == "encoder_only":
+        src_keep &= src.ne(special.bos)
     tgt_real = special.decoder_positions(tgt_in)
     dec_query, dec_key = tgt_real, tgt_real
     if exclude_bos_in_dec_self:
         dec_key = tgt_real & tgt_in.ne(special.bos)
         dec_query = tgt_real.clone()
         dec_query[:, 0] = False
-    return {"enc_self": (src_keep, src_keep), "dec_self": (dec_query, dec_key), "dec_enc": (tgt_real, src_keep)}
+    masks = {"enc_self": (src_keep, src_keep), "dec_self": (dec_query, dec_key), "dec_enc": (tgt_real, src_keep)}
+    return {kind: masks[kind] for kind in MODEL_KINDS[model_kind].attention_types}
 
 
 @torch.no_grad()
@@ -96,7 +101,7 @@ def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]
     for batch in batches:
         src, tgt_in = _on_device(batch[:2], model)
         _, attentions = model(src, tgt_in, need_weights=True)
-        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self)
+        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self, kind_of(model).name)
         for kind, (query_keep, key_keep) in masks.items():
             per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
             sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
@@ -197,7 +202,7 @@ def head_ablation(
     batches: Sequence[Sequence[Tensor]],
     bleu_fn: Callable[[Seq2SeqWithHeads], float] | None = None,
     bleu_types: Sequence[str] = ("enc_self",),
-    types: Sequence[str] = ATTENTION_TYPES,
+    types: Sequence[str] | None = None,  # default: every attention type of the model
     log: Callable[[str], None] | None = None,
 ) -> pd.DataFrame:
     """Mask each head alone (its 0/1 gate) and record the change of dev loss, and of BLEU if asked.
@@ -207,6 +212,7 @@ def head_ablation(
     already masked are skipped (NaN). The model's masks are restored afterwards.
     """
     batches = list(batches)
+    types = kind_of(model).attention_types if types is None else types
     original = {kind: m.clone() for kind, m in model.head_mask().items()}
     base_loss = mean_nll(model, batches)
     base_bleu = bleu_fn(model) if bleu_fn is not None and any(t in bleu_types for t in types) else None

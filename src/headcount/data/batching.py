@@ -75,3 +75,57 @@ def target_tensors(tgt_ids: list[list[int]], special: SpecialIds) -> tuple[Tenso
     outputs = [[special.pad] * n + t[n:] + [special.eos] if n and t[:n] == forced else t + [special.eos]
                for t in tgt_ids]
     return pad([[special.bos] + t for t in tgt_ids], special.pad), pad(outputs, special.pad)
+
+
+# --------------------------------------------------------------------------------------------
+# The batch of each objective (models.seq2seq: MODEL_KINDS and the batch layout they share)
+
+MASK_RATE = 0.15  # of a text's tokens, at least one (Devlin et al. 2019)
+
+
+def causal_lm_tensors(ids: list[list[int]], special: SpecialIds) -> tuple[Tensor, Tensor, Tensor]:
+    """A language model's batch: src empty (B, 0); tgt_in = BOS + x[:-1], tgt_out = x (B, T).
+    No EOS target: a model without a padding id pads with its EOS id, and a target equal to the
+    padding id would not count."""
+    if any(not x for x in ids):
+        raise ValueError("an empty text has no token to predict; drop empty lines before batching")
+    tgt_in = pad([[special.bos] + x[:-1] for x in ids], special.pad)
+    return torch.zeros(len(ids), 0, dtype=torch.long), tgt_in, pad([list(x) for x in ids], special.pad)
+
+
+def masked_positions(ids: list[int], seed: int, rate: float = MASK_RATE) -> list[int]:
+    """The positions of a text that a masked-LM batch masks: a fixed draw from the text and the
+    seed alone, so a sentence is masked the same way in every batch and run (evaluation) and a new
+    seed draws anew (training epochs)."""
+    rng = random.Random(f"{seed}:{','.join(map(str, ids))}")  # str seeds hash with sha512: stable across runs
+    return sorted(rng.sample(range(len(ids)), max(1, round(rate * len(ids)))))
+
+
+def masked_lm_tensors(ids: list[list[int]], special: SpecialIds, seed: int = 0,
+                      rate: float = MASK_RATE) -> tuple[Tensor, Tensor, Tensor]:
+    """A masked LM's batch: src = BOS + x' + EOS (B, S), x' holding `special.mask` at
+    `masked_positions`; tgt_in empty (B, 0); tgt_out (B, S) the original ids there, padding elsewhere."""
+    if special.mask is None:
+        raise ValueError("a masked-LM batch needs the model's mask id (SpecialIds.mask)")
+    if any(not x for x in ids):
+        raise ValueError("an empty text has no token to mask; drop empty lines before batching")
+    inputs, outputs = [], []
+    for x in ids:
+        chosen = set(masked_positions(x, seed, rate))
+        inputs.append([special.bos] + [special.mask if i in chosen else t for i, t in enumerate(x)] + [special.eos])
+        outputs.append([special.pad] + [t if i in chosen else special.pad for i, t in enumerate(x)] + [special.pad])
+    return pad(inputs, special.pad), torch.zeros(len(ids), 0, dtype=torch.long), pad(outputs, special.pad)
+
+
+def objective_tensors(objective: str, src_ids: list[list[int]], tgt_ids: list[list[int]], special: SpecialIds,
+                      seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(src, tgt_in, tgt_out) of an objective (ModelKind.objective). A language model's corpus holds
+    its text on both sides; causal_lm reads the target side, masked_lm the source side. `seed`:
+    the masking draw (masked_lm only)."""
+    if objective == "translation":
+        return (source_tensor(src_ids, special), *target_tensors(tgt_ids, special))
+    if objective == "causal_lm":
+        return causal_lm_tensors(tgt_ids, special)
+    if objective == "masked_lm":
+        return masked_lm_tensors(src_ids, special, seed)
+    raise ValueError(f"unknown objective {objective!r}: one of translation, causal_lm, masked_lm")

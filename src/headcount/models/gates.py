@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 
 BETA, LOW, HIGH = 0.33, -0.1, 1.1
 
@@ -73,11 +73,13 @@ def pin_open(gates: list[HardConcreteGates]) -> None:
             g.log_alpha.requires_grad_(False)
 
 
-def attach_gates(model: Seq2SeqWithHeads, types=ATTENTION_TYPES, init: float | None = None) -> list:
-    """Give every attention module of the given types Hard Concrete gates; returns them.
+def attach_gates(model: Seq2SeqWithHeads, types=None, init: float | None = None) -> list:
+    """Give every attention module of the given types (default: all the model has) Hard Concrete
+    gates; returns them.
 
     The module's fixed 0/1 mask still applies on top (a head masked out stays out).
     """
+    types = kind_of(model).attention_types if types is None else types
     gates = []
     for kind in types:
         for module in model.attention_modules()[kind]:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from headcount.io import CheckpointError
 from headcount.models.gates import attach_gates, l0_penalty, pin_open
-from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.pruning.methods import setting_types
 
 SELECTIONS = ("last", "best_dev_bleu")
@@ -32,7 +32,7 @@ def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: f
     With `control`, the gates are pinned open (gates.pin_open) and left out of the optimizer: the
     same weights train, on the same batches, at the same rates.
     """
-    gates = attach_gates(model, setting_types(setting), init=log_alpha_init)
+    gates = attach_gates(model, setting_types(setting, kind_of(model).name), init=log_alpha_init)
     if control:
         pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}

@@ -35,15 +35,25 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from headcount.models.seq2seq import ATTENTION_TYPES
+from headcount.models.seq2seq import ATTENTION_TYPES, MODEL_KINDS
 
 SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}  # in the tables' and figures' order
 
 
-def setting_types(setting: str) -> tuple[str, ...]:
+def setting_types(setting: str, model_kind: str = "encoder_decoder") -> tuple[str, ...]:
+    """The attention types a setting gates, of those a model of `model_kind` has."""
     if setting not in SETTINGS:
         raise ValueError(f"unknown pruning setting {setting!r}; expected one of {sorted(SETTINGS)}")
-    return SETTINGS[setting]
+    if setting not in kind_settings(model_kind):
+        raise ValueError(f"pruning setting {setting!r} is not one of a {model_kind} model's: "
+                         f"{', '.join(kind_settings(model_kind))}")
+    return tuple(t for t in SETTINGS[setting] if t in MODEL_KINDS[model_kind].attention_types)
+
+
+def kind_settings(model_kind: str) -> tuple[str, ...]:
+    """The settings that differ for a model kind: a model with one attention type has only "all"
+    (an encoder's "enc" would gate the same heads)."""
+    return tuple(SETTINGS) if len(MODEL_KINDS[model_kind].attention_types) > 1 else ("all",)
 
 
 def settings_pattern() -> str:

@@ -16,7 +16,7 @@ from headcount.models.seq2seq import Seq2SeqWithHeads
 def heads_layout(model: Seq2SeqWithHeads) -> tuple[dict[str, int], int]:
     """Layers per attention type, and heads per layer (of the full model, before any removal)."""
     masks = model.head_mask()
-    return {kind: int(mask.shape[0]) for kind, mask in masks.items()}, int(masks["enc_self"].shape[1])
+    return {kind: int(mask.shape[0]) for kind, mask in masks.items()}, int(next(iter(masks.values())).shape[1])
 
 
 def masks_from_table(table: pd.DataFrame, n_layers: dict[str, int], n_heads: int,

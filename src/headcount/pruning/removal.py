@@ -32,3 +32,14 @@ def attention_flops(model: Seq2SeqWithHeads, src_len: int, tgt_len: int) -> floa
             width = m.n_heads * m.head_dim
             total += tq * d * width * 2 + tk * d * width * 2 + tq * tk * width * 2  # Q,O; K,V; QK^T, PV
     return total
+
+
+def kv_cache_bytes_per_token(model: Seq2SeqWithHeads, bytes_per_value: int = 2) -> int:
+    """Bytes a decoder's key/value cache holds per generated token (keys and values of every
+    decoder self-attention layer, fp16/bf16 by default), counting the key/value heads each layer
+    computes: where query heads share key/value heads (grouped-query attention, `n_kv_heads`), a
+    key/value head goes only with the last query head that uses it."""
+    total = 0
+    for m in model.attention_modules().get("dec_self", []):
+        total += 2 * int(getattr(m, "n_kv_heads", m.n_heads)) * m.head_dim * bytes_per_value
+    return total

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headcount.data.batching import make_batches, source_tensor, target_tensors
+from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.token_corpus import TokenCorpus, sequence_lengths
 from headcount.io import HeadcountError, atomic_path, config_hash
 from headcount.models.checkpoint import load_checkpoint, save_checkpoint, state_step
 from headcount.models.device import pick_autocast_dtype, pick_device
-from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
 from headcount.training.schedules import noam_lr
 
@@ -143,12 +143,13 @@ class DevSet:
 def evaluate_loss(model: Seq2SeqWithHeads, data: Corpus, max_tokens: int, device, autocast_dtype) -> float:
     """Mean per-token NLL (nats) on a set, in evaluation mode."""
     model.eval()
+    objective = kind_of(model).objective
     total, tokens = 0.0, 0
     with torch.no_grad(), torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
                                          enabled=autocast_dtype is not None):
         for batch in make_batches(sequence_lengths(data.src), sequence_lengths(data.tgt), max_tokens, seed=0):
-            src = source_tensor([data.src[i] for i in batch], model.special).to(device)
-            tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch], model.special))
+            src, tgt_in, tgt_out = (x.to(device) for x in objective_tensors(
+                objective, [data.src[i] for i in batch], [data.tgt[i] for i in batch], model.special))
             _, nll, n = sequence_loss(model, src, tgt_in, tgt_out, 0.0)
             total, tokens = total + float(nll), tokens + n
     return total / max(tokens, 1)
@@ -275,6 +276,7 @@ def train(
         if step % cfg.checkpoint_interval == 0 or step == cfg.max_steps or overdue or stop.signal_name:
             checkpoint()
 
+    objective = kind_of(model).objective
     src_lens, tgt_lens = [n + 1 for n in sequence_lengths(data.src)], [n + 1 for n in sequence_lengths(data.tgt)]
     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "src_tokens": 0, "time": time.perf_counter()}
@@ -293,9 +295,9 @@ def train(
                     batches = make_batches(src_lens, tgt_lens, cfg.max_tokens, seed=cfg.seed * 1000 + epoch)
                 batch = batches[batch_in_epoch]
                 model.train()
-                src = source_tensor([data.src[i] for i in batch], model.special).to(device)
-                tgt_in, tgt_out = (x.to(device) for x in target_tensors([data.tgt[i] for i in batch],
-                                                                        model.special))
+                src, tgt_in, tgt_out = (x.to(device) for x in objective_tensors(
+                    objective, [data.src[i] for i in batch], [data.tgt[i] for i in batch], model.special,
+                    seed=cfg.seed * 1000 + epoch + 1))  # a masked LM's masks drawn anew each epoch; dev uses seed 0
                 lr = lr_at(step + 1)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]
