@@ -81,3 +81,28 @@ class PlantedCausalLM(torch.nn.Module):
                     probs[b, h, i, :i + 1] += (1 - self.peak) * rest / (i + 1)
         logits = torch.zeros(B, T, self.vocab)
         return logits, ({"dec_self": [probs.float()] * self.layers} if need_weights else None)
+
+
+class PlantedMaskedLM(torch.nn.Module):
+    """An encoder_only model (models.seq2seq) whose self-attention over [CLS] + pieces + [SEP] is
+    planted: head h puts cls[h] on [CLS], sep[h] on [SEP], the rest on the next piece (the last
+    piece: the one before it). `encode` returns ((B, S, 1) zeros, padding mask, [(B, H, S, S)])."""
+
+    model_kind = "encoder_only"
+
+    def __init__(self, cls: list[float], sep: list[float], max_positions: int = 256):
+        super().__init__()
+        self.special = SpecialIds(pad=0, bos=1, eos=2, unk=3, mask=4)
+        self.cls, self.sep, self.max_positions = cls, sep, max_positions
+
+    def encode(self, src, need_weights: bool = False):
+        B, S = src.shape
+        probs = torch.zeros(B, len(self.cls), S, S)
+        for b, ids in enumerate(src.tolist()):
+            last = ids.index(self.special.eos)
+            for h, (on_cls, on_sep) in enumerate(zip(self.cls, self.sep)):
+                for q in range(last + 1):
+                    probs[b, h, q, 0] += on_cls
+                    probs[b, h, q, last] += on_sep
+                    probs[b, h, q, q + 1 if q + 1 < last else max(q - 1, 1)] += 1 - on_cls - on_sep
+        return torch.zeros(B, S, 1), src.eq(self.special.pad), [probs]

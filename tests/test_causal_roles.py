@@ -288,3 +288,17 @@ def test_find_head_roles_on_a_decoder_only_model(tmp_path, monkeypatch):
     assert pd.read_csv(out["induction"])["induction_score"].gt(0.5).tolist() == [False, True, False, False]
     assert pd.read_csv(out["sink"])["sink_share"].ge(0.5).tolist() == [False, False, True, True]
     assert "n_unanswerable" in pd.read_csv(out["syntactic"]).columns
+
+
+def test_an_encoder_only_model_has_its_cls_and_sep_as_one_sink():
+    """[CLS] and [SEP] are both left out of the argmaxes, and the sink share is their sum."""
+    from fakes import PlantedMaskedLM
+
+    model, segmenter = PlantedMaskedLM(cls=[0.3, 0.5], sep=[0.1, 0.3]), PieceSegmenter()
+    stats = text_statistics(model, segmenter, TEXTS, Counter(), lowercase=False, log=quiet)
+    positional, sink = stats["positional"].set_index("head"), stats["sink"].set_index("head")
+    n = [len(segmenter.pieces(t)) for t in TEXTS]
+    assert positional["n_queries"].eq(sum(n)).all()
+    assert positional["offset"].tolist() == [1, 1] and positional["fraction"].tolist() == [1.0, 1.0]
+    assert sink["sink_share"].tolist() == pytest.approx([0.4, 0.8])
+    assert role_names("encoder_only")[-2:] == ["sink", "none"]
