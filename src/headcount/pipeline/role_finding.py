@@ -86,18 +86,35 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     their gold trees as well, a cross-check of the parser's reading: roles.csv gets
     `*_gold` columns and table1 a second table (`settings["max_sentences"]` sentences at most,
     none longer than the longest training sentence).
+
+    The heads analysed are those of the attention type the model's kind has for roles
+    (roles.registry.ROLE_ATTENTION: a decoder-only model's causal self-attention). The roles its
+    kind adds (roles.registry.roles_for) come with their statistics: a decoder-only model's
+    induction scores on random repeated tokens (ids below the tokenizer's size; settings
+    `induction_length`, `induction_sequences`, `induction_seed` if given) and sink shares on the
+    analysis text. Their thresholds are settings `induction_threshold`, `sink_threshold` if given,
+    the registry's otherwise; their tables are written to out["induction"] / out["sink"] when
+    `out` names them, and their columns are in roles.csv either way.
     """
     import json
 
     import pandas as pd
 
-    from headcount.analysis.roles.collect import longest_sentence, syntactic_statistics, text_statistics
-    from headcount.analysis.roles.registry import assign_roles
+    from headcount.analysis.roles.collect import (
+        induction_statistics,
+        longest_sentence,
+        syntactic_statistics,
+        text_statistics,
+    )
+    from headcount.analysis.roles.registry import ROLE_ATTENTION, assign_roles, roles_for
     from headcount.analysis.roles.statistics import RELATIONS, count_words
     from headcount.data.parses import read_conllu_files
+    from headcount.models.seq2seq import kind_of
     from headcount.report.plots import head_function_map, relative_positions
 
     model = load_model(model_path).eval()
+    kind = kind_of(model).name
+    needs = {need for role in roles_for(kind) for need in role.needs}
     segmenter = open_tokenizer(src_spm, "source")
     dev = pick_device(device)
     parses = pd.read_parquet(parses_path)
@@ -118,13 +135,21 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     max_pieces, syntactic_text = (None, info["text"]) if info["in_domain"] else (longest, info["text"] + limit)
     stats.update(syntactic_statistics(model, segmenter, parses, lowercase, device=dev, max_pieces=max_pieces,
                                       log=log))
+    if "induction" in needs:
+        stats["induction"] = induction_statistics(
+            model, len(segmenter), length=settings.get("induction_length", 50),
+            sequences=settings.get("induction_sequences", 20), seed=settings.get("induction_seed", 0), device=dev,
+            log=log)
+    extra = {need: stats[need] for need in needs}
+    role_rules = {rule: settings[rule] for role in roles_for(kind) for rule, _ in role.rules if rule in settings}
 
     def roles_of(syntactic):
         return assign_roles(stats["positional"], syntactic, stats["rare"],
                             positional_threshold=settings["positional_threshold"],
                             syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
                             min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
-                            positional_share=settings["positional_share"])
+                            positional_share=settings["positional_share"], kind=kind, statistics=extra,
+                            rules=role_rules)
 
     roles = roles_of(stats["syntactic"]).assign(text=analysis_label, syntactic_text=syntactic_text,
                                                 parser=info["parser"])
@@ -151,6 +176,10 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label, parser=no_parse),
               "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
               "rare": stats["rare"].assign(text=analysis_label, parser=no_parse)}
+    if "sink" in needs and "sink" in out:
+        tables["sink"] = stats["sink"].assign(text=analysis_label, parser=no_parse)
+    if "induction" in needs and "induction" in out:
+        tables["induction"] = stats["induction"].assign(text="random repeated tokens", parser=no_parse)
     for name, frame in tables.items():
         with atomic_path(out[name]) as tmp:
             frame.to_csv(tmp, index=False, float_format="%.4g")
@@ -160,8 +189,9 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
         tmp.write_text(markdown, encoding="utf-8")
     scores = pd.read_parquet(head_scores_path) if head_scores_path else None
     counts = roles["role"].value_counts().to_dict()
+    heads = "decoder self-attention heads" if ROLE_ATTENTION[kind] == "dec_self" else "encoder heads"
     head_function_map(roles, scores, out["function_map"],
-                      f"encoder heads by function ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})")
+                      f"{heads} by function ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})", kind=kind)
     relative_positions(parses, list(RELATIONS), out["relative_positions"],
                        f"relative position of dependents (words), {info['text']}, {info['parser']}")
     paper = roles["role_paper"].value_counts().to_dict()

@@ -67,16 +67,19 @@ def save(fig, path) -> None:
     plt.close(fig)
 
 
-def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, title: str) -> None:
-    """The paper's Figures 1c/2: encoder heads coloured by function (roles.ROLES' colours:
-    positional purple, syntactic green, rare-token orange, other grey); within each layer ordered
-    by LRP relevance (when head scores exist), each cell labelled with the head and its LRP share."""
-    from headcount.analysis.roles.registry import role_colour, role_label, role_names
+def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, title: str,
+                      kind: str = "encoder_decoder") -> None:
+    """The paper's Figures 1c/2: the heads that get roles (encoder heads; a decoder-only model's
+    self-attention heads: roles.registry.ROLE_ATTENTION of the model's `kind`) coloured by function
+    (roles.ROLES' colours: positional purple, syntactic green, rare-token orange, other grey; the
+    legend lists the roles of that kind); within each layer ordered by LRP relevance (when head
+    scores exist), each cell labelled with the head and its LRP share."""
+    from headcount.analysis.roles.registry import ROLE_ATTENTION, role_colour, role_label, role_names
     order = order_score()
     table = roles.copy()
     if scores is not None:
-        table = table.merge(scores[scores["type"] == "enc_self"][["layer", "head", order]], on=["layer", "head"],
-                            how="left")
+        table = table.merge(scores[scores["type"] == ROLE_ATTENTION[kind]][["layer", "head", order]],
+                            on=["layer", "head"], how="left")
     else:
         table[order] = np.nan
     layers = sorted(table["layer"].unique())
@@ -93,9 +96,10 @@ def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, ti
     ax.set_yticks(range(len(layers)), [f"layer {layer + 1}" for layer in layers])
     ax.set_xticks([])
     ax.set_xlabel("heads, most LRP-relevant first" if scores is not None else "heads")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=role_colour(r)) for r in role_names()]
-    ax.legend(handles, [role_label(r) for r in role_names()], loc="upper center",
-              bbox_to_anchor=(0.5, -0.08), ncol=len(role_names()), fontsize=8, frameon=False)
+    names = role_names(kind)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=role_colour(r)) for r in names]
+    ax.legend(handles, [role_label(r) for r in names], loc="upper center",
+              bbox_to_anchor=(0.5, -0.08), ncol=len(names), fontsize=8, frameon=False)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)

@@ -1,8 +1,20 @@
-"""Head roles of Voita et al. (2019), section 5: positional, syntactic and rare-token heads.
+"""Head roles of Voita et al. (2019), section 5: positional, syntactic and rare-token heads; and
+two roles from the language-model literature: induction heads (Olsson et al. 2022) and attention
+sinks (Xiao et al. 2023).
 
-alignment: subword pieces to words; statistics: the three accumulators (PositionalStats,
-SyntacticStats, RareStats); registry: ROLES and assign_roles; collect: a model's encoder attention
+alignment: subword pieces to words; statistics: the accumulators (PositionalStats, SyntacticStats,
+RareStats, SinkStats) and the induction task (repeated_sequences, repeated_sequence_scores);
+registry: ROLES, which model kinds each role is for, and assign_roles; collect: a model's attention
 over sentences into the accumulators.
+
+Which heads. registry.ROLE_ATTENTION per model kind (models.seq2seq.kind_of): enc_self for
+encoder-decoder and encoder-only models, dec_self (causal) for decoder-only ones. collect brings
+every kind's maps to the source layout below, with the model's no-op sink in EOS's place: a causal
+model's BOS moved behind the pieces, an encoder-only model's [CLS] and [SEP] summed into one
+column ([CLS]'s row dropped). So "excluding EOS" reads "excluding the sink" for every kind. On
+causal heads a syntactic instance counts only with its backward answers, and one with none is left
+out (SyntacticStats' docstring says why); the positional shares need nothing more, since the
+forward offsets have valid queries but no hits.
 
 The decisions are SPEC section 2's; where SPEC is silent the choice is written here.
 

@@ -1,4 +1,20 @@
-"""A model's encoder attention over sentences, fed into the role statistics."""
+"""A model's attention over sentences, fed into the role statistics.
+
+The heads that get roles are those of the attention type registry.ROLE_ATTENTION names for the
+model's kind (models.seq2seq.kind_of). Every kind's maps are brought to the source layout the
+statistics assume (the package docstring): pieces, then one no-op sink slot where the source's EOS
+is, then padding, so that the sink is left out of every argmax in one way for all kinds (no
+renormalisation):
+
+- encoder_decoder: the encoder's self-attention over pieces + EOS, as it is.
+- decoder_only: the causal self-attention over BOS + pieces (`model(src_empty, tgt_in)`), BOS moved
+  behind the pieces: BOS is a causal model's no-op sink (every query sees it), the counterpart of
+  EOS; its own row (it sees only itself) is the left-out sink row. Offsets between pieces keep
+  their sign and size.
+- encoder_only: the self-attention over [CLS] + pieces + [SEP]; [CLS]'s column is added to [SEP]'s
+  (both are no-op sinks: the sink slot holds their sum) and [CLS]'s row and column dropped, so a
+  query's attention still sums to 1 and neither sink can be a head's argmax.
+"""
 
 from __future__ import annotations
 
@@ -10,34 +26,81 @@ import pandas as pd
 import torch
 
 from headcount.analysis.roles.alignment import align_pieces, aligned_words, sentence_tokens, word_attention
+from headcount.analysis.roles.registry import ROLE_ATTENTION
 from headcount.analysis.roles.statistics import (
     PIECE_KINDS,
     PositionalStats,
     RareStats,
+    SinkStats,
     SyntacticStats,
     frequency_words,
     piece_kind_masks,
     relation_pairs,
+    repeated_sequence_scores,
+    repeated_sequences,
     source_lengths,
     syntactic_table,
     with_piece_kinds,
 )
-from headcount.data.batching import source_tensor
+from headcount.data.batching import pad, source_tensor
+from headcount.models.seq2seq import kind_of
 
 # --------------------------------------------------------------------------------------------
 # Driver: a model, a segmenter, a parse table -> the three statistics tables
 
 
-def _encoder_attention(model, segmenter, texts: Sequence[str], keep: Sequence[int], batch_size: int, device):
-    """Encode the sentences `keep` of the (already lowercased if need be) `texts` in batches: yields
-    (sentence indices, (L, B, H, S, S) encoder self-attention, lengths incl. EOS)."""
+def is_causal(model) -> bool:
+    """Whether the heads that get roles see only the past (a decoder-only model's)."""
+    return ROLE_ATTENTION[kind_of(model).name] == "dec_self"
+
+
+def _sink_positions(model) -> int:
+    """The model positions a sentence takes beyond its pieces: EOS (encoder-decoder), BOS
+    (decoder-only), [CLS] and [SEP] (encoder-only)."""
+    return 2 if kind_of(model).name == "encoder_only" else 1
+
+
+def _bos_last(probs: torch.Tensor, n_pieces: list[int]) -> torch.Tensor:
+    """(L, B, H, T, T) maps over BOS + pieces + padding -> over pieces + BOS + padding (each row
+    b's BOS put right after its n_pieces[b] pieces; rows and columns alike)."""
+    L, B, H, T, _ = probs.shape
+    order = torch.tensor([[*range(1, n + 1), 0, *range(n + 1, T)] for n in n_pieces], device=probs.device)
+    rows = probs.gather(3, order.view(1, B, 1, T, 1).expand(L, B, H, T, T))
+    return rows.gather(4, order.view(1, B, 1, 1, T).expand(L, B, H, T, T))
+
+
+def _cls_into_sep(probs: torch.Tensor, n_pieces: list[int]) -> torch.Tensor:
+    """(L, B, H, S, S) maps over [CLS] + pieces + [SEP] + padding -> over pieces + sink + padding,
+    the sink's column the sum of [CLS]'s and [SEP]'s."""
+    probs = probs.clone()
+    for b, n in enumerate(n_pieces):
+        probs[:, b, :, :, n + 1] += probs[:, b, :, :, 0]
+    return probs[..., 1:, 1:]
+
+
+def _role_attention(model, segmenter, texts: Sequence[str], keep: Sequence[int], batch_size: int, device):
+    """Run the model over the sentences `keep` of the (already lowercased if need be) `texts` in
+    batches: yields (sentence indices, (L, B, H, S, S) attention of the heads that get roles in the
+    source layout (module docstring), lengths incl. the sink)."""
     ids = segmenter.encode([texts[i] for i in keep])
+    kind, special = kind_of(model).name, model.special
     for start in range(0, len(keep), batch_size):
-        chunk = list(keep[start:start + batch_size])
-        src = source_tensor(ids[start:start + batch_size], model.special).to(device)  # (B, S): pieces, EOS, padding
-        lengths = source_lengths(src, model.special.pad).tolist()
-        _, _, probs = model.encode(src, need_weights=True)
-        yield chunk, torch.stack(probs), lengths
+        chunk, pieces = list(keep[start:start + batch_size]), ids[start:start + batch_size]
+        n_pieces = [len(x) for x in pieces]
+        if kind == "decoder_only":
+            tgt_in = pad([[special.bos, *x] for x in pieces], special.pad).to(device)
+            _, attention = model(torch.zeros(len(chunk), 0, dtype=torch.long, device=device), tgt_in,
+                                 need_weights=True)
+            yield chunk, _bos_last(torch.stack(attention["dec_self"]), n_pieces), [n + 1 for n in n_pieces]
+        elif kind == "encoder_only":
+            src = pad([[special.bos, *x, special.eos] for x in pieces], special.pad).to(device)
+            _, _, probs = model.encode(src, need_weights=True)
+            yield chunk, _cls_into_sep(torch.stack(probs), n_pieces), [n + 1 for n in n_pieces]
+        else:
+            src = source_tensor(pieces, special).to(device)  # (B, S): pieces, EOS, padding
+            lengths = source_lengths(src, special.pad).tolist()
+            _, _, probs = model.encode(src, need_weights=True)
+            yield chunk, torch.stack(probs), lengths
 
 
 def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> tuple[list[int], int, int]:
@@ -45,7 +108,7 @@ def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> 
     within the model's positions; and how many were too long for each reason."""
     lengths = [len(x) for x in segmenter.encode(list(texts))]
     too_long = {i for i, n in enumerate(lengths) if max_pieces is not None and n > max_pieces}
-    no_room = {i for i, n in enumerate(lengths) if n + 1 > model.max_positions} - too_long
+    no_room = {i for i, n in enumerate(lengths) if n + _sink_positions(model) > model.max_positions} - too_long
     return [i for i in range(len(texts)) if i not in too_long | no_room], len(too_long), len(no_room)
 
 
@@ -53,22 +116,25 @@ def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> 
 def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter, lowercase: bool,
                     batch_size: int = 32, device: str | torch.device = "cpu", top_k: int = 500,
                     log=print) -> dict[str, pd.DataFrame]:
-    """Positional and rare-token encoder-head statistics of running text (the experiment's own
-    analysis set; they need no parse): {"positional", "rare"} DataFrames.
+    """Positional, rare-token and sink statistics of running text (the experiment's own analysis
+    set; they need no parse) for the heads that get roles (module docstring): {"positional",
+    "rare", "sink"} DataFrames.
 
-    Each line (lowercased when the model's data are) is segmented, EOS appended, and encoded in
-    batches; lines longer than the model's max_len are skipped. The rare-token words of a line are
-    its `frequency_words`, the words `frequencies` (count_words) were counted as.
+    Each line (lowercased when the model's data are) is segmented, given the model's sink token(s),
+    and run through the model in batches; lines longer than the model's max_len are skipped. The
+    rare-token words of a line are its `frequency_words`, the words `frequencies` (count_words) were
+    counted as. "sink" is the share on the sink slot (an encoder-decoder model's EOS).
     """
     model.eval().to(device)
     texts = [t.lower() if lowercase else t for t in texts]
     keep, _, no_room = _fitting(segmenter, texts, model, None)
-    positional, rare = PositionalStats(), RareStats(frequencies, top_k, lowercase)
+    positional, rare, sink = PositionalStats(), RareStats(frequencies, top_k, lowercase), SinkStats()
     by_kind = {kind: PositionalStats() for kind in PIECE_KINDS}
     unplaced = total_words = 0
-    for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
+    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
         pieces = [segmenter.pieces(texts[i]) for i in chunk]
         positional.update(probs, lengths)
+        sink.update(probs, lengths)
         for kind, mask in piece_kind_masks(pieces, probs.shape[-1]).items():
             by_kind[kind].update(probs, lengths, mask)
         for row, i in enumerate(chunk):
@@ -84,15 +150,16 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     if rare.n_uniform:
         log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
             f"words in {rare.uniform_two_rarest / rare.n_uniform:.0%} of the eligible sentences")
-    return {"positional": with_piece_kinds(positional.table(), by_kind), "rare": rare.table()}
+    return {"positional": with_piece_kinds(positional.table(), by_kind), "rare": rare.table(), "sink": sink.table()}
 
 
 @torch.no_grad()
 def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool, batch_size: int = 32,
                          device: str | torch.device = "cpu", max_pieces: int | None = None,
                          log=print) -> dict[str, pd.DataFrame]:
-    """Syntactic encoder-head statistics of parsed sentences (a headcount.parses table):
-    {"syntactic", "table1"} DataFrames.
+    """Syntactic statistics of parsed sentences (a headcount.parses table) for the heads that get
+    roles (module docstring; a causal model's: SyntacticStats' `causal`): {"syntactic", "table1"}
+    DataFrames.
 
     Each sentence's `text` (lowercased when the model's data are) is segmented and encoded; the
     words are the table's surface tokens. Sentences of more than `max_pieces` subwords (e.g. the
@@ -104,9 +171,9 @@ def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool,
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
     keep, too_long, no_room = _fitting(segmenter, texts, model, max_pieces)
-    syntactic = SyntacticStats()
+    syntactic = SyntacticStats(causal=is_causal(model))
     unplaced = total_words = 0
-    for chunk, probs, lengths in _encoder_attention(model, segmenter, texts, keep, batch_size, device):
+    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
         for row, i in enumerate(chunk):
             words = sentence_tokens(sentences[i])
             piece_to_word = align_pieces(words, segmenter.pieces(texts[i]))
@@ -133,6 +200,26 @@ def encoder_head_statistics(model, segmenter, table: pd.DataFrame, frequencies: 
     stats = text_statistics(model, segmenter, texts, frequencies, lowercase, batch_size, device, top_k, log)
     return {**stats, **syntactic_statistics(model, segmenter, table, lowercase, batch_size, device, max_pieces,
                                             log)}
+
+
+@torch.no_grad()
+def induction_statistics(model, vocab_size: int, length: int = 50, sequences: int = 20, seed: int = 0,
+                         device: str | torch.device = "cpu", log=print) -> pd.DataFrame:
+    """Induction, duplicate-token and previous-token scores of a decoder-only model's heads
+    (statistics.repeated_sequence_scores) on `sequences` rows of BOS + r + r, r `length` random
+    ids below `vocab_size` that are not special (seeded); `length` shrinks to fit the model's
+    positions."""
+    if not is_causal(model):
+        raise ValueError(f"induction scores are for causal models, not {kind_of(model).name}")
+    model.eval().to(device)
+    length = min(length, (model.max_positions - 1) // 2)
+    tgt_in = repeated_sequences(vocab_size, model.special, length, sequences, seed).to(device)
+    _, attention = model(torch.zeros(sequences, 0, dtype=torch.long, device=device), tgt_in, need_weights=True)
+    table = repeated_sequence_scores(attention["dec_self"], length)
+    best = table.loc[table["induction_score"].idxmax()]
+    log(f"induction scores on {sequences} sequences of 2 x {length} random tokens (seed {seed}): best "
+        f"{best['induction_score']:.2f} (layer {int(best['layer'])}, head {int(best['head'])})")
+    return table
 
 
 def longest_sentence(segmenter, lines: Iterable[str], lowercase: bool) -> int:

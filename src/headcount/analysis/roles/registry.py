@@ -9,16 +9,24 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.roles.statistics import PIECE_KINDS
+from headcount.models.seq2seq import MODEL_KINDS
+
+# The attention type whose heads get roles, per model kind (models.seq2seq.MODEL_KINDS): the
+# encoder's self-attention where a model has an encoder, the causal self-attention of a decoder-only
+# model. Defined here once; collect, the stage and the figures read it.
+ROLE_ATTENTION = {"encoder_decoder": "enc_self", "encoder_only": "enc_self", "decoder_only": "dec_self"}
 
 # --------------------------------------------------------------------------------------------
 # One role per head
 
 
 # The roles, one registry. A role says which per-head columns it takes from the statistics tables
-# ({"positional", "syntactic", "rare"}: PositionalStats, SyntacticStats, RareStats), how a head
+# ({"positional", "syntactic", "rare", "sink"}: PositionalStats, SyntacticStats, RareStats, SinkStats;
+# "induction": repeated_sequence_scores), which kinds of model it is computed for, how a head
 # qualifies (is_<role>; the paper's rule as written beside it, is_<role>_paper, where the project's
-# differs), the column holding the number behind it, and how figures show it. assign_roles, the
-# pruning table's role_<role> counts and the figures iterate ROLES: a new role is one Role here.
+# differs), the column holding the number behind it, its own rules' defaults, and how figures show
+# it. assign_roles, the pruning table's role_<role> counts and the figures iterate ROLES: a new role
+# is one Role here.
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,9 @@ class Role:
     statistic: Callable[[dict], str]  # rules -> the column of the number behind the role
     qualifies_paper: Callable[[pd.DataFrame, dict], pd.Series] | None = None  # -> is_<name>_paper
     fill: tuple[tuple[str, object], ...] = ()  # (column, value) for heads its statistics do not list
+    kinds: tuple[str, ...] = tuple(MODEL_KINDS)  # the model kinds whose heads can get it
+    needs: tuple[str, ...] = ()  # the statistics tables it reads beyond the three of every kind
+    rules: tuple[tuple[str, object], ...] = ()  # (rule, default) of its own, overridable in assign_roles
 
 
 ROLES: dict[str, Role] = {}  # in the tables' and figures' order
@@ -43,13 +54,21 @@ def register_role(role: Role) -> Role:
     return role
 
 
-def role_names() -> list[str]:
-    """Every role a head can get, the registry's then "none"."""
-    return [*ROLES, NO_ROLE]
+def roles_for(kind: str = "encoder_decoder") -> list[Role]:
+    """The registered roles a head of this kind of model can get, in the registry's order."""
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"unknown model kind {kind!r}; one of {list(MODEL_KINDS)}")
+    return [role for role in ROLES.values() if kind in role.kinds]
 
 
-def role_precedence() -> tuple[str, ...]:
-    return tuple(sorted(ROLES, key=lambda name: ROLES[name].precedence))
+def role_names(kind: str = "encoder_decoder") -> list[str]:
+    """Every role a head of this kind of model can get, the registry's then "none" (the default
+    kind is that of a model which declares none, models.seq2seq.kind_of)."""
+    return [*(role.name for role in roles_for(kind)), NO_ROLE]
+
+
+def role_precedence(kind: str = "encoder_decoder") -> tuple[str, ...]:
+    return tuple(role.name for role in sorted(roles_for(kind), key=lambda role: role.precedence))
 
 
 def role_colour(name: str) -> str:
@@ -133,12 +152,62 @@ register_role(Role("rare", "rare tokens", "#f28e1c", 0, _rare_columns, _rare, la
                    qualifies_paper=_rare_paper))
 
 
+# Induction heads (Olsson et al. 2022): on BOS + r + r (r random ids), the attention from each token
+# of the second copy to the token after its first occurrence (TransformerLens' prefix matching).
+# Threshold 0.4, the project's choice (neither Olsson et al. nor TransformerLens set one): about 20
+# times what a head spread evenly over the visible tokens puts there (1/(n + j + 2) <= 0.02 at n = 50),
+# and below one half because trained induction heads also park attention on the BOS sink. Causal
+# models only: the mechanism predicts the next token from the past; a bidirectional encoder can read
+# the answer from the second copy itself. First in precedence: the most specific of the roles (a
+# random-token task at chance level ~1/n), which text statistics cannot show.
+INDUCTION_THRESHOLD = 0.4
+
+
+def _induction_columns(statistics: dict, rules: dict) -> pd.DataFrame:
+    return statistics["induction"][["layer", "head", "induction_score", "duplicate_score", "previous_score"]]
+
+
+register_role(Role(
+    "induction", "induction", "#1f77b4", -1, _induction_columns,
+    lambda table, rules: table["induction_score"].fillna(0) >= rules["induction_threshold"],
+    lambda rules: "induction_score", kinds=("decoder_only",), needs=("induction",),
+    rules=(("induction_threshold", INDUCTION_THRESHOLD),)))
+
+
+# Attention sinks (Xiao et al. 2023): the share of a head's attention on the model's no-op token
+# (SinkStats: BOS of a causal model, [CLS] and [SEP] together of an encoder-only one), averaged over
+# the text's queries (the sink's own query, which in a causal model sees only itself, left out).
+# Threshold 0.5: most of what the head adds to the residual stream is the sink's value, a near no-op,
+# so the head does little else; looser cuts (Gu et al. 2024, "When attention sink emerges", count a
+# head at a mean share of 0.3) keep heads that split between the sink and a real function. Last in
+# precedence: a head whose attention beyond the sink is positional, syntactic or rare-token (those
+# statistics leave the sink out) gets that role, and `sink` names the heads that do nothing else.
+# Not computed for encoder-decoder models, whose roles stay those of Voita et al. (2019); their EOS
+# share is in SinkStats' table all the same.
+SINK_THRESHOLD = 0.5
+
+
+register_role(Role(
+    "sink", "attention sink", "#8c564b", 3,
+    lambda statistics, rules: statistics["sink"][["layer", "head", "sink_share"]],
+    lambda table, rules: table["sink_share"].fillna(0) >= rules["sink_threshold"],
+    lambda rules: "sink_share", kinds=("decoder_only", "encoder_only"), needs=("sink",),
+    rules=(("sink_threshold", SINK_THRESHOLD),)))
+
+
 def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.DataFrame,
                  positional_threshold: float = 0.9, syntactic_margin: float = 0.10,
                  rare_threshold: float = 0.5, min_instances: int = 10,
                  precedence: Sequence[str] | None = None, rare_margin: float | None = None,
-                 positional_share: str = "valid") -> pd.DataFrame:
-    """One role per head from the three statistics tables, by the registered roles (ROLES).
+                 positional_share: str = "valid", kind: str = "encoder_decoder",
+                 statistics: dict[str, pd.DataFrame] | None = None,
+                 rules: dict | None = None) -> pd.DataFrame:
+    """One role per head from the statistics tables, by the registered roles (ROLES) a head of
+    this `kind` of model can get (roles_for).
+
+    `statistics`: the tables beyond the three that the kind's roles need (a Role's `needs`:
+    "induction", "sink"); `rules`: values for the roles' own rules (a Role's `rules`, e.g.
+    induction_threshold, sink_threshold), the registry's defaults otherwise.
 
     positional: share of one offset >= positional_threshold (subword level, EOS excluded), the
     share taken over the queries where that offset is valid (`positional_share="valid"`,
@@ -154,7 +223,8 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
     and more specific ones (a head that beats the positional baseline by 10 points is doing more
     than attending to a fixed offset), and the flags is_positional / is_syntactic / is_rare keep
     every qualification. `statistic` is the number behind the role (two-rarest rate, accuracy
-    margin, or fraction).
+    margin, or fraction). Decoder-only models add induction (first) and sink (last), encoder-only
+    ones sink: see their Roles for why there.
 
     The paper's reading is kept beside the project's wherever they differ: is_positional_paper
     (share over all queries), is_rare_paper (plain "> rare_threshold", no margin), and role_paper,
@@ -162,20 +232,26 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
     """
     if positional_share not in ("valid", "all"):
         raise ValueError(f"positional_share must be 'valid' or 'all', not {positional_share!r}")
-    rules = {"positional_threshold": positional_threshold, "syntactic_margin": syntactic_margin,
+    roles = roles_for(kind)
+    given = rules or {}
+    rules = {**{rule: given.get(rule, value) for role in roles for rule, value in role.rules},
+             "positional_threshold": positional_threshold, "syntactic_margin": syntactic_margin,
              "rare_threshold": rare_threshold, "min_instances": min_instances, "rare_margin": rare_margin,
              "positional_share": positional_share}
-    statistics = {"positional": positional, "syntactic": syntactic, "rare": rare}
-    precedence = role_precedence() if precedence is None else tuple(precedence)
+    statistics = {**(statistics or {}), "positional": positional, "syntactic": syntactic, "rare": rare}
+    missing = sorted({need for role in roles for need in role.needs if statistics.get(need) is None})
+    if missing:
+        raise ValueError(f"the roles of a {kind} model need the statistics {missing}")
+    precedence = role_precedence(kind) if precedence is None else tuple(precedence)
     table = None
-    for role in ROLES.values():
+    for role in roles:
         part = role.columns(statistics, rules)
         table = part if table is None else table.merge(part, on=["layer", "head"], how="outer")
     table = table.sort_values(["layer", "head"], ignore_index=True)
-    for role in ROLES.values():
+    for role in roles:
         for column, value in role.fill:
             table[column] = table[column].fillna(value)
-    for role in ROLES.values():
+    for role in roles:
         if role.qualifies_paper is not None:
             table[f"is_{role.name}_paper"] = role.qualifies_paper(table, rules)
         table[f"is_{role.name}"] = role.qualifies(table, rules)

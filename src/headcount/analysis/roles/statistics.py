@@ -185,12 +185,23 @@ def relation_pairs(sentence: pd.DataFrame, relations: Sequence[str] = RELATIONS)
 
 class SyntacticStats:
     """Per relation and direction: how often each head's argmax word (EOS excluded) is a related
-    word, and the relative positions of the related words (for the positional baseline)."""
+    word, and the relative positions of the related words (for the positional baseline).
 
-    def __init__(self, relations: Sequence[str] = RELATIONS):
+    `causal` (a decoder-only model's heads, which see only the past): an instance counts only with
+    its backward answers (related words before the query; a relation never links a word to itself,
+    so the baseline is the most frequent offset < 0), and an instance with none is left out, counted
+    in `n_unanswerable` (a table column then). Counting it as wrong would charge every head and the
+    baseline alike with what no causal head can do, pulling accuracies and margins towards 0 by the
+    share of forward arcs (most s->v instances in English): the roles compare what a head does where
+    it could answer, as a bidirectional head is compared where it can.
+    """
+
+    def __init__(self, relations: Sequence[str] = RELATIONS, causal: bool = False):
         self.keys = [(r, d) for r in relations for d in DIRECTIONS]
+        self.causal = causal
         self.correct: dict[tuple[str, str], np.ndarray] = {}
         self.n = Counter()
+        self.unanswerable = Counter()
         self.offsets: dict[tuple[str, str], Counter] = defaultdict(Counter)
         self.shape: tuple[int, int] | None = None
 
@@ -210,6 +221,11 @@ class SyntacticStats:
                 targets[(rel, direction, q)].add(t)
         for (rel, direction, q), ts in targets.items():
             key = (rel, direction)
+            if self.causal:
+                ts = {t for t in ts if t < q}
+                if not ts:
+                    self.unanswerable[key] += 1
+                    continue
             self.correct[key] += np.isin(pointed[:, :, q], list(ts))
             self.n[key] += 1
             self.offsets[key].update(t - q for t in ts)
@@ -224,19 +240,20 @@ class SyntacticStats:
     def table(self) -> pd.DataFrame:
         """One row per (relation, direction, layer, head): accuracy, n, baseline offset/accuracy."""
         cols = ["relation", "direction", "name", "layer", "head", "accuracy", "n", "baseline_offset",
-                "baseline_accuracy"]
+                "baseline_accuracy"] + (["n_unanswerable"] if self.causal else [])
         if self.shape is None:
             return pd.DataFrame(columns=cols)
         rows = []
         for key in self.keys:
             offset, base = self.baseline(key)
             n = self.n[key]
+            causal = {"n_unanswerable": self.unanswerable[key]} if self.causal else {}
             for layer in range(self.shape[0]):
                 for head in range(self.shape[1]):
                     rows.append({"relation": key[0], "direction": key[1], "name": DIRECTION_NAMES.get(key, ""),
                                  "layer": layer, "head": head,
                                  "accuracy": self.correct[key][layer, head] / n if n else np.nan,
-                                 "n": n, "baseline_offset": offset, "baseline_accuracy": base})
+                                 "n": n, "baseline_offset": offset, "baseline_accuracy": base, **causal})
         return pd.DataFrame(rows, columns=cols)
 
 
@@ -359,3 +376,77 @@ class RareStats:
                              "uniform_rate_rarest": self.uniform_rarest / nu if nu else np.nan,
                              "uniform_rate_two_rarest": self.uniform_two_rarest / nu if nu else np.nan},
                             columns=cols)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention sinks and induction heads (the language-model literature)
+
+
+class SinkStats:
+    """Per head, the mean share of attention on the sink: the no-op slot the maps hold where the
+    source's EOS is (collect puts a causal model's BOS there, and an encoder-only model's [CLS]
+    and [SEP] together), averaged over the queries (the sink's own row and padding left out).
+
+    Inputs of `update` as PositionalStats': probs (L, B, H, S, S) or a per-layer list, lengths (B,)
+    real tokens with the sink, the sink last.
+    """
+
+    def __init__(self):
+        self.total: np.ndarray | None = None  # (L, H) summed sink shares
+        self.n_queries = 0
+
+    def update(self, probs, lengths) -> None:
+        probs = _stack_layers(probs)
+        L, B, H, S, _ = probs.shape
+        lengths = torch.as_tensor(lengths, device=probs.device).reshape(B)
+        sink = (lengths - 1).view(1, B, 1, 1, 1).expand(L, B, H, S, 1)
+        share = probs.gather(-1, sink).squeeze(-1)  # (L, B, H, S)
+        counted = torch.arange(S, device=probs.device)[None, :] < (lengths - 1)[:, None]  # (B, S)
+        total = (share * counted[None, :, None, :]).sum(dim=(1, 3)).double().cpu().numpy()
+        self.total = total if self.total is None else self.total + total
+        self.n_queries += int(counted.sum())
+
+    def table(self) -> pd.DataFrame:
+        cols = ["layer", "head", "sink_share", "n_queries"]
+        if self.total is None or self.n_queries == 0:
+            return pd.DataFrame(columns=cols)
+        L, H = self.total.shape
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(),
+                             "sink_share": (self.total / self.n_queries).ravel(), "n_queries": self.n_queries},
+                            columns=cols)
+
+
+def repeated_sequences(vocab_size: int, special, length: int, count: int, seed: int = 0) -> torch.Tensor:
+    """(count, 2 * length + 1) token ids BOS + r + r, each row its own r of `length` random ids,
+    none a special id of the model (`special`, a SpecialIds). r has no repeated id where the
+    vocabulary allows, so every token of the second copy has exactly one earlier occurrence."""
+    specials = {special.pad, special.bos, special.eos, special.unk, special.mask, *special.forced} - {None}
+    candidates = np.array([i for i in range(vocab_size) if i not in specials])
+    rng = np.random.default_rng(seed)
+    rows = [rng.choice(candidates, size=length, replace=len(candidates) < length) for _ in range(count)]
+    return torch.tensor([[special.bos, *r, *r] for r in rows], dtype=torch.long)
+
+
+def repeated_sequence_scores(probs, length: int) -> pd.DataFrame:
+    """Per head, on maps of BOS + r + r sequences (`repeated_sequences`; probs (L, B, H, T, T) or a
+    per-layer list, T = 2 * length + 1), the mean attention over the second copy's queries p
+    (length + 1 .. 2 * length) to: p - length + 1, the token after the first occurrence of p's token
+    (`induction_score`, Olsson et al. 2022; TransformerLens' prefix matching); p - length, that
+    occurrence itself (`duplicate_score`); p - 1 (`previous_score`)."""
+    probs = _stack_layers(probs)
+    L, B, H, T, _ = probs.shape
+    if T != 2 * length + 1:
+        raise ValueError(f"maps of {T} positions are not BOS + two copies of {length} tokens")
+    queries = torch.arange(length + 1, 2 * length + 1, device=probs.device)
+    rows = probs[..., queries, :]  # (L, B, H, length, T)
+
+    def score(targets):
+        index = targets.view(1, 1, 1, length, 1).expand(L, B, H, length, 1)
+        return rows.gather(-1, index).squeeze(-1).double().mean(dim=(1, 3)).cpu().numpy()  # (L, H)
+
+    layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+    return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(),
+                         "induction_score": score(queries - length + 1).ravel(),
+                         "duplicate_score": score(queries - length).ravel(),
+                         "previous_score": score(queries - 1).ravel(), "n_sequences": B, "length": length})
