@@ -98,6 +98,16 @@ MODEL_KINDS = {kind.name: kind for kind in (
 )}
 
 
+def kind_with_types(types) -> ModelKind:
+    """The kind whose attention types are exactly `types` (a score table's, say): encoder_decoder
+    for all three, decoder_only for dec_self alone, encoder_only for enc_self alone."""
+    wanted = set(types)
+    for kind in MODEL_KINDS.values():
+        if set(kind.attention_types) == wanted:
+            return kind
+    raise ValueError(f"no model kind has exactly the attention types {sorted(wanted)}")
+
+
 def kind_of(model) -> ModelKind:
     """The model's ModelKind (encoder_decoder where it declares none)."""
     return MODEL_KINDS[getattr(model, "model_kind", "encoder_decoder")]

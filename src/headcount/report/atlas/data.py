@@ -32,12 +32,12 @@ import numpy as np
 import pandas as pd
 
 from ...analysis.measures import MEASURES
-from ...analysis.roles.registry import NO_ROLE, NO_ROLE_COLOUR, NO_ROLE_LABEL, ROLES
+from ...analysis.roles.registry import NO_ROLE, NO_ROLE_COLOUR, NO_ROLE_LABEL, ROLE_ATTENTION, roles_for
 from ...analysis.tables import KEYS
-from ...models.seq2seq import ATTENTION_TYPES
+from ...models.seq2seq import ATTENTION_TYPES, kind_with_types
 
 # The type the role analysis covers: encoder self-attention (roles.py, SPEC section 2).
-ROLE_TYPE = ATTENTION_TYPES[0]
+ROLE_TYPE = ROLE_ATTENTION["encoder_decoder"]  # an encoder-decoder's; gather_tables reads the model kind's
 # Trajectories are drawn from at most this many steps per run (evenly spaced, the last kept).
 MAX_TRAJECTORY_STEPS = 200
 BASELINE = "baseline"  # the pruning table's row of the unpruned model (pruning_report)
@@ -108,9 +108,9 @@ def score_records(scores: pd.DataFrame) -> dict[str, dict]:
     return out
 
 
-def role_legend() -> list[dict]:
-    """The registered roles, then "none": name, label, colour."""
-    return [{"name": r.name, "label": r.label, "colour": r.colour} for r in ROLES.values()] + [
+def role_legend(kind: str = "encoder_decoder") -> list[dict]:
+    """The roles a head of this kind of model can get, then "none": name, label, colour."""
+    return [{"name": r.name, "label": r.label, "colour": r.colour} for r in roles_for(kind)] + [
         {"name": NO_ROLE, "label": NO_ROLE_LABEL, "colour": NO_ROLE_COLOUR}]
 
 
@@ -122,9 +122,10 @@ SYNTACTIC_COLUMNS = ("relation", "direction", "name", "accuracy", "n", "baseline
 
 
 def role_records(roles: pd.DataFrame, positional: pd.DataFrame | None = None, syntactic: pd.DataFrame | None = None,
-                 rare: pd.DataFrame | None = None) -> dict[str, dict]:
-    """{encoder head key: its role record}: role, role_paper, statistic, the is_* flags, and the
-    rows of the three statistics tables (syntactic: one entry per relation and direction)."""
+                 rare: pd.DataFrame | None = None, role_type: str = ROLE_TYPE) -> dict[str, dict]:
+    """{head key (of `role_type`, the attention roles are found for): its role record}: role,
+    role_paper, statistic, the is_* flags, and the rows of the three statistics tables
+    (syntactic: one entry per relation and direction)."""
     out = {}
     flags = [c for c in roles.columns if c.startswith("is_")]
     for row in roles.itertuples(index=False):
@@ -134,16 +135,16 @@ def role_records(roles: pd.DataFrame, positional: pd.DataFrame | None = None, sy
                                      for k in ("relation", "direction", "name", "accuracy", "baseline", "margin")},
                   "text": getattr(row, "text", None), "syntactic_text": getattr(row, "syntactic_text", None),
                   "parser": getattr(row, "parser", None)}
-        out[head_key(ROLE_TYPE, row.layer, row.head)] = record
+        out[head_key(role_type, row.layer, row.head)] = record
     for name, table, columns in (("positional", positional, POSITIONAL_COLUMNS), ("rare", rare, RARE_COLUMNS)):
         if table is None:
             continue
         for row in table.to_dict(orient="records"):
-            key = head_key(ROLE_TYPE, row["layer"], row["head"])
+            key = head_key(role_type, row["layer"], row["head"])
             out.setdefault(key, {})[name] = {c: row[c] for c in columns if c in row}
     if syntactic is not None:
         for (layer, head), group in syntactic.groupby(["layer", "head"], sort=True):
-            out.setdefault(head_key(ROLE_TYPE, layer, head), {})["syntactic"] = [
+            out.setdefault(head_key(role_type, layer, head), {})["syntactic"] = [
                 {c: r[c] for c in SYNTACTIC_COLUMNS if c in r} for r in group.to_dict(orient="records")]
     return out
 
@@ -240,7 +241,9 @@ def gather_tables(scores: pd.DataFrame, roles: pd.DataFrame | None = None, posit
         raise ValueError(f"the head score table lacks the columns {sorted(missing)}")
     scores = scores.sort_values(["type", "layer", "head"], kind="stable", ignore_index=True)
     per_head = score_records(scores)
-    role_of = role_records(roles, positional, syntactic, rare) if roles is not None else {}
+    model_kind = kind_with_types(scores["type"].unique()).name
+    role_type = ROLE_ATTENTION[model_kind]
+    role_of = role_records(roles, positional, syntactic, rare, role_type) if roles is not None else {}
     heads = []
     for kind, (n_layers, n_heads) in layout(scores).items():
         for layer in range(n_layers):
@@ -250,6 +253,6 @@ def gather_tables(scores: pd.DataFrame, roles: pd.DataFrame | None = None, posit
                     heads.append({"key": key, "type": kind, "layer": layer, "head": head, **per_head[key],
                                   **role_of.get(key, {})})
     return {"experiment": experiment, "description": description, "layout": layout(scores),
-            "measures": measure_columns(scores), "roles": role_legend(), "role_type": ROLE_TYPE,
+            "measures": measure_columns(scores), "roles": role_legend(model_kind), "role_type": role_type,
             "thresholds": role_thresholds(role_settings or {}), "heads": heads,
             "pruning": pruning_records(pruning, runs), "planted": planted_records(planted)}
