@@ -16,7 +16,7 @@ from headcount.models.seq2seq import MODEL_FAMILIES, Seq2SeqWithHeads
 DEFAULT_FAMILY = "headcount"  # checkpoints written before families existed
 # Where the families register themselves (imported on demand, so that loading headcount's own
 # checkpoints never imports transformers).
-FAMILY_MODULES = ("headcount.models.transformer", "headcount.models.hf")
+FAMILY_MODULES = ("headcount.models.transformer", "headcount.models.hf", "headcount.models.hf_lm")
 
 
 def model_from_checkpoint(state: dict) -> Seq2SeqWithHeads:
@@ -50,8 +50,9 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
     data.subwords.Segmenter; a directory holding a fairseq model's dictionaries -> that side's
     data.fairseq_dictionary.FairseqTokenizer; one holding an imported headcount checkpoint's
     sentencepiece models -> that side's Segmenter; a directory holding a transformers tokenizer (a
-    pretrained model's, written by the import_pretrained rule) -> that side of it (transformers is
-    imported only then).
+    pretrained model's, written by the import_pretrained rule) -> that side of it; one holding a
+    language model's (hf_lm.import_pretrained_lm wrote it) -> its one tokenizer, whatever the side
+    (transformers is imported only then).
     side: "source" or "target"."""
     if Path(path).is_dir():
         from headcount.data import fairseq_dictionary, subwords
@@ -60,6 +61,12 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
             return fairseq_dictionary.open_tokenizer_dir(path, side)
         if (Path(path) / subwords.TOKENIZER_MANIFEST).exists():  # an imported headcount checkpoint's
             return subwords.open_tokenizer_dir(path, side)
+        from headcount.models.hf_lm import LM_TOKENIZER_MANIFEST
+
+        if (Path(path) / LM_TOKENIZER_MANIFEST).exists():  # a language model's: one tokenizer, both sides
+            from headcount.models.hf_lm import open_lm_tokenizer_dir
+
+            return open_lm_tokenizer_dir(path)
         from headcount.models.hf import load_tokenizers
 
         return load_tokenizers(path, offline=True)[0 if side == "source" else 1]
