@@ -163,6 +163,12 @@ def test_incremental_decoding_equals_the_full_forward(tiny_dirs, family):
             assert cross == [] and self_probs[0].shape == (2, 4, 1, t + 1)
             steps.append(model.logits(hidden))
     assert max_error(torch.cat(steps, 1), full) <= ATOL
+    swapped = x.flip(0)  # beam search: reorder_cache keeps the given rows
+    model.reorder_cache(cache, torch.tensor([1, 0]))
+    with torch.no_grad():
+        step = model.logits(model.decode(swapped[:, -1:], cache=cache, start=x.shape[1])[0])
+        again = run(model, torch.cat([swapped, swapped[:, -1:]], 1))[0][:, -1:]
+    assert max_error(step, again) <= ATOL
     with pytest.raises(ValueError, match="start"):
         model.decode(x[:, :1], memory, src_pad, cache=cache, start=0)
 

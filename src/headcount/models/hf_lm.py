@@ -27,17 +27,24 @@ one all-zero KV head to a decoder's cache so that the cache's length stays the n
 
 Token ids: a causal LM starts from its BOS (GPT-2, Qwen: <|endoftext|>; Llama: <s>) and pads with its
 pad id or, where it has none, its EOS id (no EOS is ever a target in decoder_only batches); a masked
-LM's src is [CLS] x [SEP] (RoBERTa <s> x </s>) with [MASK]/<mask> at the masked positions. The ids
-come from the tokenizer where there is one (`import_pretrained_lm`, `load_pretrained_lm`) and are
-saved in the checkpoint.
+LM's src is [CLS] x [SEP] (RoBERTa <s> x </s>) with [MASK]/<mask> at the masked positions. Where the
+pad id is also a text token (GPT-2 and Qwen pad with <|endoftext|>), that token is masked as padding
+wherever it appears after position 0 (`special.decoder_positions`), so batch texts without it inside
+(the TransformerLens cross-check found this: such a text differs from TransformerLens' unmasked
+forward pass). The ids come from the tokenizer where there is one (`import_pretrained_lm`,
+`load_pretrained_lm`) and are saved in the checkpoint.
 
 Tokenizers: `LMTokenizer` gives the same tokenizer for "source" and "target" (text in, ids without
-special tokens out: batching adds BOS/EOS). Its `pieces` are spelled the sentencepiece way from the
-tokenizer's character offsets, whatever its own spelling: a piece whose text starts a whitespace-
-delimited word gets the word-start marker '▁' (GPT-2's byte-level 'Ġ', i.e. the space before a word,
-and the first piece of a line become '▁'; a WordPiece '##' piece continues the word before it), so
-that roles.alignment maps pieces to words as it does for sentencepiece models. A character split
-over several byte-level pieces belongs to the first of them (the others get a zero-width space).
+special tokens out: batching adds BOS/EOS). Its `pieces` are spelled the sentencepiece way, whatever
+the tokenizer's own spelling, so that roles.alignment maps pieces to words as it does for
+sentencepiece models: a piece that starts a whitespace-delimited word begins with the word-start
+marker '▁'. Byte-level BPE (GPT-2, RoBERTa, Qwen): the bytes of each piece are decoded, the space
+'Ġ' stands for becomes '▁', and the line's first piece gets '▁' too (GPT-2 adds no space before the
+first word); a character split over several pieces belongs to the first of them (the others are a
+zero-width space), a piece that is only a space is a lone '▁' (the next piece continues its word).
+sentencepiece-style pieces (Llama: '▁', '<0xNN>' byte fallback) the same way. WordPiece (BERT): a
+'##' piece continues the word before it; any other piece opens a word where a space (or the line's
+start) precedes it in the text (its character offsets), so punctuation attached to a word continues it.
 
 `import_pretrained_lm` writes a headcount checkpoint and the tokenizer's files (with a manifest that
 loading.open_tokenizer recognises); `write_tiny_gpt2`, `write_tiny_llama`, `write_tiny_qwen2`,
