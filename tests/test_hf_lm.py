@@ -1,5 +1,5 @@
 """The language-model adapters (hf_lm.py) on tiny random GPT-2, Llama, Qwen2, Qwen3, BERT and RoBERTa
-models written by hf_lm.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
+models written by hf_lm_tiny.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
 downloaded. Each check compares with transformers' own forward pass."""
 
 import copy
@@ -12,9 +12,9 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from headcount.io import HeadcountError  # noqa: E402
-from headcount.models import hf_lm  # noqa: E402
+from headcount.models import hf_lm, hf_lm_tiny  # noqa: E402
 from headcount.models.gates import attach_gates  # noqa: E402
-from headcount.models.loading import load_model, open_tokenizer  # noqa: E402
+from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
 from headcount.models.seq2seq import HeadSlots, Seq2SeqWithHeads, kind_of  # noqa: E402
 
 torch.set_num_threads(1)
@@ -29,8 +29,8 @@ ATOL = 1e-5
 
 def _write(family: str, directory, lines):
     if family in ("qwen2", "qwen3"):
-        return hf_lm.write_tiny_qwen2(directory, lines, family=family)
-    return getattr(hf_lm, f"write_tiny_{family}")(directory, lines)
+        return hf_lm_tiny.write_tiny_qwen2(directory, lines, family=family)
+    return getattr(hf_lm_tiny, f"write_tiny_{family}")(directory, lines)
 
 
 @pytest.fixture(scope="module")
@@ -282,8 +282,7 @@ def test_a_layer_without_heads_outputs_the_projection_bias(tiny_dirs, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_import_save_and_load_round_trip(tiny_dirs, family, lines, tmp_path):
-    model = hf_lm.import_pretrained_lm(tiny_dirs[family], tmp_path / "model.pt", tmp_path / "tokenizer",
-                                       offline=True)
+    model = import_pretrained(tiny_dirs[family], tmp_path / "model.pt", tmp_path / "tokenizer", offline=True)
     assert model.family.name == family
     kind = next(iter(model.attention_modules()))
     model.attention_modules()[kind][1].keep_heads([1, 2])
@@ -306,13 +305,34 @@ def test_import_save_and_load_round_trip(tiny_dirs, family, lines, tmp_path):
         assert decoded == ([line.lower() for line in lines[:3]] if family == "bert" else lines[:3])
 
 
+def test_a_language_model_takes_no_language_pair(tiny_dirs, tmp_path):
+    with pytest.raises(HeadcountError, match="no language pair"):
+        import_pretrained(tiny_dirs["gpt2"], tmp_path / "model.pt", tmp_path / "tok", offline=True, src_lang="en",
+                          tgt_lang="de")
+
+
+def test_pieces_align_with_words(tmp_path):
+    from headcount.analysis.roles.alignment import align_pieces
+
+    lines = ["Grüße aus Köln, sagte er.", "the cat sat on the mat"] * 5
+    for write in (hf_lm_tiny.write_tiny_gpt2, hf_lm_tiny.write_tiny_llama, hf_lm_tiny.write_tiny_bert,
+                  hf_lm_tiny.write_tiny_roberta):
+        tokenizer = hf_lm.load_lm_tokenizer(write(tmp_path / write.__name__, lines), offline=True)
+        line = "the cat sagte Grüße"
+        pieces = tokenizer.pieces(line)
+        words = align_pieces(line.split(), pieces)
+        first = [words[i] for i, p in enumerate(pieces) if p.startswith("\u2581")]
+        assert list(words) == sorted(words) and set(words) == {0, 1, 2, 3}, (write.__name__, pieces, words)
+        assert first == [0, 1, 2, 3], (write.__name__, pieces)  # one word-start piece per word
+
+
 def test_pieces_mark_word_starts_the_sentencepiece_way(tmp_path):
     lines = ["Grüße aus Köln, sagte er.", "the cat sat on the mat"] * 5
-    gpt2 = hf_lm.load_lm_tokenizer(hf_lm.write_tiny_gpt2(tmp_path / "g", lines), offline=True)
+    gpt2 = hf_lm.load_lm_tokenizer(hf_lm_tiny.write_tiny_gpt2(tmp_path / "g", lines), offline=True)
     pieces = gpt2.pieces("Grüße aus the cat")
     assert "".join(pieces).replace("\u200b", "") == "\u2581Grüße\u2581aus\u2581the\u2581cat"
     assert pieces[0].startswith("\u2581")  # the first word has no 'Ġ', but opens a word
-    bert = hf_lm.load_lm_tokenizer(hf_lm.write_tiny_bert(tmp_path / "b", lines, vocab_size=60), offline=True)
+    bert = hf_lm.load_lm_tokenizer(hf_lm_tiny.write_tiny_bert(tmp_path / "b", lines, vocab_size=60), offline=True)
     pieces = bert.pieces("sagte catmat.")
     tokens = bert.tokenizer.convert_ids_to_tokens(bert.encode(["sagte catmat."])[0])
     assert [p.startswith("\u2581") for p in pieces] == [not t.startswith("##") and t != "." for t in tokens]

@@ -1,6 +1,6 @@
 """Cross-check headcount's GPT-2 adapter (models/hf_lm.py) against TransformerLens on the same weights.
 
-A tiny random GPT-2 (hf_lm.write_tiny_gpt2, a byte-level BPE trained on a few lines here; its
+A tiny random GPT-2 (hf_lm_tiny.write_tiny_gpt2, a byte-level BPE trained on a few lines here; its
 biases and LayerNorm gains made non-trivial) is loaded twice: by headcount (HFCausalLM, which runs
 transformers' GPT-2 code with gates on W^O) and by TransformerLens' own implementation
 (HookedTransformer built from a HookedTransformerConfig matching the GPT-2 config, weights through
@@ -34,9 +34,9 @@ LINES = ["the cat sat on the mat", "a dog ran to the park and back", "Grüße au
 
 def tiny_gpt2(directory: str, layers: int, heads: int, d_model: int, seed: int):
     """headcount's adapter and the transformers model under it, with non-trivial biases and gains."""
-    from headcount.models import hf_lm
+    from headcount.models import hf_lm, hf_lm_tiny
 
-    hf_lm.write_tiny_gpt2(directory, LINES, d_model=d_model, layers=layers, heads=heads, seed=seed)
+    hf_lm_tiny.write_tiny_gpt2(directory, LINES, d_model=d_model, layers=layers, heads=heads, seed=seed)
     model = hf_lm.load_pretrained_lm(directory, offline=True)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
