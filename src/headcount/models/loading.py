@@ -62,10 +62,10 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
             return fairseq_dictionary.open_tokenizer_dir(path, side)
         if (Path(path) / subwords.TOKENIZER_MANIFEST).exists():  # an imported headcount checkpoint's
             return subwords.open_tokenizer_dir(path, side)
-        from headcount.models.hf_lm import LM_TOKENIZER_MANIFEST
+        from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST
 
         if (Path(path) / LM_TOKENIZER_MANIFEST).exists():  # a language model's: one tokenizer, both sides
-            from headcount.models.hf_lm import open_lm_tokenizer_dir
+            from headcount.models.hf_lm_tokenizer import open_lm_tokenizer_dir
 
             return open_lm_tokenizer_dir(path)
         from headcount.models.hf import load_tokenizers
