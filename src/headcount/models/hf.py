@@ -65,13 +65,14 @@ from torch import Tensor, nn
 from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
+from headcount.models.head_gates import GatedProjection, linear_rows
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
 
 # --------------------------------------------------------------------------------------------
-# Gate slots on an attention's output projection
+# Gate slots on an attention's output projection (head_gates.py holds what the LM adapters share)
 
 
-class HeadGates(nn.Module):
+class HeadGates(GatedProjection):
     """An attention module's output projection with per-head gates in front; satisfies `HeadSlots`.
 
     Replaces the transformers attention's output projection (out_proj, or T5's o). Its input is the
@@ -80,17 +81,9 @@ class HeadGates(nn.Module):
     """
 
     def __init__(self, attention: nn.Module, family: Family):
-        super().__init__()
-        self.proj = getattr(attention, family.out_name)
+        super().__init__(getattr(attention, family.out_name), int(getattr(attention, family.heads_attr)),
+                         int(getattr(attention, family.head_dim_attr)), time_major=family.time_major)
         self.family = family.name
-        self.time_major = family.time_major
-        self.n_heads = int(getattr(attention, family.heads_attr))
-        self.head_dim = int(getattr(attention, family.head_dim_attr))
-        self.register_buffer("head_mask", torch.ones(self.n_heads))
-        self.kept = list(range(self.n_heads))  # the original index of each remaining head
-        self.original_heads = self.n_heads
-        self.hard_concrete = None  # HardConcreteGates while pruning (gates.attach_gates)
-        self.head_context = nn.Identity()  # hook point: (B, H, T, Dh), before the gates
         # The attention this projection belongs to, kept out of the module tree (no cycle).
         self._owner = [attention, family]
 
@@ -98,81 +91,22 @@ class HeadGates(nn.Module):
     def attention(self) -> nn.Module:
         return self._owner[0]
 
-    @property
-    def out_proj(self) -> nn.Linear:
-        """The output projection, under the name headcount's own attention uses (hard_concrete.fold_gates)."""
-        return self.proj
-
-    def gates(self) -> Tensor:
-        """(H,): the fixed 0/1 mask, times the Hard Concrete gates if any."""
-        if self.hard_concrete is None:
-            return self.head_mask
-        return self.head_mask * self.hard_concrete()
-
-    def forward(self, x: Tensor) -> Tensor:  # x (B, T, H * Dh); time-major: (T, B, H * Dh)
-        if self.time_major:
-            T, B, _ = x.shape
-            ctx = x.view(T, B, self.n_heads, self.head_dim).permute(1, 2, 0, 3)
-        else:
-            B, T, _ = x.shape
-            ctx = x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        ctx = self.head_context(ctx)  # (B, H, T, Dh)
-        ctx = ctx * self.gates().to(ctx.dtype).view(1, -1, 1, 1)
-        if self.time_major:
-            return self.proj(ctx.permute(2, 0, 1, 3).reshape(T, B, self.n_heads * self.head_dim))
-        return self.proj(ctx.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-
     def keep_heads(self, heads: list[int]) -> None:
         """Remove every other head physically: rows of Q, K, V and columns of W^O."""
         attention, family = self._owner
-        heads = sorted(int(h) for h in heads)
-        if any(h < 0 or h >= self.n_heads for h in heads) or len(set(heads)) != len(heads):
-            raise ValueError(f"keep_heads: {heads} are not distinct heads of 0..{self.n_heads - 1}")
-        Dh = self.head_dim
-        idx = torch.tensor([h * Dh + d for h in heads for d in range(Dh)], dtype=torch.long,
-                           device=self.proj.weight.device)
+        heads = self._checked(heads)
+        idx = self._drop_heads(heads)
         for name in family.qkv_names:
-            setattr(attention, name, _linear_rows(getattr(attention, name), idx))
-        self.proj = _linear_columns(self.proj, idx)
-        keep = torch.tensor(heads, dtype=torch.long, device=self.head_mask.device)
-        self.head_mask = self.head_mask[keep].clone()
-        if self.hard_concrete is not None:
-            self.hard_concrete.log_alpha = nn.Parameter(self.hard_concrete.log_alpha.detach()[keep].clone(),
-                                                        requires_grad=self.hard_concrete.log_alpha.requires_grad)
-        self.n_heads = len(heads)
-        self.kept = [self.kept[h] for h in heads]
+            setattr(attention, name, linear_rows(getattr(attention, name), idx))
         setattr(attention, family.heads_attr, len(heads))
         if family.t5_layout:
-            attention.inner_dim = len(heads) * Dh
+            attention.inner_dim = len(heads) * self.head_dim
             _slice_position_bias(attention, self)
         if family.time_major:
             # FSMT's forward reshapes the contexts to the model's width: it cannot run fewer heads.
             attention.forward = types.MethodType(_time_major_attention, attention)
         elif len(heads) == 0:
             _silence(attention, self)
-
-    def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, head_dim={self.head_dim}"
-
-
-def _linear_rows(layer: nn.Linear, idx: Tensor) -> nn.Linear:
-    new = nn.Linear(layer.in_features, len(idx), bias=layer.bias is not None,
-                    device=layer.weight.device, dtype=layer.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(layer.weight[idx])
-        if layer.bias is not None:
-            new.bias.copy_(layer.bias[idx])
-    return new
-
-
-def _linear_columns(layer: nn.Linear, idx: Tensor) -> nn.Linear:
-    new = nn.Linear(len(idx), layer.out_features, bias=layer.bias is not None,
-                    device=layer.weight.device, dtype=layer.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(layer.weight[:, idx])
-        if layer.bias is not None:
-            new.bias.copy_(layer.bias)
-    return new
 
 
 @functools.cache

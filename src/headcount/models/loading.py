@@ -1,5 +1,6 @@
-"""One way in for every model family: `load_model` reads a checkpoint and builds its model, and
-`open_tokenizer` opens a stage's tokenizer, headcount's sentencepiece model or a pretrained model's.
+"""One way in for every model family: `load_model` reads a checkpoint and builds its model,
+`open_tokenizer` opens a stage's tokenizer, headcount's sentencepiece model or a pretrained model's,
+and `import_pretrained` turns any supported transformers model into a checkpoint and tokenizer files.
 
 A checkpoint names its family; the family's module registers its loader (seq2seq.register_family)
 and is imported on demand, so that loading headcount's own checkpoints never imports transformers.
@@ -16,7 +17,7 @@ from headcount.models.seq2seq import MODEL_FAMILIES, Seq2SeqWithHeads
 DEFAULT_FAMILY = "headcount"  # checkpoints written before families existed
 # Where the families register themselves (imported on demand, so that loading headcount's own
 # checkpoints never imports transformers).
-FAMILY_MODULES = ("headcount.models.transformer", "headcount.models.hf")
+FAMILY_MODULES = ("headcount.models.transformer", "headcount.models.hf", "headcount.models.hf_lm")
 
 
 def model_from_checkpoint(state: dict) -> Seq2SeqWithHeads:
@@ -50,8 +51,9 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
     data.subwords.Segmenter; a directory holding a fairseq model's dictionaries -> that side's
     data.fairseq_dictionary.FairseqTokenizer; one holding an imported headcount checkpoint's
     sentencepiece models -> that side's Segmenter; a directory holding a transformers tokenizer (a
-    pretrained model's, written by the import_pretrained rule) -> that side of it (transformers is
-    imported only then).
+    pretrained model's, written by the import_pretrained rule) -> that side of it; one holding a
+    language model's (hf_lm.import_pretrained_lm wrote it) -> its one tokenizer, whatever the side
+    (transformers is imported only then).
     side: "source" or "target"."""
     if Path(path).is_dir():
         from headcount.data import fairseq_dictionary, subwords
@@ -60,9 +62,37 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
             return fairseq_dictionary.open_tokenizer_dir(path, side)
         if (Path(path) / subwords.TOKENIZER_MANIFEST).exists():  # an imported headcount checkpoint's
             return subwords.open_tokenizer_dir(path, side)
+        from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST
+
+        if (Path(path) / LM_TOKENIZER_MANIFEST).exists():  # a language model's: one tokenizer, both sides
+            from headcount.models.hf_lm_tokenizer import open_lm_tokenizer_dir
+
+            return open_lm_tokenizer_dir(path)
         from headcount.models.hf import load_tokenizers
 
         return load_tokenizers(path, offline=True)[0 if side == "source" else 1]
     from headcount.data.subwords import Segmenter
 
     return Segmenter(path)
+
+
+def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
+                      tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
+                      src_lang: str | None = None, tgt_lang: str | None = None) -> Seq2SeqWithHeads:
+    """One entry point for a pretrained transformers model, whatever its kind: a causal or masked
+    language model (its config's model type is one of hf_lm.LM_FAMILIES) -> hf_lm.import_pretrained_lm,
+    an encoder-decoder model -> hf.import_pretrained. Both write a headcount checkpoint to
+    `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them)."""
+    from headcount.models.hf_lm import import_pretrained_lm, is_language_model
+
+    if is_language_model(name_or_dir, offline=offline):
+        if src_lang is not None or tgt_lang is not None:
+            from headcount.io import HeadcountError
+
+            raise HeadcountError(f"{name_or_dir}: a language model has one tokenizer and no language pair; "
+                                 f"leave out pretrained_langs (got {src_lang!r}, {tgt_lang!r})")
+        return import_pretrained_lm(name_or_dir, model_out, tokenizer_dir, offline=offline)
+    from headcount.models.hf import import_pretrained as import_encoder_decoder
+
+    return import_encoder_decoder(name_or_dir, model_out, tokenizer_dir, offline=offline, src_lang=src_lang,
+                                  tgt_lang=tgt_lang)

@@ -1,0 +1,593 @@
+"""Pretrained decoder-only and encoder-only models from HuggingFace transformers as headcount models.
+
+`HFCausalLM` (model_kind "decoder_only") wraps GPT-2, Llama, Qwen2 and Qwen3 causal language
+models; `HFMaskedLM` (model_kind "encoder_only") wraps BERT and RoBERTa masked language models. The
+batch layout of each kind is seq2seq.py's: a causal LM reads `tgt_in` (src is empty), a masked LM
+reads `src` (tgt_in is empty). As in hf.py, the transformers model runs its own forward pass with
+eager attention (the only implementation that returns probabilities); the adapter replaces each
+attention's output projection by `LMHeadGates` (head_gates.GatedProjection: the `head_context` hook,
+the fixed 0/1 `head_mask` and the Hard Concrete gates in front of W^O, Voita et al. 2019, eq. 2).
+
+What differs between architectures (`LMFamily.layout`):
+- "gpt2": Q, K and V are one fused transformers Conv1D (`c_attn`, output columns Q | K | V, each
+  H * Dh wide) and W^O is a Conv1D too (`c_proj`, weight (in, out)). The adapter converts W^O to an
+  nn.Linear (weight (out, in): head i owns input columns i*Dh:(i+1)*Dh, which gate folding scales);
+  keep_heads slices head i's columns out of each of Q, K and V in `c_attn`.
+- "llama" (Llama, Qwen2, Qwen3): separate q/k/v projections, rotary positions (applied per head,
+  so they are unchanged by pruning) and grouped-query attention: H query heads share KV heads in
+  groups of H / KV. Gates are per query head. keep_heads removes query heads and removes a KV head
+  only when every query head that shares it is removed; the remaining query heads then no longer
+  come in equal groups, so a pruned attention maps each query head to its KV head explicitly
+  (`_grouped_eager`, transformers' own eager attention with the keys and values gathered per query
+  head; attention modules keep the model's config otherwise).
+- "bert" (BERT, RoBERTa): post-LN encoder; W^O is `attention.output.dense`, Q/K/V `attention.self`'s
+  query, key, value. Masked-LM logits come from the model's MLM head (BERT `cls`, RoBERTa `lm_head`).
+An attention with no heads left outputs W^O's bias (transformers cannot run zero heads), writing
+one all-zero KV head to a decoder's cache so that the cache's length stays the number of tokens.
+
+Token ids: a causal LM starts from its BOS (GPT-2, Qwen: <|endoftext|>; Llama: <s>) and pads with its
+pad id or, where it has none, its EOS id (no EOS is ever a target in decoder_only batches); a masked
+LM's src is [CLS] x [SEP] (RoBERTa <s> x </s>) with [MASK]/<mask> at the masked positions. Where the
+pad id is also a text token (GPT-2 and Qwen pad with <|endoftext|>), that token is masked as padding
+wherever it appears after position 0 (`special.decoder_positions`), so batch texts without it inside
+(the TransformerLens cross-check found this: such a text differs from TransformerLens' unmasked
+forward pass). The ids come from the tokenizer where there is one (`import_pretrained_lm`,
+`load_pretrained_lm`) and are saved in the checkpoint.
+
+Tokenizers (hf_lm_tokenizer.py): `LMTokenizer`, one tokenizer for both sides, its pieces spelled the
+sentencepiece way.
+
+`import_pretrained_lm` writes a headcount checkpoint and the tokenizer's files (with a manifest that
+loading.open_tokenizer recognises). hf_lm_tiny.py writes small random models of each family with
+tokenizers trained on given lines, for tests and dry runs without the hub.
+
+Shapes: B batch, T length (target or source), D hidden size, H heads, Dh head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from headcount.data.special import SpecialIds
+from headcount.io import HeadcountError
+from headcount.models.checkpoint import save_checkpoint
+from headcount.models.head_gates import GatedProjection, linear_rows
+from headcount.models.hf import PretrainedModelUnavailable, _cache_argument, _module_name, _resolve, _unavailable
+from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
+from headcount.models.seq2seq import register_family
+
+
+class NotAvailableForKind(HeadcountError):
+    """An interface method the model's kind has no use for (a masked LM has no decoder)."""
+
+
+class LRPNotImplemented(HeadcountError, NotImplementedError):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Families
+
+
+@dataclass(frozen=True)
+class LMFamily:
+    """A transformers language-model architecture: its kind and where it keeps its attentions."""
+
+    name: str  # transformers' model_type (the checkpoint's family)
+    model_kind: str  # "decoder_only" or "encoder_only" (seq2seq.MODEL_KINDS)
+    layout: str  # "gpt2", "llama" (separate q/k/v, grouped-query, rotary) or "bert"
+    head_path: str = "lm_head"  # the output layer (D -> V, the MLM head for BERT), a module path
+
+    def attentions(self, hf: nn.Module) -> list[nn.Module]:
+        """The attention module of each layer, in order (the module whose W^O gets the gates)."""
+        base = hf.base_model
+        if self.layout == "gpt2":
+            return [block.attn for block in base.h]
+        if self.layout == "llama":
+            return [layer.self_attn for layer in base.layers]
+        return [layer.attention for layer in base.encoder.layer]
+
+
+LM_FAMILIES = {f.name: f for f in (
+    LMFamily("gpt2", "decoder_only", "gpt2"),
+    LMFamily("llama", "decoder_only", "llama"),
+    LMFamily("qwen2", "decoder_only", "llama"),
+    LMFamily("qwen3", "decoder_only", "llama"),
+    LMFamily("bert", "encoder_only", "bert", head_path="cls"),
+    LMFamily("roberta", "encoder_only", "bert"),
+)}
+
+
+def lm_family_of(config) -> LMFamily:
+    try:
+        return LM_FAMILIES[config.model_type]
+    except KeyError:
+        raise HeadcountError(
+            f"transformers model type {config.model_type!r} is not a supported language model; headcount "
+            f"supports {', '.join(sorted(LM_FAMILIES))} (decoder-only and encoder-only) and, through hf.py, "
+            f"encoder-decoder models") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Gate slots and physical pruning per layout
+
+
+class LMHeadGates(GatedProjection):
+    """The gated W^O of one language-model attention; satisfies seq2seq.HeadSlots."""
+
+    def __init__(self, attention: nn.Module, family: LMFamily):
+        if family.layout == "gpt2":
+            proj, heads, head_dim = _conv1d_to_linear(attention.c_proj), attention.num_heads, attention.head_dim
+        elif family.layout == "llama":
+            head_dim = attention.head_dim
+            proj, heads = attention.o_proj, attention.o_proj.in_features // head_dim
+        else:
+            proj, heads, head_dim = (attention.output.dense, attention.self.num_attention_heads,
+                                     attention.self.attention_head_size)
+        super().__init__(proj, heads, head_dim)
+        self.family = family.name
+        # The attention this projection belongs to, kept out of the module tree (no cycle).
+        self._owner = [attention, family]
+        if family.layout == "llama":  # which current KV head each current query head reads
+            groups = attention.num_key_value_groups
+            self.kv_of = [h // groups for h in range(heads)]
+
+    @property
+    def attention(self) -> nn.Module:
+        return self._owner[0]
+
+    def keep_heads(self, heads: list[int]) -> None:
+        """Remove every other head physically: Q, K, V rows (GQA: a KV head goes with the last
+        query head that reads it) and W^O's columns."""
+        attention, family = self._owner
+        heads = self._checked(heads)
+        previous_kv = getattr(self, "kv_of", None)
+        idx = self._drop_heads(heads)  # (H' * Dh,) the kept query features
+        Dh = self.head_dim
+        if family.layout == "gpt2":
+            D = attention.c_attn.weight.shape[1] // 3  # c_attn: Q | K | V, each H * Dh wide
+            attention.c_attn = _conv1d_columns(attention.c_attn, torch.cat([idx, idx + D, idx + 2 * D]))
+            attention.num_heads, attention.split_size = len(heads), len(heads) * Dh
+        elif family.layout == "llama":
+            kept_kv = sorted({previous_kv[h] for h in heads})
+            kv_idx = torch.tensor([k * Dh + d for k in kept_kv for d in range(Dh)], dtype=torch.long,
+                                  device=idx.device)
+            attention.q_proj = linear_rows(attention.q_proj, idx)
+            attention.k_proj = linear_rows(attention.k_proj, kv_idx)
+            attention.v_proj = linear_rows(attention.v_proj, kv_idx)
+            self.kv_of = [kept_kv.index(previous_kv[h]) for h in heads]
+            _group_explicitly(attention, self)
+        else:
+            inner = attention.self
+            for name in ("query", "key", "value"):
+                setattr(inner, name, linear_rows(getattr(inner, name), idx))
+            inner.num_attention_heads, inner.all_head_size = len(heads), len(heads) * Dh
+        if not heads:
+            _silence(attention, self, family)
+
+
+def _conv1d_to_linear(conv: nn.Module) -> nn.Linear:
+    """transformers' Conv1D (weight (in, out)) as the nn.Linear (weight (out, in)) it computes."""
+    if isinstance(conv, nn.Linear):
+        return conv
+    linear = nn.Linear(conv.nx, conv.nf, device=conv.weight.device, dtype=conv.weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(conv.weight.t())
+        linear.bias.copy_(conv.bias)
+    return linear
+
+
+def _conv1d_columns(conv: nn.Module, idx: Tensor) -> nn.Module:
+    """A copy of a transformers Conv1D with only the output features `idx`."""
+    new = type(conv)(len(idx), conv.nx).to(device=conv.weight.device, dtype=conv.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(conv.weight[:, idx])
+        new.bias.copy_(conv.bias[idx])
+    return new
+
+
+GROUPED_EAGER = "headcount_grouped_eager"
+
+
+def _grouped_eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """transformers' eager attention of the module's own architecture, after gathering the keys and
+    values of each query head's KV head: query (B, H', T, Dh), key/value (B, KV', Tk, Dh)."""
+    index = torch.tensor(module.out_proj_gates.kv_of, dtype=torch.long, device=key.device)
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    return eager(module, query, key.index_select(1, index), value.index_select(1, index), attention_mask, **kwargs)
+
+
+def _group_explicitly(attention: nn.Module, gates: LMHeadGates) -> None:
+    """A GQA attention after keep_heads: query heads read their KV head through `gates.kv_of`.
+    The module gets a config copy naming `_grouped_eager` (the model's mask, built from the model's
+    config, stays eager's); num_key_value_groups 1 makes transformers' repeat_kv a no-op."""
+    from transformers import AttentionInterface
+
+    if GROUPED_EAGER not in AttentionInterface._global_mapping:
+        AttentionInterface.register(GROUPED_EAGER, _grouped_eager)
+    if attention.config._attn_implementation != GROUPED_EAGER:
+        attention.config = copy.copy(attention.config)
+        attention.config._attn_implementation = GROUPED_EAGER
+    attention.num_key_value_groups = 1
+    object.__setattr__(attention, "out_proj_gates", gates)  # not a submodule: o_proj is already
+
+
+def _silence(attention: nn.Module, gates: LMHeadGates, family: LMFamily) -> None:
+    """An attention with no heads left: its output is W^O's bias. transformers cannot run it (no head
+    count to reshape a (B, T, 0) projection to). A decoder's cache still gets one all-zero KV head
+    per token: transformers reads the number of tokens seen off the cache."""
+    if family.layout == "bert":
+        def self_attention(hidden_states, *args, **kwargs):  # BertSelfAttention: contexts, probs
+            B, T, _ = hidden_states.shape
+            return hidden_states.new_zeros(B, T, 0), hidden_states.new_zeros(B, 0, T, T)
+
+        attention.self.forward = self_attention
+        return
+
+    def forward(hidden_states, *args, **kwargs):
+        B, T, _ = hidden_states.shape
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        Tk = T
+        if cache is not None:
+            dummy = hidden_states.new_zeros(B, 1, T, gates.head_dim)
+            keys, _ = cache.update(dummy, dummy, attention.layer_idx)
+            Tk = keys.shape[2]
+        return gates(hidden_states.new_zeros(B, T, 0)), hidden_states.new_zeros(B, 0, T, Tk)
+
+    attention.forward = forward
+
+
+def _install_gates(hf: nn.Module, family: LMFamily) -> None:
+    for attention in family.attentions(hf):
+        if family.layout == "gpt2" and not isinstance(attention.c_proj, LMHeadGates):
+            attention.c_proj = LMHeadGates(attention, family)
+        elif family.layout == "llama" and not isinstance(attention.o_proj, LMHeadGates):
+            attention.o_proj = LMHeadGates(attention, family)
+        elif family.layout == "bert" and not isinstance(attention.output.dense, LMHeadGates):
+            attention.output.dense = LMHeadGates(attention, family)
+
+
+def _gates_of(attention: nn.Module, family: LMFamily) -> LMHeadGates:
+    if family.layout == "gpt2":
+        return attention.c_proj
+    if family.layout == "llama":
+        return attention.o_proj
+    return attention.output.dense
+
+
+# --------------------------------------------------------------------------------------------
+# The adapters
+
+
+def _first(value) -> int | None:
+    return int(value[0]) if isinstance(value, (list, tuple)) else (None if value is None else int(value))
+
+
+def special_ids_of(config, tokenizer=None) -> SpecialIds:
+    """The ids an analysis needs, from the tokenizer where given, else from the config. Causal LM:
+    bos = BOS (or EOS where the model names no BOS: Qwen), pad = the pad id or else EOS. Masked LM:
+    bos = [CLS]/<s>, eos = [SEP]/</s>, mask = [MASK]/<mask>."""
+    family = lm_family_of(config)
+
+    def pick(tokenizer_attr: str, config_attr: str) -> int | None:
+        value = getattr(tokenizer, tokenizer_attr, None) if tokenizer is not None else None
+        return _first(value) if value is not None else _first(getattr(config, config_attr, None))
+
+    if family.model_kind == "decoder_only":
+        eos = pick("eos_token_id", "eos_token_id")
+        bos = pick("bos_token_id", "bos_token_id")
+        bos = eos if bos is None else bos
+        pad = pick("pad_token_id", "pad_token_id")
+        pad = eos if pad is None else pad
+        unk = pick("unk_token_id", "unk_token_id")
+        if eos is None:
+            raise HeadcountError(f"{family.name} model: neither its tokenizer nor its config names an EOS id; "
+                                 f"set eos_token_id in its config.json")
+        return SpecialIds(pad=pad, bos=bos, eos=eos, unk=unk)
+    bos, eos = pick("cls_token_id", "bos_token_id"), pick("sep_token_id", "eos_token_id")
+    pad, mask, unk = pick("pad_token_id", "pad_token_id"), pick("mask_token_id", "mask_token_id"), \
+        pick("unk_token_id", "unk_token_id")
+    if None in (bos, eos, pad):
+        raise HeadcountError(f"{family.name} model: cannot tell its [CLS]/[SEP]/[PAD] ids (got {bos}, {eos}, {pad}) "
+                             f"without its tokenizer; load it from a directory that holds the tokenizer too")
+    return SpecialIds(pad=pad, bos=bos, eos=eos, unk=unk, mask=mask)
+
+
+class _HFLanguageModel(nn.Module):
+    """What the two adapters share: gates, head masks, checkpoints."""
+
+    model_kind = "decoder_only"
+
+    def __init__(self, hf: nn.Module, special: SpecialIds | None = None):
+        super().__init__()
+        self.family = lm_family_of(hf.config)
+        if self.family.model_kind != self.model_kind:
+            raise HeadcountError(f"a {self.family.name} model is {self.family.model_kind}; wrap it in "
+                                 f"{'HFCausalLM' if self.family.model_kind == 'decoder_only' else 'HFMaskedLM'}")
+        if hasattr(hf, "set_attn_implementation"):
+            hf.set_attn_implementation("eager")  # the only one that returns probabilities
+        else:  # pragma: no cover - older transformers
+            hf.config._attn_implementation = "eager"
+        self.hf = hf
+        self.special = special if special is not None else special_ids_of(hf.config)
+        config = hf.config
+        positions = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 512))
+        if self.family.name == "roberta":  # positions count from padding_idx + 1
+            positions -= int(config.pad_token_id) + 1
+        self.max_positions = positions
+        self.d_model = int(config.hidden_size)
+        _install_gates(hf, self.family)
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    @property
+    def cfg(self):
+        """The transformers config (training.loop.train records `cfg.to_dict()`)."""
+        return self.hf.config
+
+    def _check_length(self, n: int) -> None:
+        if n > self.max_positions:
+            raise ValueError(f"sequence of {n} tokens exceeds the model's {self.max_positions} positions")
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """(B, T, D) -> (B, T, V): the model's own output layer (the MLM head for a masked LM)."""
+        return self.hf.get_submodule(self.family.head_path)(hidden)
+
+    # ---------------------------------------------------------------- heads
+
+    def attention_modules(self) -> dict[str, list[LMHeadGates]]:
+        kind = "dec_self" if self.model_kind == "decoder_only" else "enc_self"
+        return {kind: [_gates_of(a, self.family) for a in self.family.attentions(self.hf)]}
+
+    def set_head_mask(self, masks: dict[str, Tensor]) -> None:
+        """Fix the 0/1 gates, masks[type] (layers, H); after physical pruning H is the widest
+        layer's count and each layer reads its first heads (as HFSeq2Seq)."""
+        modules = self.attention_modules()
+        for kind, mask in masks.items():
+            if kind not in modules:
+                raise ValueError(f"head mask for {kind}: a {self.model_kind} model has {sorted(modules)} only")
+            mask = torch.as_tensor(mask, dtype=torch.float32)
+            width = max(m.n_heads for m in modules[kind])
+            if mask.dim() != 2 or mask.shape != (len(modules[kind]), width) or any(
+                    row[m.n_heads:].any() for m, row in zip(modules[kind], mask)):
+                raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
+                                 f"({len(modules[kind])}, {width}) (after physical pruning: zeros beyond a "
+                                 f"layer's remaining heads, as head_mask() gives)")
+            for module, row in zip(modules[kind], mask):
+                module.head_mask.copy_(row[: module.n_heads])
+
+    def head_mask(self) -> dict[str, Tensor]:
+        out = {}
+        for kind, modules in self.attention_modules().items():
+            width = max(m.n_heads for m in modules)
+            out[kind] = torch.stack([torch.cat([m.head_mask, m.head_mask.new_zeros(width - m.n_heads)])
+                                     for m in modules])
+        return out
+
+    def head_counts(self) -> dict[str, list[int]]:
+        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
+
+    def lrp_forward(self):
+        raise LRPNotImplemented(f"LRP is not implemented for {self.family.name} ({self.model_kind}) models yet; "
+                                f"leave out the LRP analyses (confidence, ablation and gates run) for this model")
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
+        """A headcount checkpoint: weights (gates and pruned heads included), the transformers
+        config, which original heads remain, the special ids."""
+        state = dict(extra or {})
+        state.update({
+            "family": self.family.name,
+            "model_kind": self.model_kind,
+            "model": self.state_dict(),
+            "model_config": self.config.to_json_string(use_diff=False),
+            "head_counts": self.head_counts(),
+            "kept_heads": {kind: [list(m.kept) for m in modules] for kind, modules in self.attention_modules().items()},
+            "special": dataclasses.asdict(self.special),
+        })
+        save_checkpoint(path, state)
+
+    @staticmethod
+    def from_checkpoint(state: dict) -> _HFLanguageModel:
+        from transformers import AutoConfig
+
+        config_dict = json.loads(state["model_config"])
+        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+        config._attn_implementation = "eager"
+        family = lm_family_of(config)
+        cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
+        special = state["special"]
+        special = SpecialIds(**{**special, "forced": tuple(special.get("forced", ()))})
+        model = cls(_auto_class(family).from_config(config), special=special)
+        weights = state["model"]
+        for kind, modules in model.attention_modules().items():
+            for module, heads in zip(modules, state["kept_heads"][kind]):
+                if len(heads) != module.n_heads:
+                    module.keep_heads(heads)
+                if f"{_module_name(model, module)}.hard_concrete.log_alpha" in weights:
+                    from headcount.models.gates import HardConcreteGates
+
+                    module.hard_concrete = HardConcreteGates(module.n_heads)
+        dtype = next(iter(v for v in weights.values() if v.is_floating_point())).dtype
+        model.to(dtype)
+        model.load_state_dict(weights)
+        return model.eval()
+
+
+def _auto_class(family: LMFamily):
+    import transformers
+
+    if family.model_kind == "decoder_only":
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForMaskedLM
+
+
+class HFCausalLM(_HFLanguageModel):
+    """A transformers causal LM (GPT-2, Llama, Qwen2, Qwen3) as a decoder_only headcount model:
+    src is empty, tgt_in = BOS + x[:-1], logits are aligned with tgt_out = x."""
+
+    model_kind = "decoder_only"
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
+        """An empty memory (B, 0, D), an empty padding mask (B, 0) and no attention: there is no encoder."""
+        B = src.shape[0]
+        weight = self.hf.get_input_embeddings().weight
+        return (weight.new_zeros(B, 0, self.d_model), torch.zeros(B, 0, dtype=torch.bool, device=weight.device), [])
+
+    def decode(self, tgt_in: Tensor, memory: Tensor | None = None, src_pad: Tensor | None = None,
+               need_weights: bool = False, cache: Any = None, start: int = 0) -> tuple[Tensor, list, list]:
+        """The language model over tgt_in (B, T) -> hidden (B, T, D), per layer self-attention probs
+        (B, H, T, start + T) (or None), [] (no cross-attention). memory and src_pad are ignored.
+
+        Without a cache, padding (`special.decoder_positions`) is masked as a key; with a cache
+        (new_cache()), tgt_in holds only new tokens, all real (search feeds one per hypothesis), and
+        `start` must be the number of tokens the cache holds."""
+        if cache is not None:
+            held = cache.get_seq_length()
+            if held != start:
+                raise ValueError(f"decode: start={start} but the cache holds {held} tokens")
+            mask = None
+        elif start != 0:
+            raise ValueError("decode: without a cache the text must start at position 0")
+        else:
+            mask = self.special.decoder_positions(tgt_in).long()
+        self._check_length(start + tgt_in.shape[1])
+        base = self.hf.base_model
+        out = base(input_ids=tgt_in, attention_mask=mask, **{_cache_argument(type(base)): cache},
+                   use_cache=cache is not None, output_attentions=need_weights)
+        n = len(self.family.attentions(self.hf))
+        return out.last_hidden_state, list(out.attentions) if need_weights else [None] * n, []
+
+    def forward(self, src: Tensor, tgt_in: Tensor, need_weights: bool = False) -> tuple[Tensor, dict | None]:
+        """src (B, 0) (ignored), tgt_in (B, T) -> logits (B, T, V), {"dec_self": [...]} or None."""
+        hidden, probs, _ = self.decode(tgt_in, need_weights=need_weights)
+        return self.logits(hidden), ({"dec_self": probs} if need_weights else None)
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    def reorder_cache(self, cache, rows: Tensor) -> None:
+        """Keep the given batch rows of the cache (beam search), in place."""
+        cache.reorder_cache(rows)
+
+    def encoder_parameters(self):
+        raise NotAvailableForKind(f"a {self.family.name} model is decoder-only: it has no encoder, so the "
+                                  f"encoder-only pruning setting does not apply; prune all its heads (dec_self)")
+
+
+class HFMaskedLM(_HFLanguageModel):
+    """A transformers masked LM (BERT, RoBERTa) as an encoder_only headcount model: src = BOS + x'
+    + EOS, tgt_in empty, logits (B, S, V) aligned with src (and tgt_out)."""
+
+    model_kind = "encoder_only"
+
+    def encode(self, src: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor, list]:
+        """src (B, S) -> hidden (B, S, D), padding mask (B, S) True at padding, per layer probs
+        (B, H, S, S) or None."""
+        self._check_length(src.shape[1])
+        src_pad = src.eq(self.special.pad)
+        out = self.hf.base_model(input_ids=src, attention_mask=(~src_pad).long(), output_attentions=need_weights)
+        n = len(self.family.attentions(self.hf))
+        return out.last_hidden_state, src_pad, list(out.attentions) if need_weights else [None] * n
+
+    def decode(self, *args, **kwargs):
+        raise NotAvailableForKind(f"a {self.family.name} model is encoder-only (masked LM): it has no decoder; "
+                                  f"use encode and logits (search and decoder analyses do not apply)")
+
+    def new_cache(self):
+        raise NotAvailableForKind(f"a {self.family.name} model is encoder-only: it decodes nothing, so it has no cache")
+
+    def reorder_cache(self, cache, rows: Tensor) -> None:
+        self.new_cache()
+
+    def forward(self, src: Tensor, tgt_in: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, dict | None]:
+        """src (B, S) -> logits (B, S, V), {"enc_self": [...]} or None; tgt_in (B, 0) is ignored."""
+        hidden, _, probs = self.encode(src, need_weights)
+        return self.logits(hidden), ({"enc_self": probs} if need_weights else None)
+
+    def encoder_parameters(self):
+        """The embeddings and the encoder layers (the base model; BERT's pooler where present); not
+        the MLM head's own transform. The head's output layer is tied to the word embeddings, which
+        are among these."""
+        return self.hf.base_model.parameters()
+
+
+for _name in LM_FAMILIES:
+    register_family(_name)(_HFLanguageModel.from_checkpoint)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and importing
+
+
+def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = None) -> bool:
+    """Whether the pretrained model's config is one of LM_FAMILIES' architectures."""
+    from transformers import AutoConfig
+
+    name, local_only = _resolve(name_or_dir, offline)
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+    except (OSError, ValueError) as error:
+        raise _unavailable(str(name_or_dir), error) from None
+    return config.model_type in LM_FAMILIES
+
+
+def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
+                       dtype: torch.dtype = torch.float32) -> HFCausalLM | HFMaskedLM:
+    """A hub id or a local directory -> the adapter of its kind, in eval mode; special ids from its
+    tokenizer where it has one."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    name, local_only = _resolve(name_or_dir, offline)
+    try:
+        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+        family = lm_family_of(config)
+        hf = _auto_class(family).from_pretrained(name, local_files_only=local_only, dtype=dtype,
+                                                 attn_implementation="eager")
+    except (OSError, ValueError) as error:
+        raise _unavailable(str(name_or_dir), error) from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+    except (OSError, ValueError):
+        tokenizer = None  # ids from the config alone
+    cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
+    return cls(hf, special=special_ids_of(config, tokenizer)).eval()
+
+
+def import_pretrained_lm(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
+                         tokenizer_dir: str | os.PathLike | None = None,
+                         offline: bool | None = None) -> HFCausalLM | HFMaskedLM:
+    """What a workflow stage calls for a pretrained language model: write a headcount checkpoint
+    (loading.load_model reads it) and the tokenizer's files with LM_TOKENIZER_MANIFEST (so that
+    loading.open_tokenizer(tokenizer_dir, "source" or "target") gives its one tokenizer)."""
+    model = load_pretrained_lm(name_or_dir, offline=offline)
+    if tokenizer_dir is not None:
+        tokenizer = load_lm_tokenizer(name_or_dir, offline=offline)
+        Path(tokenizer_dir).mkdir(parents=True, exist_ok=True)
+        tokenizer.tokenizer.save_pretrained(str(tokenizer_dir))
+        (Path(tokenizer_dir) / LM_TOKENIZER_MANIFEST).write_text(json.dumps(
+            {"family": model.family.name, "model_kind": model.model_kind, "source": str(name_or_dir)}) + "\n",
+            encoding="utf-8")
+    model.save(model_out, extra={"pretrained": {"source": str(name_or_dir), "family": model.family.name}})
+    return model
+
+
+__all__ = ["HFCausalLM", "HFMaskedLM", "LMFamily", "LMHeadGates", "LMTokenizer", "LM_FAMILIES", "LM_TOKENIZER_MANIFEST",
+           "NotAvailableForKind", "LRPNotImplemented", "PretrainedModelUnavailable", "import_pretrained_lm",
+           "is_language_model", "load_lm_tokenizer", "load_pretrained_lm", "special_ids_of"]
