@@ -117,3 +117,143 @@ def test_paired_bootstrap_of_nll_matches_an_explicit_resampling():
     same = paired_bootstrap_nll(reference, reference, tokens, n_samples=200)
     assert same["low"] == same["high"] == 0.0
     assert perplexity(np.array([0.0]), np.array([5])) == 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# The analyses and pruning on a tiny GPT-2, Llama and BERT (hf_lm adapters), against transformers' own losses
+
+LM_FAMILIES = ("gpt2", "llama", "bert")
+
+
+@pytest.fixture(scope="module")
+def lm_dirs(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from conftest import toy_corpus
+
+    from headcount.models import hf_lm_tiny
+
+    src, tgt = toy_corpus(120, seed=5)
+    return {family: getattr(hf_lm_tiny, f"write_tiny_{family}")(tmp_path_factory.mktemp(family), src + tgt)
+            for family in LM_FAMILIES}, src[:12]
+
+
+def _adapter_and_texts(lm_dirs, family):
+    from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+
+    dirs, lines = lm_dirs
+    torch.manual_seed(0)
+    model = load_pretrained_lm(dirs[family]).double().eval()
+    ids = load_lm_tokenizer(dirs[family]).encode(lines)
+    return model, [x for x in ids if x]
+
+
+def _transformers_loss(directory, family, src, tgt_out, zeroed: tuple[int, int] | None) -> float:
+    """transformers' own mean NLL of one text (its `labels` loss), with one head's output-projection
+    input columns zeroed: an implementation independent of headcount's gates and batches."""
+    import transformers
+
+    auto = transformers.AutoModelForMaskedLM if family == "bert" else transformers.AutoModelForCausalLM
+    hf = auto.from_pretrained(str(directory), attn_implementation="eager").double().eval()
+    if zeroed is not None:
+        layer, head = zeroed
+        if family == "gpt2":
+            block = hf.transformer.h[layer].attn
+            dh = block.head_dim
+            with torch.no_grad():  # Conv1D: weight (in, out); head h owns input rows h*dh:(h+1)*dh
+                block.c_proj.weight[head * dh:(head + 1) * dh, :] = 0
+        elif family == "llama":
+            proj = hf.model.layers[layer].self_attn.o_proj
+            dh = hf.config.hidden_size // hf.config.num_attention_heads
+            with torch.no_grad():
+                proj.weight[:, head * dh:(head + 1) * dh] = 0
+        else:
+            proj = hf.bert.encoder.layer[layer].attention.output.dense
+            dh = hf.config.hidden_size // hf.config.num_attention_heads
+            with torch.no_grad():
+                proj.weight[:, head * dh:(head + 1) * dh] = 0
+    with torch.no_grad():
+        if family == "bert":
+            labels = tgt_out.masked_fill(tgt_out.eq(0), -100)  # BERT's [PAD] is 0: unscored positions
+            return float(hf(input_ids=src, labels=labels).loss)
+        text = tgt_out  # BOS + text: transformers shifts the labels itself
+        return float(hf(input_ids=torch.cat([torch.full_like(text[:, :1], hf.config.bos_token_id), text], 1),
+                        labels=torch.cat([torch.full_like(text[:, :1], -100), text], 1)).loss)
+
+
+@pytest.mark.parametrize("family", LM_FAMILIES)
+def test_an_lms_ablation_is_transformers_own_loss_with_the_heads_columns_zeroed(lm_dirs, family):
+    from headcount.analysis.importance import dev_batches, head_ablation, head_confidence, mean_nll
+    from headcount.training.perplexity import sentence_nll
+
+    model, texts = _adapter_and_texts(lm_dirs, family)
+    kind = kind_of(model)
+    text = texts[0]
+    one = dev_batches([text], [text], special=model.special, objective=kind.objective)
+    src, _, tgt_out = one[0]
+    assert mean_nll(model, one) == pytest.approx(_transformers_loss(lm_dirs[0][family], family, src, tgt_out, None),
+                                                 abs=1e-6)  # transformers' loss runs in float32
+    table = head_ablation(model, one)
+    assert set(table["type"]) == set(kind.attention_types)
+    for layer, head in ((0, 1), (1, 3)):
+        row = table[(table["layer"] == layer) & (table["head"] == head)].iloc[0]
+        masked = _transformers_loss(lm_dirs[0][family], family, src, tgt_out, (layer, head))
+        assert row["delta_loss"] == pytest.approx(masked - mean_nll(model, one), abs=2e-6)
+        assert abs(row["delta_loss"]) > 2e-5  # a change well above that precision: the head matters
+    # Per-sentence NLL (perplexity's) and the pooled dev loss are the same sums.
+    batches = dev_batches(texts, texts, max_tokens=200, special=model.special, objective=kind.objective)
+    nll, tokens = sentence_nll(model, texts, texts, max_tokens=200)
+    assert nll.sum() / tokens.sum() == pytest.approx(mean_nll(model, batches), rel=1e-9)
+    confidence = head_confidence(model, batches)
+    assert set(confidence["type"]) == set(kind.attention_types)
+    assert ((confidence["confidence"] > 0) & (confidence["confidence"] <= 1)).all()
+
+
+@pytest.mark.parametrize("family", ("gpt2", "bert"))
+def test_an_lm_prunes_with_hard_concrete_gates_on_its_own_attention(lm_dirs, family, tmp_path):
+    from headcount.analysis.importance import dev_batches, michel_importance
+    from headcount.pruning.hard_concrete import penalty, prepare_for_pruning
+    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
+
+    model, texts = _adapter_and_texts(lm_dirs, family)
+    model.float()
+    kind = kind_of(model)
+    gates, groups = prepare_for_pruning(model, "all", log_alpha_init=None, gate_lr_scale=10.0)
+    assert len(gates) == len(model.attention_modules()[kind.attention_types[0]])
+    before = [g.log_alpha.detach().clone() for g in gates]
+    cfg = TrainConfig(max_tokens=200, max_steps=6, warmup_steps=2, eval_interval=6, checkpoint_interval=6,
+                      dev_bleu_sentences=0, select="last", threads=1, precision="fp32")
+    summary = train(model, cfg, Corpus(texts, texts), DevSet(texts[:4], texts[:4]), tmp_path / "run",
+                    parameters=groups, extra_loss=penalty(gates, 1.0), log=lambda s: None)
+    assert summary["steps"] == 6
+    assert all(not torch.equal(b, g.log_alpha.detach()) for b, g in zip(before, gates))  # the gates trained
+    model.eval()
+    for g in gates:
+        g.log_alpha.requires_grad_(False)
+    scores = michel_importance(model, dev_batches(texts, texts, special=model.special, objective=kind.objective))
+    assert set(scores["type"]) == set(kind.attention_types) and scores["michel"].notna().all()
+
+
+def test_removing_heads_frees_key_value_cache_only_where_a_whole_group_goes(lm_dirs):
+    from headcount.pruning.removal import kv_cache_bytes_per_token, remove_pruned_heads
+
+    for family, groups_shared in (("gpt2", False), ("llama", True)):
+        model, texts = _adapter_and_texts(lm_dirs, family)
+        modules = model.attention_modules()["dec_self"]
+        dh, heads, layers = modules[0].head_dim, modules[0].n_heads, len(modules)
+        kv_heads = int(getattr(modules[0], "n_kv_heads", heads))
+        full = kv_cache_bytes_per_token(model)
+        assert full == 2 * layers * kv_heads * dh * 2
+        src, tgt_in, _ = causal_lm_tensors(texts[:3], model.special)
+        mask = torch.ones(layers, heads)
+        mask[0, 0] = 0  # one query head: frees a KV head only if it has one of its own
+        mask[1, :heads // 2] = 0  # half the heads of layer 1: a whole KV group of llama's
+        model.set_head_mask({"dec_self": mask})
+        with torch.no_grad():
+            expected = model(src, tgt_in)[0]
+        remove_pruned_heads(model)
+        with torch.no_grad():
+            assert torch.allclose(model(src, tgt_in)[0], expected, atol=1e-10)
+        freed = full - kv_cache_bytes_per_token(model)
+        per_kv_head = 2 * dh * 2
+        assert freed == (per_kv_head * (1 + heads // 2) if not groups_shared else per_kv_head * (kv_heads // 2))

@@ -146,6 +146,13 @@ class LMHeadGates(GatedProjection):
     def attention(self) -> nn.Module:
         return self._owner[0]
 
+    @property
+    def n_kv_heads(self) -> int:
+        """The key/value heads the remaining query heads read (grouped-query attention shares
+        them); what a decoder's cache holds per token and layer. A layer without heads counts 0,
+        though transformers' cache still gets one placeholder head from it (_silence)."""
+        return len(set(self.kv_of)) if hasattr(self, "kv_of") else self.n_heads
+
     def keep_heads(self, heads: list[int]) -> None:
         """Remove every other head physically: Q, K, V rows (GQA: a KV head goes with the last
         query head that reads it) and W^O's columns."""

@@ -68,7 +68,10 @@ def sequence_loss(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out:
     The output layer runs on real tokens only: padding costs no vocabulary projection.
     """
     memory, src_pad, _ = model.encode(src)
-    hidden, _, _ = model.decode(tgt_in, memory, src_pad)  # (B, T, D)
+    if kind_of(model).objective == "masked_lm":  # the encoder's states are the output, aligned with tgt_out
+        hidden = memory  # (B, S, D)
+    else:
+        hidden, _, _ = model.decode(tgt_in, memory, src_pad)  # (B, T, D)
     real = tgt_out.ne(model.special.pad)
     logits = model.logits(hidden[real]).float()  # (N, V)
     target = tgt_out[real]

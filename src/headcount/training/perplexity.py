@@ -33,7 +33,8 @@ def sentence_nll(model: Seq2SeqWithHeads, src_ids: list[list[int]], tgt_ids: lis
             objective, [src_ids[i] for i in batch], [tgt_ids[i] for i in batch], model.special))
         logits, _ = model(src, tgt_in)  # (B, T, V), aligned with tgt_out
         real = tgt_out.ne(model.special.pad)
-        per_token = F.cross_entropy(logits.float().transpose(1, 2), tgt_out, reduction="none")  # (B, T)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast: score in fp32
+        per_token = F.cross_entropy(logits.transpose(1, 2), tgt_out, reduction="none")  # (B, T)
         nll[batch] = (per_token * real).sum(dim=1).double().cpu().numpy()
         tokens[batch] = real.sum(dim=1).cpu().numpy()
     return nll, tokens
