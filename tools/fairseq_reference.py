@@ -187,13 +187,14 @@ def train(python: Path, args, out: Path, bin_dir: Path) -> None:
 MASKED_HEADS = [("enc_self", 0, 1), ("enc_self", 1, 3), ("dec_self", 1, 0), ("dec_enc", 0, 2)]
 
 
-def worker(out: Path, n: int, max_len_a: float, max_len_b: int) -> None:
+def worker(out: Path, n: int, max_len_a: float, max_len_b: int, checkpoint: str = "checkpoint_last.pt",
+           reference_name: str = "reference.pt", attention_sentences: int = 5) -> None:
     import torch
     from fairseq import checkpoint_utils
     from fairseq.sequence_generator import SequenceGenerator
 
     torch.manual_seed(0)
-    ckpt = out / "checkpoints" / "checkpoint_last.pt"
+    ckpt = out / "checkpoints" / checkpoint
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(ckpt)], arg_overrides={"data": str(out / "data-bin")})
     model = models[0].eval()
@@ -248,7 +249,7 @@ def worker(out: Path, n: int, max_len_a: float, max_len_b: int) -> None:
             hyp = generator.generate([model], sample)[0][0]["tokens"]
         reference["greedy"].append(hyp.tolist())  # ends with EOS
         reference["loglik"].append(teacher_forced(src, tgt))  # per token; a sentence's is the sum
-        if idx < 5:  # every head's probabilities, fairseq's MultiheadAttention computing them
+        if idx < attention_sentences:  # every head's probabilities, fairseq's MultiheadAttention computing them
             originals = {}
             for kind, layers in modules.items():
                 for i, m in enumerate(layers):
@@ -273,7 +274,11 @@ def worker(out: Path, n: int, max_len_a: float, max_len_b: int) -> None:
     for (kind, layer), weight in saved.items():
         with torch.no_grad():
             modules[kind][layer].out_proj.weight.copy_(weight)
-    torch.save(reference, out / "reference.pt")
+    reference["checkpoint"] = checkpoint
+    torch.save(reference, out / reference_name)
+    if reference_name != "reference.pt":  # a later checkpoint's record: the cached test models stay as they are
+        log(f"{reference_name}: {len(reference['sources'])} sentences of {checkpoint}")
+        return
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     state["last_optimizer_state"] = None
     torch.save(state, out / "checkpoint_slim.pt")
@@ -313,15 +318,27 @@ def main() -> int:
     ap.add_argument("--max-len-b", type=int, default=9, help="fairseq's; headcount's greedy_search takes one more "
                     "(fairseq counts EOS beyond max_len, headcount within)")
     ap.add_argument("--fairseq-venv", default=str(FAIRSEQ_VENV))
+    ap.add_argument("--checkpoint", default="checkpoint_last.pt",
+                    help="which of --out's checkpoints/ the reference is recorded for")
+    ap.add_argument("--reference-only", metavar="NAME",
+                    help="train nothing: record fairseq's outputs for --checkpoint of an existing --out into NAME")
+    ap.add_argument("--attention-sentences", type=int, default=5, help="sentences whose attention is recorded")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out)
     if args.worker:
-        worker(out, args.reference_sentences, args.max_len_a, args.max_len_b)
+        worker(out, args.reference_sentences, args.max_len_a, args.max_len_b, args.checkpoint,
+               args.reference_only or "reference.pt", args.attention_sentences)
+        return 0
+    python = Path(args.fairseq_venv) / "bin" / "python"
+    if args.reference_only:
+        run([python, __file__, "--worker", "--out", out, "--reference-sentences", args.reference_sentences,
+             "--max-len-a", args.max_len_a, "--max-len-b", args.max_len_b, "--checkpoint", args.checkpoint,
+             "--reference-only", args.reference_only, "--attention-sentences", args.attention_sentences],
+            env={**os.environ, **FAIRSEQ_LOADS})
         return 0
     if not (args.synthetic or args.text_dir):
         ap.error("give --synthetic N or --text-dir")
-    python = Path(args.fairseq_venv) / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"no fairseq environment at {args.fairseq_venv}; run "
                          f"`python benchmarks/fairseq_side_by_side.py --windows 0` once to make it")
