@@ -10,8 +10,8 @@ model computes with a previous-token head in layer 1 (each position learns its p
 induction head in layer 2 (attend to the position after the earlier occurrence of the current
 token: Olsson et al. 2022). The length varies, so no fixed offset answers it. The model is a
 transformers GPT2LMHeadModel (hf_lm_tiny.write_tiny_gpt2, dropout off) trained through the
-HFCausalLM adapter by training.loop.train, and saved (the model the
-role analysis and the tests read) as a headcount checkpoint, model.pt. What the role detectors find in it is printed and written to
+HFCausalLM adapter by training.loop.train and saved as a headcount checkpoint, model.pt (what the
+role analysis and the tests read). What the role detectors find in it is printed and written to
 roles.json beside it.
 """
 
