@@ -77,7 +77,7 @@ def _attend(rules, slot, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scali
         index = torch.tensor(kv_of, dtype=torch.long, device=k.device)
         k, v = k.index_select(1, index), v.index_select(1, index)  # (B, H, Tk, Dh)
     ratio = scaling * math.sqrt(Dh)  # the rules divide the scores by sqrt(Dh)
-    if ratio != 1.0:
+    if not math.isclose(ratio, 1.0, rel_tol=1e-12):  # (Dh^-0.5 * sqrt(Dh) may round off 1)
         q = q * ratio
     ctx = rules.attention(q, k, v, allowed)  # (B, H, Tq, Dh)
     # Gates are constants: folded into W^O's columns (as hf_lrp.py and transformer_lrp.py do).
