@@ -408,3 +408,25 @@ def test_pruned_grouped_query_heads_read_their_kv_head(tiny_dirs):
     trace = lrp_forward(model, *inputs(model, x), make_rules("attnlrp"))
     torch.testing.assert_close(trace.top_logit[where], logits.max(dim=-1).values[where], rtol=1e-7, atol=1e-7)
     assert trace.contexts["dec_self"][0].shape[1] == 2
+
+
+def test_attnlrp_agrees_with_lxt():
+    """tools/crosscheck_lxt.py in a process of its own (lxt's patches change transformers' and
+    torch's forward passes for good): with a negligible epsilon, headcount's attnlrp and lxt's AttnLRP
+    give the same relevance at every head context and residual stream of GPT-2 and Llama. Runs only
+    where lxt is installed (not the project's venv: see the tool's docstring)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("lxt")
+    root = Path(__file__).resolve().parents[1]
+    run_tool = subprocess.run([sys.executable, str(root / "tools" / "crosscheck_lxt.py")], capture_output=True,
+                              text=True, cwd=root, timeout=600, env={**os.environ, "PYTHONPATH": str(root / "src")})
+    assert run_tool.returncode == 0, run_tool.stderr[-2000:]
+    found = re.findall(r"^(\w+) eps=1e-12: max abs error (\S+), max relative error (\S+)$", run_tool.stdout, re.M)
+    assert {family for family, _, _ in found} == {"gpt2", "llama"}
+    for _, _, relative in found:
+        assert float(relative) < 1e-6  # Llama: transformers' float32 softmax and RMSNorm in a float64 model
