@@ -42,6 +42,15 @@ them runs through the whole encoder: the cost per sentence grows with the square
 one forward+backward's only linearly. The matrix products are most of the time, so this is close
 to the floor for the method: see benchmarks/RESULTS.md.
 
+Language models (seq2seq.MODEL_KINDS; hf_lm_lrp.py for the transformers adapters). A decoder-only
+model's LRP forward has an empty `encode` (src is (B, 0): no contexts, no streams) and a `decode`
+whose trace holds "dec_self" contexts only; step_relevance reads the attention types a trace holds,
+so the prefix chunks above run unchanged and the cuts are the decoder's ("dec.l"). An encoder-only
+(masked) LM has no decoder steps: its LRP forward offers `predict_masked` (the MLM head at every
+source position) and masked_step_relevance seeds the masked positions, one shared forward pass, steps
+indexed by source position; its cuts are "enc.l". For encoder-decoders nothing changes: the same
+operations in the same order (results byte-identical).
+
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
 """
