@@ -344,8 +344,8 @@ def test_what_a_kind_does_not_have_is_a_clear_error(tiny_dirs):
         bert.decode(torch.zeros(1, 1, dtype=torch.long))
     with pytest.raises(HeadcountError, match="no encoder"):
         gpt2.encoder_parameters()
-    with pytest.raises(NotImplementedError, match="LRP"):
-        gpt2.lrp_forward()
+    with pytest.raises(HeadcountError, match="encoder-only"):  # LRP: tests/test_lm_lrp.py
+        bert.lrp_forward().decode()
     assert sum(p.numel() for p in bert.encoder_parameters()) > 0
     with pytest.raises(HeadcountError, match="not a supported language model"):
         hf_lm.lm_family_of(transformers.MarianConfig())

@@ -2,7 +2,9 @@
 each head's share of the top-1 logit's relevance averaged over every generation step.
 
 The rules, traces and backward passes are models.lrp's (every model family re-runs its forward
-pass with them); this module batches a set, drives them and averages.
+pass with them); this module batches a set, drives them and averages. For a language model a
+step is a next-token prediction (decoder_only: each real position of tgt_in) or a masked position
+(encoder_only: src holding `special.mask`); the table holds the model's own attention type only.
 """
 
 from __future__ import annotations

@@ -72,7 +72,8 @@ class NotAvailableForKind(HeadcountError):
 
 
 class LRPNotImplemented(HeadcountError, NotImplementedError):
-    pass
+    """A configuration that the LRP forward pass (hf_lm_lrp.py) does not reproduce: explaining it
+    would explain another model."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,8 +388,10 @@ class _HFLanguageModel(nn.Module):
         return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
 
     def lrp_forward(self):
-        raise LRPNotImplemented(f"LRP is not implemented for {self.family.name} ({self.model_kind}) models yet; "
-                                f"leave out the LRP analyses (confidence, ablation and gates run) for this model")
+        """This architecture re-run with LRP rules (hf_lm_lrp.py, imported only when LRP runs)."""
+        from headcount.models.hf_lm_lrp import lrp_forward_of
+
+        return lrp_forward_of(self)
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -42,6 +42,15 @@ them runs through the whole encoder: the cost per sentence grows with the square
 one forward+backward's only linearly. The matrix products are most of the time, so this is close
 to the floor for the method: see benchmarks/RESULTS.md.
 
+Language models (seq2seq.MODEL_KINDS; hf_lm_lrp.py for the transformers adapters). A decoder-only
+model's LRP forward has an empty `encode` (src is (B, 0): no contexts, no streams) and a `decode`
+whose trace holds "dec_self" contexts only; step_relevance reads the attention types a trace holds,
+so the prefix chunks above run unchanged and the cuts are the decoder's ("dec.l"). An encoder-only
+(masked) LM has no decoder steps: its LRP forward offers `predict_masked` (the MLM head at every
+source position) and masked_step_relevance seeds the masked positions, one shared forward pass, steps
+indexed by source position; its cuts are "enc.l". For encoder-decoders nothing changes: the same
+operations in the same order (results byte-identical).
+
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
 """
@@ -55,7 +64,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads
+from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, kind_of
 
 RULES = ("ding", "attnlrp")
 
@@ -194,8 +203,11 @@ def top1_targets(logits_of, hidden: Tensor, tgt_in: Tensor, target: Tensor | Non
 
 def lrp_forward(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
     """Teacher-forced forward pass with LRP backward rules (the model's own `lrp_forward()`); the
-    top-1 logit of every step."""
+    top-1 logit of every step. An encoder-only model's steps are its source positions (tgt_in is
+    empty): the MLM head's top-1 logit at each."""
     forward = model.lrp_forward()
+    if kind_of(model).name == "encoder_only":
+        return forward.predict_masked(forward.encode(src, rules), src, rules, target)
     return forward.decode(forward.encode(src, rules), tgt_in, rules, target)
 
 
@@ -207,8 +219,8 @@ def lrp_forward(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, rules, tar
 class StepRelevance:
     """LRP results for one batch, one entry per (generation step, sentence)."""
 
-    heads: dict[str, Tensor]  # type -> (T, B, L, H) sum of |R| over a head's context neurons
-    valid: Tensor  # (T, B) True where step t exists in sentence b
+    heads: dict[str, Tensor]  # type -> (T, B, L, H) sum of |R| over a head's context neurons; the model's own types
+    valid: Tensor  # (T, B) True where step t exists in sentence b (encoder-only: T = S, True at masked positions)
     cuts: dict[str, Tensor]  # cut name -> (T, B) total relevance crossing it (start value 1)
 
     def normalised(self) -> dict[str, Tensor]:
@@ -239,8 +251,13 @@ def step_relevance(
     """LRP head relevance of every generation step of a batch, batched over steps by vmap.
 
     Each target step t is one seed: relevance 1 on its top-1 logit, in every sentence at once.
-    `max_seeds` steps share one vmapped backward pass (memory grows with it).
+    `max_seeds` steps share one vmapped backward pass (memory grows with it). A decoder-only model
+    (src (B, 0)) runs the same way: its LRP forward's `encode` is empty and its trace holds dec_self
+    only. An encoder-only model has no decoder steps: masked_step_relevance explains its masked
+    positions instead (tgt_in is empty, so target, if given, is (B, S)).
     """
+    if kind_of(model).name == "encoder_only":
+        return masked_step_relevance(model, src, rule, eps, max_seeds, target)
     rules = make_rules(rule, eps)
     forward = model.lrp_forward()
     pad = model.special.pad
@@ -269,21 +286,9 @@ def step_relevance(
             # the backward passes skip the later positions (half the decoder's work on average).
             trace = forward.decode(encoded, tgt_in[rows, :last], rules, top1[rows, :last])
             top1[rows, :last] = trace.target
-            ctx_list = [c for kind in ATTENTION_TYPES for c in trace.contexts[kind]]
-            streams = trace.enc_inputs + trace.dec_inputs + trace.memories
-            top = trace.top_logit.detach()  # (B', last)
             steps = torch.arange(first, last, device=src.device)  # (N,)
-            seed = torch.zeros(len(steps), len(rows), last, dtype=top.dtype, device=top.device)  # (N, B', last)
-            start = 1.0 / torch.where(top == 0, torch.ones_like(top), top)  # gradient seed for R = 1
-            seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * valid[steps][:, rows]
-            grads = torch.autograd.grad(trace.top_logit, ctx_list + streams, seed, retain_graph=True,
-                                        is_grads_batched=True, allow_unused=True)
-            with torch.no_grad():  # reading relevance off needs no graph
-                heads = torch.stack([_relevance(c, g).abs().sum(dim=(3, 4))  # (N, B', H) per layer
-                                     for c, g in zip(ctx_list, grads)], dim=2)  # (N, B', all layers, H)
-                # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
-                stream_totals = torch.stack([torch.einsum("btd,nbtd->nb", s, g)
-                                             for s, g in zip(streams, grads[len(ctx_list):])], dim=-1)  # (N, B', K)
+            heads, stream_totals = _seeded_backward(trace, steps, valid[steps][:, rows])
+            with torch.no_grad():
                 if all_heads is None:  # sentences without these steps keep zeros, as a zero seed gives
                     all_heads = heads.new_zeros(T, B, *heads.shape[2:])  # (T, B, all layers, H)
                     totals = stream_totals.new_zeros(T, B, stream_totals.shape[-1])  # (T, B, K)
@@ -292,12 +297,87 @@ def step_relevance(
     finally:
         model.train(was_training)
 
+    return StepRelevance(_split_types(trace, all_heads), valid,
+                         cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
+
+
+def _context_list(trace: Trace) -> list[Tensor]:
+    """The head contexts of the model's own attention types (a language model's trace holds one
+    type), in ATTENTION_TYPES' order, layers in order."""
+    return [c for kind in ATTENTION_TYPES if kind in trace.contexts for c in trace.contexts[kind]]
+
+
+def _split_types(trace: Trace, all_heads: Tensor) -> dict[str, Tensor]:
+    """(T, B, all layers, H) -> type -> (T, B, L, H), the trace's own types only."""
     heads, offset = {}, 0
     for kind in ATTENTION_TYPES:
+        if kind not in trace.contexts:
+            continue
         n = len(trace.contexts[kind])
         heads[kind] = all_heads[:, :, offset : offset + n]
         offset += n
-    return StepRelevance(heads, valid, cut_totals(totals, len(trace.enc_inputs), len(trace.dec_inputs)))
+    return heads
+
+
+def _seeded_backward(trace: Trace, steps: Tensor, seeded: Tensor) -> tuple[Tensor, Tensor]:
+    """One vmapped backward pass, seed n starting relevance 1 at the top-1 logit of step steps[n]
+    in every sentence b where seeded[n, b] (N, B'): -> head sums of |R| (N, B', all layers, H) and
+    each stream's total relevance (N, B', K), streams enc_inputs + dec_inputs + memories."""
+    ctx_list = _context_list(trace)
+    streams = trace.enc_inputs + trace.dec_inputs + trace.memories
+    top = trace.top_logit.detach()  # (B', T')
+    seed = torch.zeros(len(steps), *top.shape, dtype=top.dtype, device=top.device)  # (N, B', T')
+    start = 1.0 / torch.where(top == 0, torch.ones_like(top), top)  # gradient seed for R = 1
+    seed[torch.arange(len(steps)), :, steps] = start[:, steps].T * seeded
+    grads = torch.autograd.grad(trace.top_logit, ctx_list + streams, seed, retain_graph=True,
+                                is_grads_batched=True, allow_unused=True)
+    with torch.no_grad():  # reading relevance off needs no graph
+        heads = torch.stack([_relevance(c, g).abs().sum(dim=(3, 4))  # (N, B', H) per layer
+                             for c, g in zip(ctx_list, grads)], dim=2)  # (N, B', all layers, H)
+        # A stream's total relevance, sum over (t, d) of input x gradient, as one contraction.
+        stream_totals = torch.stack([torch.einsum("btd,nbtd->nb", s, g)
+                                     for s, g in zip(streams, grads[len(ctx_list):])], dim=-1)  # (N, B', K)
+    return heads, stream_totals
+
+
+@torch.enable_grad()
+def masked_step_relevance(
+    model: Seq2SeqWithHeads,
+    src: Tensor,  # (B, S) BOS + x' + EOS, `special.mask` at the masked positions, padded
+    rule: str = "ding",
+    eps: float = 1e-6,
+    max_seeds: int = 8,
+    target: Tensor | None = None,
+) -> StepRelevance:
+    """step_relevance for an encoder-only (masked) LM: one step per masked position, relevance 1
+    on the top-1 logit of the MLM head there. Steps are indexed by source position: heads
+    (S, B, L, H), valid (S, B) True at the masked positions. The encoder is bidirectional, so one
+    forward pass serves every chunk of `max_seeds` positions (each seeded in every sentence masked
+    there); the LRP forward's `predict_masked` gives the trace (hf_lm_lrp.BertLRPForward).
+    target (B, S): the token explained at each masked position, -1 (default) for the top-1 one."""
+    rules = make_rules(rule, eps)
+    forward = model.lrp_forward()
+    B, S = src.shape
+    masked = src.eq(model.special.mask)  # (B, S)
+    wanted = torch.full_like(src, -1) if target is None else target.clone()
+    # Unmasked positions are never seeded: any token will do there (no vocabulary projection).
+    wanted = torch.where(masked, wanted, torch.full_like(src, model.special.pad))
+    valid = masked.T  # (S, B)
+    was_training = model.training
+    model.eval()
+    try:
+        trace = forward.predict_masked(forward.encode(src, rules), src, rules, wanted)
+        n_layers = sum(len(c) for c in trace.contexts.values())
+        H = max((c.shape[1] for c in _context_list(trace)), default=0)
+        all_heads = trace.top_logit.new_zeros(S, B, n_layers, H)  # (S, B, L, H)
+        totals = trace.top_logit.new_zeros(S, B, len(trace.enc_inputs))  # (S, B, K)
+        positions = masked.any(dim=0).nonzero().squeeze(1)  # (P,) masked in some sentence
+        for chunk in positions.split(max_seeds):
+            heads, stream_totals = _seeded_backward(trace, chunk, valid[chunk])
+            all_heads[chunk], totals[chunk] = heads.detach(), stream_totals.detach()
+    finally:
+        model.train(was_training)
+    return StepRelevance(_split_types(trace, all_heads), valid, cut_totals(totals, len(trace.enc_inputs), 0))
 
 
 def cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
@@ -312,6 +392,6 @@ def cut_totals(totals: Tensor, n_enc: int, n_dec: int) -> dict[str, Tensor]:
     cuts = {}
     for layer in range(n_dec - 1, -1, -1):
         cuts[f"dec.{layer}"] = dec[..., layer] + mem[..., layer:].sum(dim=-1)
-    for layer in range(n_enc - 1, -1, -1):
-        cuts[f"enc.{layer}"] = enc[..., layer] + dec[..., 0]
+    for layer in range(n_enc - 1, -1, -1):  # an encoder-only model: no decoder inputs to add
+        cuts[f"enc.{layer}"] = enc[..., layer] + dec[..., 0] if n_dec else enc[..., layer]
     return cuts

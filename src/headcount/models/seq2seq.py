@@ -168,7 +168,9 @@ class LRPForward(Protocol):
 
     `decode`'s target (B, T): the token whose logit each step explains; where it is -1 the top-1
     token, never one of `special.never_generated()` (lrp.top1_targets does this).
-    transformer_lrp.py is headcount's own implementation."""
+    transformer_lrp.py is headcount's own implementation. A decoder-only model's `encode` is
+    empty; an encoder-only model's `decode` raises and `predict_masked(encoded, src, rules, target)`
+    gives the trace of its MLM head over the source positions (hf_lm_lrp.py, lrp.py)."""
 
     def encode(self, src: Tensor, rules) -> Any: ...  # -> lrp.EncoderTrace
 

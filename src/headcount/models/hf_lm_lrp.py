@@ -1,0 +1,281 @@
+"""The LRP forward passes of the language-model adapters (hf_lm.py): seq2seq.LRPForward for GPT-2,
+Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only).
+
+Each re-runs its architecture from the model's own weights (evaluation mode, no cache) with the
+rule object's `linear`, `add`, `layer_norm` and `attention` (lrp.DingRules / lrp.AttnLRPRules), as
+hf_lrp.py does for encoder-decoders; every forward value is the model's. What is particular here:
+
+- GPT-2: Q, K, V come from one fused Conv1D (weight (in, out): the linear map with its transpose,
+  the stabiliser element-wise, so fusing changes nothing); learned positions are constants added
+  to the token embeddings; the feed-forward activation (gelu_new) passes relevance through neuron
+  by neuron under both rules (lrp.pass_through: the paper's rule ignores non-linearities; AttnLRP's
+  identity rule for element-wise non-linearities is the same map, as lxt's identity_rule_implicit).
+- Llama, Qwen2, Qwen3: RMSNorm as hf_lrp.T5LRPForward treats it (ding: pass-through; attnlrp: the
+  root mean square held constant, a linear map, epsilon rule), computed in float32 as transformers
+  does; rotary positions are a fixed linear map of q and k given the position (no bias, so both
+  rules pass it plainly: the z-rule of a bias-free linear map conserves exactly); Qwen3's per-head
+  q/k RMSNorm as any RMSNorm; SwiGLU down(act(gate) * up) is a product of two neurons: half of its
+  relevance to each factor under both rules (AttnLRP's uniform rule; the paper's rule has no case
+  for it), the activation passed through; grouped-query attention gathers each query head's KV
+  head (`LMHeadGates.kv_of`), so a shared KV head receives the sum of its query heads' relevance
+  and a head's relevance is its query head's context's.
+- BERT, RoBERTa: post-LN blocks LN(x + f(x)); the embedding sum (token + position + token type 0)
+  then its LayerNorm; the MLM head dense -> GELU (passed through) -> LayerNorm -> decoder + bias.
+  RoBERTa counts positions from padding_idx + 1 over the real tokens, as transformers does.
+
+Attention scores are scaled by the module's own `scaling` (the rules divide by sqrt(Dh), so q is
+pre-multiplied by the constant ratio where it differs, a linear map both rules pass exactly).
+
+How the kinds meet lrp.py's driver (lrp.step_relevance): a causal LM's `encode` is empty (no
+contexts, no streams; src is (B, 0)) and its `decode` runs the language model over tgt_in, its
+Trace holding "dec_self" contexts only, so step_relevance's prefix chunks apply as for a decoder.
+A masked LM has no decoder: `encode` runs the encoder and `predict_masked(encoded, src, rules,
+target)` the MLM head at every source position (a Trace whose steps are source positions);
+lrp.masked_step_relevance seeds the masked positions.
+
+Shapes: B batch, T length, D hidden size, H query heads, KV key/value heads, Dh head size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from headcount.models.hf_lm import LRPNotImplemented, NotAvailableForKind
+from headcount.models.lrp import EncoderTrace, Trace, half_gradient, pass_through, top1_targets
+
+
+def lrp_forward_of(model):
+    """The LRPForward of an hf_lm adapter, by layout."""
+    layout = model.family.layout
+    if layout == "gpt2":
+        return GPT2LRPForward(model)
+    if layout == "llama":
+        return LlamaLRPForward(model)
+    return BertLRPForward(model)
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def _heads(z: Tensor, Dh: int) -> Tensor:
+    """(B, T, n*Dh) -> (B, n, T, Dh)."""
+    B, T, _ = z.shape
+    return z.view(B, T, -1, Dh).transpose(1, 2)
+
+
+def _attend(rules, slot, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scaling: float):
+    """q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) -> output (B, Tq, D) through the gated W^O, and the
+    head contexts (B, H, Tq, Dh) before the gates."""
+    B, H, Tq, Dh = q.shape
+    kv_of = getattr(slot, "kv_of", None)
+    if kv_of is not None:  # grouped-query attention: each query head reads its KV head
+        index = torch.tensor(kv_of, dtype=torch.long, device=k.device)
+        k, v = k.index_select(1, index), v.index_select(1, index)  # (B, H, Tk, Dh)
+    ratio = scaling * math.sqrt(Dh)  # the rules divide the scores by sqrt(Dh)
+    if not math.isclose(ratio, 1.0, rel_tol=1e-12):  # (Dh^-0.5 * sqrt(Dh) may round off 1)
+        q = q * ratio
+    ctx = rules.attention(q, k, v, allowed)  # (B, H, Tq, Dh)
+    # Gates are constants: folded into W^O's columns (as hf_lrp.py and transformer_lrp.py do).
+    w_out = slot.proj.weight * slot.gates().to(ctx.dtype).repeat_interleave(Dh)  # (D, H*Dh)
+    return rules.linear(ctx.transpose(1, 2).reshape(B, Tq, H * Dh), slot.proj, w_out), ctx
+
+
+def _top_logit(rules, hidden: Tensor, weight: Tensor, bias: Tensor | None, steps: Tensor, target, special):
+    """(stabilised top-1 logit (B, T), target (B, T)) of the output layer (weight (V, D), bias)."""
+    target = top1_targets(lambda h: F.linear(h, weight, bias), hidden, steps, target, special)
+    top = (hidden * weight[target]).sum(dim=-1)  # (B, T): one row of the output layer
+    if bias is not None:
+        top = top + bias[target]
+    return rules.stabilise(top), target
+
+
+def _rms_norm(rules, x: Tensor, norm: nn.Module) -> Tensor:
+    """transformers' RMSNorm (Llama, Qwen): w * (x / rms(x)), the normalisation in float32."""
+    inverse_rms = torch.rsqrt(x.to(torch.float32).pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)
+    if rules.name == "ding":
+        return pass_through(x, norm.weight * (x.to(torch.float32) * inverse_rms).to(x.dtype))
+    return rules.stabilise(norm.weight * (x.to(torch.float32) * inverse_rms.detach()).to(x.dtype))
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary positions, (B, n, T, Dh) with cos/sin (B or 1, 1, T, Dh): a linear map of x."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+# --------------------------------------------------------------------------------------------
+# Decoder-only
+
+
+class _CausalLRPForward:
+    """What the causal LMs share: no encoder, the causal mask, the output layer."""
+
+    def __init__(self, model):
+        self.model, self.hf, self.base = model, model.hf, model.hf.base_model
+        self.slots = model.attention_modules()["dec_self"]
+        head = model.hf.get_submodule(model.family.head_path)
+        self.out_weight, self.out_bias = head.weight, head.bias
+
+    def encode(self, src: Tensor, rules) -> EncoderTrace:
+        """Nothing to encode: an empty memory (B, 0, D), no contexts, no streams."""
+        B = src.shape[0]
+        memory = self.out_weight.new_zeros(B, 0, self.out_weight.shape[1])
+        return EncoderTrace(memory, torch.zeros(B, 1, 1, 0, dtype=torch.bool, device=src.device), [], [])
+
+    def decode(self, encoded: EncoderTrace, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
+        """The language model over tgt_in (B, T) with LRP rules; `encoded` is ignored (empty)."""
+        T = tgt_in.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
+        # Padding is no key, as in HFCausalLM.decode (GPT-2 pads with a text token).
+        allowed = causal & self.model.special.decoder_positions(tgt_in)[:, None, None, :]  # (B, 1, T, T)
+        x = self._embed(tgt_in)  # (B, T, D)
+        streams, contexts = [x], []
+        for i, layer in enumerate(self._layers()):
+            x, ctx = self._layer(rules, i, layer, x, allowed)
+            contexts.append(ctx)
+            streams.append(x)
+        hidden = self._final_norm(rules, x)
+        top, target = _top_logit(rules, hidden, self.out_weight, self.out_bias, tgt_in, target, self.model.special)
+        return Trace(top, target, {"dec_self": contexts}, [], streams, [])
+
+
+class GPT2LRPForward(_CausalLRPForward):
+    """GPT-2: pre-LN blocks, fused QKV, learned positions, GELU."""
+
+    def _layers(self):
+        return self.base.h
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        positions = self.base.wpe.weight[: tokens.shape[1]].detach()  # (T, D) a constant
+        return F.embedding(tokens, self.base.wte.weight) + positions
+
+    def _final_norm(self, rules, x: Tensor) -> Tensor:
+        return rules.layer_norm(x, self.base.ln_f)
+
+    def _layer(self, rules, i: int, block: nn.Module, x: Tensor, allowed: Tensor):
+        slot, attention, mlp = self.slots[i], block.attn, block.mlp
+        H, Dh = slot.n_heads, slot.head_dim
+        qkv = rules.linear(rules.layer_norm(x, block.ln_1), attention.c_attn, attention.c_attn.weight.t())
+        q, k, v = (_heads(z, Dh) for z in qkv.split(H * Dh, dim=2))  # (B, H, T, Dh) each
+        out, ctx = _attend(rules, slot, q, k, v, allowed, attention.scaling)
+        x = rules.add(x, out)
+        pre = rules.linear(rules.layer_norm(x, block.ln_2), mlp.c_fc, mlp.c_fc.weight.t())  # (B, T, F)
+        return rules.add(x, rules.linear(pass_through(pre, mlp.act(pre)), mlp.c_proj, mlp.c_proj.weight.t())), ctx
+
+
+class LlamaLRPForward(_CausalLRPForward):
+    """Llama, Qwen2, Qwen3: RMSNorm, rotary positions, grouped-query attention, SwiGLU."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        config = model.config
+        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+            raise LRPNotImplemented(f"{model.family.name}: LRP does not reproduce sliding-window attention; "
+                                   f"set use_sliding_window=False in the config or leave LRP out for this model")
+        self._cos_sin = None
+
+    def _layers(self):
+        return self.base.layers
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.base.embed_tokens.weight)
+        with torch.no_grad():  # rotary cos/sin for positions 0..T-1: constants, the model's own
+            positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
+            cos, sin = self.base.rotary_emb(x, positions)  # (1, T, Dh)
+        self._cos_sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (1, 1, T, Dh)
+        return x
+
+    def _final_norm(self, rules, x: Tensor) -> Tensor:
+        return _rms_norm(rules, x, self.base.norm)
+
+    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor):
+        slot, attention, mlp = self.slots[i], layer.self_attn, layer.mlp
+        Dh = slot.head_dim
+        h = _rms_norm(rules, x, layer.input_layernorm)
+        q = rules.linear(h, attention.q_proj)  # (B, T, H*Dh)
+        k, v = rules.linear(h, attention.k_proj), rules.linear(h, attention.v_proj)  # (B, T, KV*Dh)
+        if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm over each head's features
+            B, T, _ = q.shape
+            q = _rms_norm(rules, q.view(B, T, -1, Dh), attention.q_norm).view(B, T, -1)
+            k = _rms_norm(rules, k.view(B, T, -1, Dh), attention.k_norm).view(B, T, -1)
+        cos, sin = self._cos_sin
+        q, k = _rotate(_heads(q, Dh), cos, sin), _rotate(_heads(k, Dh), cos, sin)  # (B, H or KV, T, Dh)
+        out, ctx = _attend(rules, slot, q, k, _heads(v, Dh), allowed, attention.scaling)
+        x = rules.add(x, out)
+        h = _rms_norm(rules, x, layer.post_attention_layernorm)
+        gate = rules.linear(h, mlp.gate_proj)  # (B, T, F)
+        product = half_gradient(pass_through(gate, mlp.act_fn(gate)) * rules.linear(h, mlp.up_proj))
+        return rules.add(x, rules.linear(product, mlp.down_proj)), ctx
+
+
+# --------------------------------------------------------------------------------------------
+# Encoder-only
+
+
+class BertLRPForward:
+    """BERT and RoBERTa masked LMs: post-LN encoder, MLM head."""
+
+    def __init__(self, model):
+        self.model, self.hf, self.base = model, model.hf, model.hf.base_model
+        self.slots = model.attention_modules()["enc_self"]
+        if getattr(self.base.embeddings, "position_embedding_type", "absolute") != "absolute":
+            raise LRPNotImplemented(f"{model.family.name}: LRP reproduces absolute position embeddings only; this "
+                                   f"model's are {self.base.embeddings.position_embedding_type!r}")
+        if model.family.name == "bert":
+            head = model.hf.cls.predictions
+            self.head_dense, self.head_norm = head.transform.dense, head.transform.LayerNorm
+            self.head_act, self.decoder = head.transform.transform_act_fn, head.decoder
+        else:
+            from transformers.activations import gelu
+
+            head = model.hf.lm_head
+            self.head_dense, self.head_norm, self.head_act = head.dense, head.layer_norm, gelu
+            self.decoder = head.decoder
+
+    def _positions(self, src: Tensor) -> Tensor:
+        embeddings = self.base.embeddings
+        if self.model.family.name == "roberta":  # from padding_idx + 1 over the real tokens
+            return embeddings.create_position_ids_from_input_ids(src, embeddings.padding_idx)
+        return torch.arange(src.shape[1], device=src.device)[None].expand_as(src)
+
+    def _embed(self, rules, src: Tensor) -> Tensor:
+        embeddings = self.base.embeddings
+        with torch.no_grad():  # position and token-type (0) embeddings: constants
+            constant = embeddings.position_embeddings(self._positions(src)) + embeddings.token_type_embeddings.weight[0]
+        return rules.layer_norm(F.embedding(src, embeddings.word_embeddings.weight) + constant, embeddings.LayerNorm)
+
+    def encode(self, src: Tensor, rules) -> EncoderTrace:
+        """The encoder over src (B, S) with LRP rules; memory: its last hidden state (B, S, D)."""
+        allowed = ~src.eq(self.model.special.pad)[:, None, None, :]  # (B, 1, 1, S)
+        x = self._embed(rules, src)  # (B, S, D)
+        inputs, contexts = [x], []
+        for layer, slot in zip(self.base.encoder.layer, self.slots):
+            inner, Dh = layer.attention.self, slot.head_dim
+            q, k, v = (_heads(rules.linear(x, getattr(inner, n)), Dh) for n in ("query", "key", "value"))
+            out, ctx = _attend(rules, slot, q, k, v, allowed, inner.scaling)
+            contexts.append(ctx)
+            x = rules.layer_norm(rules.add(x, out), layer.attention.output.LayerNorm)  # post-LN
+            pre = rules.linear(x, layer.intermediate.dense)  # (B, S, F)
+            ffn = rules.linear(pass_through(pre, layer.intermediate.intermediate_act_fn(pre)), layer.output.dense)
+            x = rules.layer_norm(rules.add(x, ffn), layer.output.LayerNorm)
+            inputs.append(x)
+        return EncoderTrace(x, allowed, contexts, inputs)
+
+    def decode(self, *args, **kwargs):
+        raise NotAvailableForKind(f"a {self.model.family.name} model is encoder-only: its LRP pass has no decoder; "
+                                  f"use predict_masked (lrp.masked_step_relevance drives it)")
+
+    def predict_masked(self, encoded: EncoderTrace, src: Tensor, rules, target: Tensor | None = None) -> Trace:
+        """The MLM head at every source position: a Trace whose steps are the S source positions.
+        target (B, S): the token explained at each position, -1 where the top-1 one (the default
+        everywhere; lrp.masked_step_relevance asks only at the masked positions)."""
+        pre = rules.linear(encoded.memory, self.head_dense)
+        hidden = rules.layer_norm(pass_through(pre, self.head_act(pre)), self.head_norm)  # (B, S, D)
+        top, target = _top_logit(rules, hidden, self.decoder.weight, self.decoder.bias, src, target,
+                                 self.model.special)
+        return Trace(top, target, {"enc_self": encoded.contexts}, encoded.inputs, [], [])
