@@ -195,11 +195,12 @@ def test_an_lms_ablation_is_transformers_own_loss_with_the_heads_columns_zeroed(
                                                  abs=1e-6)  # transformers' loss runs in float32
     table = head_ablation(model, one)
     assert set(table["type"]) == set(kind.attention_types)
-    for layer, head in ((0, 1), (1, 3)):
+    strongest = table.loc[table["delta_loss"].abs().idxmax()]
+    assert abs(strongest["delta_loss"]) > 1e-4  # far above the precision below: agreement is not by default
+    for layer, head in ((0, 1), (int(strongest["layer"]), int(strongest["head"]))):
         row = table[(table["layer"] == layer) & (table["head"] == head)].iloc[0]
         masked = _transformers_loss(lm_dirs[0][family], family, src, tgt_out, (layer, head))
         assert row["delta_loss"] == pytest.approx(masked - mean_nll(model, one), abs=2e-6)
-        assert abs(row["delta_loss"]) > 2e-5  # a change well above that precision: the head matters
     # Per-sentence NLL (perplexity's) and the pooled dev loss are the same sums.
     batches = dev_batches(texts, texts, max_tokens=200, special=model.special, objective=kind.objective)
     nll, tokens = sentence_nll(model, texts, texts, max_tokens=200)
