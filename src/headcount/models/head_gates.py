@@ -102,3 +102,37 @@ def linear_columns(layer: nn.Linear, idx: Tensor) -> nn.Linear:
         if layer.bias is not None:
             new.bias.copy_(layer.bias)
     return new
+
+
+class HeadMasks:
+    """set_head_mask, head_mask and head_counts of seq2seq's contract, for a model whose
+    `attention_modules()` are GatedProjections (both transformers adapters mix this in)."""
+
+    def set_head_mask(self, masks: dict[str, Tensor]) -> None:
+        """Fix the 0/1 gates, masks[type] of shape (layers, H); types left out stay as they are. After
+        physical pruning H is the widest layer's head count and each layer reads its first heads."""
+        modules = self.attention_modules()
+        for kind, mask in masks.items():
+            if kind not in modules:
+                raise ValueError(f"head mask for {kind}: this model has {sorted(modules)} only")
+            mask = torch.as_tensor(mask, dtype=torch.float32)
+            width = max(m.n_heads for m in modules[kind])
+            if mask.dim() != 2 or mask.shape != (len(modules[kind]), width) or any(
+                    row[m.n_heads:].any() for m, row in zip(modules[kind], mask)):
+                raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
+                                 f"({len(modules[kind])}, {width}) (after physical pruning: zeros beyond a "
+                                 f"layer's remaining heads, as head_mask() gives)")
+            for module, row in zip(modules[kind], mask):
+                module.head_mask.copy_(row[: module.n_heads])
+
+    def head_mask(self) -> dict[str, Tensor]:
+        """{type: (layers, H)}; after physical pruning, rows are padded with zeros to the widest layer."""
+        out = {}
+        for kind, modules in self.attention_modules().items():
+            width = max(m.n_heads for m in modules)
+            rows = [torch.cat([m.head_mask, m.head_mask.new_zeros(width - m.n_heads)]) for m in modules]
+            out[kind] = torch.stack(rows)
+        return out
+
+    def head_counts(self) -> dict[str, list[int]]:
+        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}

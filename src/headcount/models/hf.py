@@ -65,7 +65,7 @@ from torch import Tensor, nn
 from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
-from headcount.models.head_gates import GatedProjection, linear_rows
+from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
 
 # --------------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ def family_of(config) -> Family:
 # The adapter
 
 
-class HFSeq2Seq(nn.Module):
+class HFSeq2Seq(HeadMasks, nn.Module):
     """A transformers encoder-decoder model as `Seq2SeqWithHeads`."""
 
     def __init__(self, hf: nn.Module, forced: tuple[int, ...] | None = None):
@@ -453,33 +453,6 @@ class HFSeq2Seq(nn.Module):
         """The gate slots by attention type, in layer order."""
         return {kind: [getattr(a, self.family.out_name) for a in modules]
                 for kind, modules in self.family.attentions(self.hf).items()}
-
-    def set_head_mask(self, masks: dict[str, Tensor]) -> None:
-        """Fix the 0/1 gates, masks[type] of shape (layers, H); types left out stay as they are. After
-        physical pruning H is the widest layer's head count and each layer reads its first heads."""
-        modules = self.attention_modules()
-        for kind, mask in masks.items():
-            mask = torch.as_tensor(mask, dtype=torch.float32)
-            width = max(m.n_heads for m in modules[kind])
-            if mask.dim() != 2 or mask.shape != (len(modules[kind]), width) or any(
-                    row[m.n_heads:].any() for m, row in zip(modules[kind], mask)):
-                raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
-                                 f"({len(modules[kind])}, {width}) (after physical pruning: zeros beyond a "
-                                 f"layer's remaining heads, as head_mask() gives)")
-            for module, row in zip(modules[kind], mask):
-                module.head_mask.copy_(row[: module.n_heads])
-
-    def head_mask(self) -> dict[str, Tensor]:
-        """{type: (layers, H)}; after physical pruning, rows are padded with zeros to the widest layer."""
-        out = {}
-        for kind, modules in self.attention_modules().items():
-            width = max(m.n_heads for m in modules)
-            rows = [torch.cat([m.head_mask, m.head_mask.new_zeros(width - m.n_heads)]) for m in modules]
-            out[kind] = torch.stack(rows)
-        return out
-
-    def head_counts(self) -> dict[str, list[int]]:
-        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
 
     def dims(self) -> dict[str, int]:
         """The sizes a from-scratch headcount Transformer needs to match this model."""

@@ -61,20 +61,11 @@ from torch import Tensor, nn
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
-from headcount.models.head_gates import GatedProjection, linear_rows
+from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows
 from headcount.models.hf import PretrainedModelUnavailable, _cache_argument, _module_name, _resolve, _unavailable
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
-from headcount.models.seq2seq import register_family
-
-
-class NotAvailableForKind(HeadcountError):
-    """An interface method the model's kind has no use for (a masked LM has no decoder)."""
-
-
-class LRPNotImplemented(HeadcountError, NotImplementedError):
-    """A configuration that the LRP forward pass (hf_lm_lrp.py) does not reproduce: explaining it
-    would explain another model."""
-
+from headcount.models.lrp import LRPNotImplemented  # noqa: F401 (part of this module's __all__: what its lrp_forward raises)
+from headcount.models.seq2seq import NotAvailableForKind, register_family
 
 # --------------------------------------------------------------------------------------------
 # Families
@@ -311,7 +302,7 @@ def special_ids_of(config, tokenizer=None) -> SpecialIds:
     return SpecialIds(pad=pad, bos=bos, eos=eos, unk=unk, mask=mask)
 
 
-class _HFLanguageModel(nn.Module):
+class _HFLanguageModel(HeadMasks, nn.Module):
     """What the two adapters share: gates, head masks, checkpoints."""
 
     model_kind = "decoder_only"
@@ -358,34 +349,6 @@ class _HFLanguageModel(nn.Module):
     def attention_modules(self) -> dict[str, list[LMHeadGates]]:
         kind = "dec_self" if self.model_kind == "decoder_only" else "enc_self"
         return {kind: [_gates_of(a, self.family) for a in self.family.attentions(self.hf)]}
-
-    def set_head_mask(self, masks: dict[str, Tensor]) -> None:
-        """Fix the 0/1 gates, masks[type] (layers, H); after physical pruning H is the widest
-        layer's count and each layer reads its first heads (as HFSeq2Seq)."""
-        modules = self.attention_modules()
-        for kind, mask in masks.items():
-            if kind not in modules:
-                raise ValueError(f"head mask for {kind}: a {self.model_kind} model has {sorted(modules)} only")
-            mask = torch.as_tensor(mask, dtype=torch.float32)
-            width = max(m.n_heads for m in modules[kind])
-            if mask.dim() != 2 or mask.shape != (len(modules[kind]), width) or any(
-                    row[m.n_heads:].any() for m, row in zip(modules[kind], mask)):
-                raise ValueError(f"head mask for {kind} has shape {tuple(mask.shape)}, expected "
-                                 f"({len(modules[kind])}, {width}) (after physical pruning: zeros beyond a "
-                                 f"layer's remaining heads, as head_mask() gives)")
-            for module, row in zip(modules[kind], mask):
-                module.head_mask.copy_(row[: module.n_heads])
-
-    def head_mask(self) -> dict[str, Tensor]:
-        out = {}
-        for kind, modules in self.attention_modules().items():
-            width = max(m.n_heads for m in modules)
-            out[kind] = torch.stack([torch.cat([m.head_mask, m.head_mask.new_zeros(width - m.n_heads)])
-                                     for m in modules])
-        return out
-
-    def head_counts(self) -> dict[str, list[int]]:
-        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
 
     def lrp_forward(self):
         """This architecture re-run with LRP rules (hf_lm_lrp.py, imported only when LRP runs)."""

@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headcount.models.hf_lm import LRPNotImplemented, NotAvailableForKind
-from headcount.models.lrp import EncoderTrace, Trace, half_gradient, pass_through, top1_targets
+from headcount.models.lrp import EncoderTrace, LRPNotImplemented, Trace, half_gradient, pass_through, top1_targets
+from headcount.models.seq2seq import NotAvailableForKind
 
 
 def lrp_forward_of(model):

@@ -64,9 +64,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from headcount.io import HeadcountError
 from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, kind_of
 
 RULES = ("ding", "attnlrp")
+
+
+class LRPNotImplemented(HeadcountError, NotImplementedError):
+    """A configuration that an LRP forward pass does not reproduce (sliding-window attention, relative
+    position embeddings): explaining it would explain another model."""
 
 
 # --------------------------------------------------------------------------------------------

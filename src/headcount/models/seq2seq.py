@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from headcount.data.special import SpecialIds
+from headcount.io import HeadcountError
 
 if TYPE_CHECKING:  # annotations only: the workflow's rule files import this module, torch-free
     from torch import Tensor, nn
@@ -96,6 +97,10 @@ MODEL_KINDS = {kind.name: kind for kind in (
     ModelKind("decoder_only", ("dec_self",), "causal_lm"),
     ModelKind("encoder_only", ("enc_self",), "masked_lm"),
 )}
+
+
+class NotAvailableForKind(HeadcountError):
+    """An interface method the model's kind has no use for (a masked LM has no decoder)."""
 
 
 def kind_with_types(types) -> ModelKind:
