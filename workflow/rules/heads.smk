@@ -1,6 +1,15 @@
 # Which heads matter: confidence, LRP relevance, Michel importance and single-head ablation.
 
 
+def lrp_text(wildcards):
+    """What LRP teacher-forces: the baseline's own translations of the analysis set, or a
+    language model's analysis text itself."""
+    split = exp_config(wildcards)["analysis"]["set"]
+    if is_lm(wildcards.exp):
+        return f"results/{wildcards.exp}/data/{split}.tgt.txt"
+    return f"results/{wildcards.exp}/baseline/translations/{split}.txt"
+
+
 rule score_heads:
     """Score every head of the baseline: confidence, LRP relevance, Michel importance, ablation."""
     input:
@@ -9,7 +18,7 @@ rule score_heads:
         tgt_spm=tokenizer("tgt"),
         analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
         analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
-        translations=lambda w: f"results/{w.exp}/baseline/translations/{exp_config(w)['analysis']['set']}.txt",
+        translations=lrp_text,
     output:
         table="results/{exp}/heads/scores.parquet",
         csv="results/{exp}/heads/scores.csv",

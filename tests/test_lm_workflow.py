@@ -1,0 +1,134 @@
+"""The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a tiny random GPT-2
+(hf_lm_tiny.write_tiny_gpt2) through import, perplexity, head scores, roles, one pruning run and
+its physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
+
+import json
+import time
+
+import pandas as pd
+import pytest
+from conftest import make_toy_mirror, toy_corpus
+from toyflow import CORES, copy_workflow, smoke_config, snakemake, write_config
+
+pytest.importorskip("transformers")
+
+
+def lm_config(mirror, model_dir) -> dict:
+    """The smoke config's toy English text, analysed with the language model in `model_dir`: the
+    one setting of a language model (all; its control and one lambda), a few fine-tuning steps."""
+    config = smoke_config(mirror)
+    config["defaults"]["training"].update(snapshot_interval=0)
+    # Fewer jobs (each starts torch and transformers): no ablation, the test set is the analysis set.
+    config["defaults"]["heads"].update(ablation=False)
+    config["defaults"]["roles"].update(parser="spacy", treebanks=[])
+    config["defaults"]["prune"].update(
+        # `enc` stays in the merged defaults' grid: a language model ignores it.
+        lambdas={"all": [0, 2.0]}, from_scratch={"all": False}, michel_step=0.5, lr_schedule="noam", heal_steps=0,
+        training={"max_steps": 6, "warmup_steps": 2, "lr_scale": 0.3, "log_interval": 2, "eval_interval": 6,
+                  "checkpoint_interval": 6})
+    config["experiments"] = {"toy": {
+        "pretrained": str(model_dir), "lang": "en", "analysis": {"set": "test_2016_flickr", "max_sentences": 40},
+        "text": {"train": "toy/train.en.gz", "dev": "toy/val.en.gz",
+                 "test": {"test_2016_flickr": "toy/test_2016_flickr.en.gz"}}}}
+    return config
+
+
+@pytest.mark.workflow
+def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
+    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+
+    mirror = make_toy_mirror(tmp_path)
+    model_dir = write_tiny_gpt2(tmp_path / "gpt2-toy", toy_corpus(600, seed=1)[0])
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
+    targets = [f"results/toy/{name}" for name in (
+        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
+        "prune/all/lambda_2/scores/test_2016_flickr.json", "prune/all/lambda_2/physical/model.pt")]
+    start = time.perf_counter()
+    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile", timeout=600)
+    print(f"language-model workflow: {time.perf_counter() - start:.0f} s")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = workdir / "results/toy"
+
+    # No subwords, no training, no translation: the model and its one tokenizer were imported.
+    assert not (results / "subwords").exists() and not (results / "baseline/translations").exists()
+    record = json.loads((results / "baseline/training.json").read_text())
+    assert record["family"] == "gpt2" and record["model_kind"] == "decoder_only" and record["lang"] == "en"
+
+    # Quality: perplexity of the test text (the same text on both sides of the toy pairs).
+    scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
+    assert scores["sentences"] == 40 and scores["tokens"] > 40 and scores["perplexity"] > 1
+    nll = pd.read_csv(results / "baseline/scores/test_2016_flickr.nll.tsv", sep="\t")
+    assert len(nll) == 40 and nll["tokens"].sum() == scores["tokens"]
+
+    # Head scores on the causal self-attention only (2 layers x 4 heads); no LRP for GPT-2 yet.
+    heads = pd.read_parquet(results / "heads/scores.parquet")
+    assert set(heads["type"]) == {"dec_self"} and len(heads) == 2 * 4
+    assert {"confidence", "michel"} <= set(heads.columns) and "lrp" not in heads.columns
+    assert "no LRP relevance" in (results / "logs/score_heads.log").read_text()
+    roles = pd.read_csv(results / "syntax/roles.csv")
+    assert len(roles) == 2 * 4 and {"induction", "sink"} <= {c.split("_")[0] for c in roles.columns}
+
+    # Pruning: the all setting gates the 8 heads; its perplexity is scored like the baseline's.
+    gates = json.loads((results / "prune/all/lambda_2/gates.json").read_text())
+    assert set(gates["retained"]) == {"dec_self"} and gates["steps"]["fine_tuning"] == 6
+    pruned = json.loads((results / "prune/all/lambda_2/scores/test_2016_flickr.json").read_text())
+    assert pruned["tokens"] == scores["tokens"]
+    export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
+    assert sum(export["heads"]["dec_self"]) == gates["retained"]["dec_self"]
+    before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
+    assert before == 2 * 2 * 16 * 2 and after == before * gates["retained"]["dec_self"] // 8
+
+
+def test_a_pretrained_bert_plans_and_imports(tmp_path):
+    """A masked LM shares the DAG: it plans like GPT-2, and the import rule writes what it needs."""
+    from headcount.models.hf_lm_tiny import write_tiny_bert
+
+    mirror = make_toy_mirror(tmp_path)
+    model_dir = write_tiny_bert(tmp_path / "bert-toy", toy_corpus(200, seed=1)[0])
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
+    result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rule in ("import_pretrained", "lm_quality", "score_heads", "head_roles", "prune_heads", "ranked_curve",
+                 "lm_pruning_report"):
+        assert rule in result.stdout, rule
+    for absent in ("translate", "train_subwords", "train_baseline", "pruning_report "):
+        assert f"\n{absent}" not in result.stdout, absent
+    result = snakemake("results/toy/baseline/model.pt", "--cores", "1", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((workdir / "results/toy/baseline/training.json").read_text())
+    assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda e: e.pop("pretrained"), ["'experiments.toy.text': a language-model experiment analyses a pretrained",
+                                     "set pretrained: <hub id or local directory>"]),
+    (lambda e: e.update(train=[{"src": "toy/train.en.gz", "tgt": "toy/train.en.gz"}], src_lang="en"),
+     ["'experiments.toy.train': not with text", "give the fine-tuning text as text.train",
+      "'experiments.toy.src_lang': not with text", "give the text's language as lang"]),
+    (lambda e: e.update(prune={"lambdas": {"enc": [0, 0.1]}, "select": "best_dev_bleu"}),
+     ["'experiments.toy.prune.lambdas.enc': a language model has one kind of attention",
+      "set prune.lambdas.enc: []", "'experiments.toy.prune.select': best_dev_bleu", "set prune.select: last"]),
+    (lambda e: e.pop("lang"), ["'experiments.toy': 'lang' is a required property"]),
+])
+def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path, change, expected):
+    config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")  # a hub id: not checked offline
+    change(config["experiments"]["toy"])
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    for text in expected:
+        assert text in output, text
+    assert not (tmp_path / "results").exists()
+
+
+def test_lang_without_text_is_a_config_error(tmp_path):
+    config = smoke_config(make_toy_mirror(tmp_path))
+    config["experiments"]["toy"]["lang"] = "en"
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "'experiments.toy.lang': only a language-model experiment" in result.stdout + result.stderr
