@@ -8,7 +8,7 @@ import time
 import pandas as pd
 import pytest
 from conftest import make_toy_mirror, toy_corpus
-from toyflow import CORES, copy_workflow, smoke_config, snakemake, write_config
+from toyflow import CORES, copy_workflow, shipped_config, smoke_config, snakemake, write_config
 
 pytest.importorskip("transformers")
 
@@ -132,3 +132,21 @@ def test_lang_without_text_is_a_config_error(tmp_path):
     result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
     assert result.returncode != 0
     assert "'experiments.toy.lang': only a language-model experiment" in result.stdout + result.stderr
+
+
+def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
+    """gpt2_en (config/config.yaml) names a hub id: planned without a network (nothing loads the
+    model before the import job), perplexity where a translation experiment has BLEU."""
+    config = shipped_config()
+    config["run"] = ["gpt2_en"]
+    config["mirror"] = None
+    result = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile",
+                       write_config(tmp_path / "c.yaml", config), cwd=tmp_path, env={"HEADCOUNT_MIRROR": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = dict(line.split() for line in result.stdout.splitlines() if len(line.split()) == 2
+                and line.split()[1].isdigit())
+    # baseline and 4 pruned models on one test set (the pruning table's), the baseline on the other
+    assert jobs["import_pretrained"] == "1" and jobs["lm_quality"] == "6" and jobs["prune_heads"] == "4"
+    assert jobs["lm_pruning_report"] == "1" and jobs["ranked_curve"] == "1"
+    for absent in ("translate", "score", "pruning_report", "train_subwords", "train_baseline"):
+        assert absent not in jobs, absent

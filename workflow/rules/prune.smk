@@ -246,7 +246,8 @@ rule pruning_report:
 
 rule lm_pruning_report:
     """A language model's pruning table: each pruned model's perplexity (lower is better) with its
-    NLL difference from the baseline and a paired bootstrap interval, and the ranked curves."""
+    NLL difference from the baseline and a paired bootstrap interval, and the ranked curves.
+    """
     input:
         unpack(lm_pruning_report_inputs),
     output:
