@@ -480,3 +480,12 @@ def lm_pruning_report_inputs(wildcards):
             for s in prune_settings(exp)
         ],
     }
+
+
+def lrp_text(wildcards):
+    """What LRP teacher-forces: the baseline's own translations of the analysis set, or a
+    language model's analysis text itself."""
+    split = exp_config(wildcards)["analysis"]["set"]
+    if is_lm(wildcards.exp):
+        return f"results/{wildcards.exp}/data/{split}.tgt.txt"
+    return f"results/{wildcards.exp}/baseline/translations/{split}.txt"

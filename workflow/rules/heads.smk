@@ -1,15 +1,6 @@
 # Which heads matter: confidence, LRP relevance, Michel importance and single-head ablation.
 
 
-def lrp_text(wildcards):
-    """What LRP teacher-forces: the baseline's own translations of the analysis set, or a
-    language model's analysis text itself."""
-    split = exp_config(wildcards)["analysis"]["set"]
-    if is_lm(wildcards.exp):
-        return f"results/{wildcards.exp}/data/{split}.tgt.txt"
-    return f"results/{wildcards.exp}/baseline/translations/{split}.txt"
-
-
 rule score_heads:
     """Score every head of the baseline: confidence, LRP relevance, Michel importance, ablation."""
     input:
