@@ -94,7 +94,7 @@ def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str],
             raise ValueError(f"{nll_path} scores other tokens than {baseline_nll}: not the same set")
         interval = paired_bootstrap_nll(nll, base_nll, tokens)
         retained = record["retained"]
-        rows.append({"setting": record["setting"], "lambda": record["lambda"], "control": record["control"],
+        rows.append({"setting": record["setting"], "lam": record["lambda"], "control": record["control"],
                      **{f"retained_{k}": v for k, v in retained.items()}, "retained_total": sum(retained.values()),
                      "steps": record["steps"]["total"], "perplexity": score["perplexity"], "nll": score["nll"],
                      "delta_nll": interval["difference"], "delta_nll_low": interval["low"],
@@ -112,7 +112,7 @@ def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str],
              "[95% paired bootstrap] | perplexity ratio |",
              "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['setting']} | {row['lambda']:g}{' (control)' if row['control'] else ''} | "
+        lines.append(f"| {row['setting']} | {row['lam']:g}{' (control)' if row['control'] else ''} | "
                      f"{row['retained_total']} | {row['perplexity']:.3f} | {row['delta_nll']:+.4f} "
                      f"[{row['delta_nll_low']:+.4f}, {row['delta_nll_high']:+.4f}] | {row['perplexity_ratio']:.3f} |")
     for curve in curves:
