@@ -5,6 +5,7 @@ its physical export; a tiny BERT planned and imported; and the config errors of 
 import json
 import time
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_toy_mirror, toy_corpus
@@ -41,9 +42,11 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     model_dir = write_tiny_gpt2(tmp_path / "gpt2-toy", toy_corpus(600, seed=1)[0])
     workdir = copy_workflow(tmp_path / "wf")
     config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
+    # A pruned model's perplexity is the baseline's rule on another model, and the pruning table and
+    # the ranked curve only read files: test_the_pruning_table_* runs them in-process, in seconds.
     targets = [f"results/toy/{name}" for name in (
         "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
-        "prune/all/lambda_2/scores/test_2016_flickr.json", "prune/all/lambda_2/physical/model.pt")]
+        "prune/all/lambda_2/physical/model.pt")]
     start = time.perf_counter()
     result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
                        snakefile=workdir / "Snakefile", timeout=600)
@@ -70,11 +73,9 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     roles = pd.read_csv(results / "syntax/roles.csv")
     assert len(roles) == 2 * 4 and {"induction", "sink"} <= {c.split("_")[0] for c in roles.columns}
 
-    # Pruning: the all setting gates the 8 heads; its perplexity is scored like the baseline's.
+    # Pruning: the all setting gates the 8 heads; the export counts the KV cache it frees.
     gates = json.loads((results / "prune/all/lambda_2/gates.json").read_text())
     assert set(gates["retained"]) == {"dec_self"} and gates["steps"]["fine_tuning"] == 6
-    pruned = json.loads((results / "prune/all/lambda_2/scores/test_2016_flickr.json").read_text())
-    assert pruned["tokens"] == scores["tokens"]
     export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
     assert sum(export["heads"]["dec_self"]) == gates["retained"]["dec_self"]
     before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
@@ -150,3 +151,50 @@ def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
     assert jobs["lm_pruning_report"] == "1" and jobs["ranked_curve"] == "1"
     for absent in ("translate", "score", "pruning_report", "train_subwords", "train_baseline"):
         assert absent not in jobs, absent
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_the_pruning_table_and_ranked_curve_of_a_language_model_read_perplexity(tmp_path, family):
+    """What rules lm_quality, ranked_curve and lm_pruning_report run, in-process on a tiny causal and
+    masked LM: perplexity with each sentence's NLL, the Michel curve in perplexity, and the pruning
+    table with the NLL difference's paired bootstrap interval (a 'pruned' model equal to the
+    baseline differs by 0)."""
+    from headcount.models import hf_lm_tiny
+    from headcount.models.loading import import_pretrained
+    from headcount.pipeline.lm_quality import lm_pruning_report, score_text
+    from headcount.pipeline.pruning_runs import ranked_curve
+
+    lines = toy_corpus(60, seed=1)[0]
+    source = getattr(hf_lm_tiny, f"write_tiny_{family}")(tmp_path / family, lines)
+    model, tokenizer = tmp_path / "model.pt", tmp_path / "tokenizer"
+    import_pretrained(source, model, tokenizer)
+    text = tmp_path / "test.txt"
+    text.write_text("".join(line + "\n" for line in lines[:20]), encoding="utf-8")
+    scores, nll = tmp_path / "scores.json", tmp_path / "scores.nll.tsv"
+    record = score_text(str(model), str(tokenizer), str(text), "test", 500, str(scores), str(nll), device="cpu",
+                        log=lambda _: None)
+    assert record["sentences"] == 20 and record["perplexity"] == pytest.approx(np.exp(record["nll"]))
+    per_sentence = pd.read_csv(nll, sep="\t")
+    assert per_sentence["tokens"].sum() == record["tokens"] > 0
+
+    kind = "dec_self" if family == "gpt2" else "enc_self"
+    heads = pd.DataFrame([{"type": kind, "layer": layer, "head": head, "michel": layer * 4 + head}
+                          for layer in range(2) for head in range(4)])
+    heads.to_parquet(tmp_path / "heads.parquet")
+    curve = ranked_curve(str(model), str(tmp_path / "heads.parquet"), str(tokenizer), str(tokenizer), str(text),
+                         str(text), "all", 0.5, {"max_tokens": 500}, False, str(tmp_path / "all/michel.tsv"),
+                         device="cpu", log=lambda _: None, translations_out=str(tmp_path / "michel.jsonl"))
+    assert curve["retained_total"].tolist() == [8, 4]
+    assert curve["perplexity"].iloc[0] == pytest.approx(record["perplexity"])
+
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"setting": "all", "lambda": 0.0, "control": True, "retained": {kind: 8},
+                                 "steps": {"total": 6}}))
+    table = lm_pruning_report(str(scores), str(nll), [str(gates)], [str(scores)], [str(nll)],
+                              [str(tmp_path / "all/michel.tsv")], str(tmp_path / "pruning.tsv"),
+                              str(tmp_path / "pruning.md"), "toy", log=lambda _: None)
+    row = table.iloc[0]
+    assert row["lam"] == 0 and row["delta_nll"] == row["delta_nll_low"] == row["delta_nll_high"] == 0
+    assert row["perplexity"] == pytest.approx(record["perplexity"])
+    markdown = (tmp_path / "pruning.md").read_text()
+    assert "perplexity (lower is better)" in markdown and "## Ranked: michel" in markdown
