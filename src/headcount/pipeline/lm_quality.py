@@ -64,6 +64,28 @@ def score_text(model_path: str, tokenizer_path: str, text: str, split: str, max_
     return record
 
 
+def perplexity_curve(model, curve, tokenizer, lines: list[str], setting: str, max_tokens: int,
+                     log=print) -> tuple[list[dict], list[dict]]:
+    """A ranked method's curve on a language model (pruning_runs.ranked_curve): for each
+    (fraction removed, head masks) of `curve`, the text's perplexity with those heads masked.
+    -> (the table's rows, each point's per-sentence NLL and tokens)."""
+    from headcount.pruning.ranked import retained_counts
+
+    rows, points = [], []
+    kind = getattr(model, "model_kind", "")
+    for fraction, masks in curve:
+        model.set_head_mask(masks)
+        nll, tokens = text_nll(model, tokenizer, lines, max_tokens)
+        record, counts = quality_record(setting, nll, tokens, kind), retained_counts(masks)
+        points.append({"removed_fraction": fraction, "retained": counts, "nll": nll.tolist(),
+                       "tokens": tokens.tolist()})
+        rows.append({"setting": setting, "removed_fraction": fraction,
+                     **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
+                     "perplexity": record["perplexity"], "nll": record["nll"]})
+        log(f"removed {fraction:.0%} of {setting} heads: {counts} perplexity {record['perplexity']:.3f}")
+    return rows, points
+
+
 def read_nll(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     table = pd.read_csv(path, sep="\t")
     return table["nll"].to_numpy(dtype=float), table["tokens"].to_numpy(dtype=float)

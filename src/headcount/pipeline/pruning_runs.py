@@ -226,22 +226,14 @@ def ranked_curve(
     rows, points = [], []
     score = ranked_method(method).score
     kind = kind_of(model)
-    types = setting_types(setting, kind.name)
-    if kind.objective != "translation":  # a language model: perplexity of the text at each point
-        from headcount.pipeline.lm_quality import quality_record, text_nll
+    curve = ranked_masks(scores, score, setting_types(setting, kind.name), n_layers, n_heads, step)
+    if kind.objective != "translation":  # a language model: the text's perplexity at each point
+        from headcount.pipeline.lm_quality import perplexity_curve
 
-        for fraction, masks in ranked_masks(scores, score, types, n_layers, n_heads, step):
-            model.set_head_mask(masks)
-            nll, tokens = text_nll(model, src_seg, read_lines(src_text), decoding["max_tokens"])
-            record, counts = quality_record(setting, nll, tokens, kind.name), retained_counts(masks)
-            points.append({"removed_fraction": fraction, "retained": counts, "nll": nll.tolist(),
-                           "tokens": tokens.tolist()})
-            rows.append({"setting": setting, "removed_fraction": fraction,
-                         **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
-                         "perplexity": record["perplexity"], "nll": record["nll"]})
-            log(f"removed {fraction:.0%} of {setting} heads: {counts} perplexity {record['perplexity']:.3f}")
-    for fraction, masks in (ranked_masks(scores, score, types, n_layers, n_heads, step)
-                            if kind.objective == "translation" else []):
+        rows, points = perplexity_curve(model, curve, src_seg, read_lines(src_text), setting,
+                                        decoding["max_tokens"], log)
+        curve = []  # nothing to translate below
+    for fraction, masks in curve:
         model.set_head_mask(masks)
         start = time.perf_counter()
         hyps = translate(model, src, beam=decoding["beam"], alpha=decoding["alpha"], max_tokens=decoding["max_tokens"],
