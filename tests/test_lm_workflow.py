@@ -105,34 +105,37 @@ def test_a_pretrained_bert_plans_and_imports(tmp_path):
     assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
 
 
-@pytest.mark.parametrize("change, expected", [
-    (lambda e: e.pop("pretrained"), ["'experiments.toy.text': a language-model experiment analyses a pretrained",
-                                     "set pretrained: <hub id or local directory>"]),
-    (lambda e: e.update(train=[{"src": "toy/train.en.gz", "tgt": "toy/train.en.gz"}], src_lang="en"),
-     ["'experiments.toy.train': not with text", "give the fine-tuning text as text.train",
-      "'experiments.toy.src_lang': not with text", "give the text's language as lang"]),
-    (lambda e: e.update(prune={"lambdas": {"enc": [0, 0.1]}, "select": "best_dev_bleu"}),
-     ["'experiments.toy.prune.lambdas.enc': a language model has one kind of attention",
-      "set prune.lambdas.enc: []", "'experiments.toy.prune.select': best_dev_bleu", "set prune.select: last"]),
-    (lambda e: e.pop("lang"), ["'experiments.toy': 'lang' is a required property"]),
-])
-def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path, change, expected):
+def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path):
+    """Every problem at once, one experiment per mistake (one dry run: each costs a second or two)."""
     config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")  # a hub id: not checked offline
-    change(config["experiments"]["toy"])
+    good, pair = config["experiments"]["toy"], smoke_config(tmp_path / "mirror")["experiments"]["toy"]
+    config["experiments"] = {
+        "no_model": {k: v for k, v in good.items() if k != "pretrained"},
+        "with_pairs": {**good, "train": pair["train"], "src_lang": "en"},
+        "with_enc": {**good, "prune": {"lambdas": {"enc": [0, 0.1]}, "select": "best_dev_bleu"}},
+        "lang_only": {**pair, "lang": "en"}}
+    config["run"] = list(config["experiments"])
     result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    for text in expected:
-        assert text in output, text
+    for expected in ("'experiments.no_model.text': a language-model experiment analyses a pretrained",
+                     "set pretrained: <hub id or local directory>",
+                     "'experiments.with_pairs.train': not with text", "give the fine-tuning text as text.train",
+                     "'experiments.with_pairs.src_lang': not with text", "give the text's language as lang",
+                     "'experiments.with_enc.prune.lambdas.enc': a language model has one kind of attention",
+                     "set prune.lambdas.enc: []", "'experiments.with_enc.prune.select': best_dev_bleu",
+                     "set prune.select: last", "'experiments.lang_only.lang': only a language-model experiment"):
+        assert expected in output, expected
     assert not (tmp_path / "results").exists()
 
 
-def test_lang_without_text_is_a_config_error(tmp_path):
-    config = smoke_config(make_toy_mirror(tmp_path))
-    config["experiments"]["toy"]["lang"] = "en"
+def test_a_language_model_experiment_without_lang_is_a_config_error(tmp_path):
+    config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")
+    del config["experiments"]["toy"]["lang"]
     result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
     assert result.returncode != 0
-    assert "'experiments.toy.lang': only a language-model experiment" in result.stdout + result.stderr
+    assert "'experiments.toy': 'lang' is a required property" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
