@@ -11,9 +11,10 @@ with job(snakemake) as log:
     folder.mkdir(parents=True, exist_ok=True)
     drawn = 0
     for score, kind in snakemake.params.figures:
-        # A language model has one attention type, and no lrp column until its LRP exists.
-        if score not in table or not (table["type"] == kind).any():
-            log(f"no {score} heatmap of {kind}: the score table has no such column or heads")
+        # A language model has one attention type, no lrp column until its LRP exists, and no
+        # delta_bleu (an all-NaN column).
+        if score not in table or not table.loc[table["type"] == kind, score].notna().any():
+            log(f"no {score} heatmap of {kind}: the score table has no value of it there")
             continue
         head_heatmap(table, score, kind, folder / f"{score}.{kind}.png")
         drawn += 1
