@@ -97,13 +97,17 @@ LM_EXCLUSIVE_KEYS = {"train": "give the fine-tuning text as text.train", "dev": 
                      "pretrained_langs": "a language model has one tokenizer and no language codes; remove it"}
 
 
+def _text_train(text: dict) -> list:
+    """`text.train`: one side or a list of them -> the list."""
+    return text["train"] if isinstance(text["train"], list) else [text["train"]]
+
+
 def lm_text_pairs(exp: dict) -> dict:
     """A language-model experiment's `text` as the keys the data rules read: every side as a pair
     with the same text on both sides (src = tgt), and src_lang = tgt_lang = `lang`; so cleaning,
     length checks and the analysis set are those of a translation experiment."""
     text, lang = exp["text"], exp["lang"]
-    train = text["train"] if isinstance(text["train"], list) else [text["train"]]
-    return {"src_lang": lang, "tgt_lang": lang, "train": [{"src": side, "tgt": side} for side in train],
+    return {"src_lang": lang, "tgt_lang": lang, "train": [{"src": side, "tgt": side} for side in _text_train(text)],
             "dev": {"src": text["dev"], "tgt": text["dev"]},
             "test": {name: {"src": side, "tgt": side} for name, side in text["test"].items()}}
 
@@ -232,8 +236,7 @@ def experiment_sides(exp: dict):
         return
     if is_lm_experiment(exp):
         text = exp["text"]
-        train = text["train"] if isinstance(text["train"], list) else [text["train"]]
-        yield from ((f"text.train.{i}", side) for i, side in enumerate(train))
+        yield from ((f"text.train.{i}", side) for i, side in enumerate(_text_train(text)))
         yield "text.dev", text["dev"]
         yield from ((f"text.test.{name}", side) for name, side in text["test"].items())
         yield from ((f"roles.treebanks.{i}", t) for i, t in enumerate(exp.get("roles", {}).get("treebanks", [])))

@@ -8,7 +8,7 @@ import pandas as pd
 
 from headcount.analysis.correlations import rank_correlations
 from headcount.analysis.importance import dev_batches
-from headcount.analysis.measures import MEASURES, ScoringInputs, reference_score, score_table
+from headcount.analysis.measures import LRP_MEASURE, MEASURES, ScoringInputs, reference_score, score_table
 from headcount.io import atomic_path, read_lines
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
@@ -86,8 +86,6 @@ def score_heads(
         log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
     return table
 
-
-LRP_MEASURE = "lrp"  # the measure that needs the model's lrp_forward (analysis.measures)
 
 
 def _lrp_unavailable(model) -> str | None:
