@@ -62,7 +62,7 @@ def copied_under_a_new_name(example: dict, name: str) -> dict:
     return {"run": [name], "experiments": {name: copy.deepcopy(experiment)}}
 
 
-@pytest.mark.parametrize("page, count", [("README.md", 1), ("docs/pretrained.md", 2)])
+@pytest.mark.parametrize("page, count", [("README.md", 1), ("docs/pretrained.md", 3)])
 def test_the_pretrained_config_validates_when_copied_under_a_new_name(page, count, tmp_path, monkeypatch):
     examples = pretrained_examples(REPO / page)
     assert len(examples) == count, f"{page}: expected {count} YAML blocks with a pretrained experiment"

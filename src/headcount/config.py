@@ -81,6 +81,60 @@ def is_pretrained(exp: dict) -> bool:
     return bool(exp.get("pretrained"))
 
 
+def is_lm_experiment(exp: dict) -> bool:
+    """Whether the experiment analyses a pretrained language model (causal or masked) on text of one
+    language (`text:` and `lang:`) rather than a translation model on a language pair. Both kinds of
+    language model share one DAG: which kind it is, only the imported model says."""
+    return "text" in exp
+
+
+# What a language-model experiment cannot have beside `text` (its text is on both sides of the pairs
+# the data rules read, and its language is `lang`), and the fix each message names.
+LM_EXCLUSIVE_KEYS = {"train": "give the fine-tuning text as text.train", "dev": "give it as text.dev",
+                     "test": "give the test sets as text.test", "src_lang": "give the text's language as lang",
+                     "tgt_lang": "give the text's language as lang",
+                     "synthetic": "a synthetic experiment generates a language pair; remove synthetic or text",
+                     "pretrained_langs": "a language model has one tokenizer and no language codes; remove it"}
+
+
+def _text_train(text: dict) -> list:
+    """`text.train`: one side or a list of them -> the list."""
+    return text["train"] if isinstance(text["train"], list) else [text["train"]]
+
+
+def lm_text_pairs(exp: dict) -> dict:
+    """A language-model experiment's `text` as the keys the data rules read: every side as a pair
+    with the same text on both sides (src = tgt), and src_lang = tgt_lang = `lang`; so cleaning,
+    length checks and the analysis set are those of a translation experiment."""
+    text, lang = exp["text"], exp["lang"]
+    return {"src_lang": lang, "tgt_lang": lang, "train": [{"src": side, "tgt": side} for side in _text_train(text)],
+            "dev": {"src": text["dev"], "tgt": text["dev"]},
+            "test": {name: {"src": side, "tgt": side} for name, side in text["test"].items()}}
+
+
+def _lm_problems(name: str, exp: dict, partial: dict) -> list[str]:
+    """What a language-model experiment (`text:`) cannot have, or must have, each with its fix."""
+    key = f"config key 'experiments.{name}"
+    if not is_lm_experiment(exp):
+        return [f"{key}.lang': only a language-model experiment (text: {{train, dev, test}}) has one language; "
+                f"remove lang, or give text and pretrained"] if "lang" in exp else []
+    problems = []
+    if not is_pretrained(exp):
+        problems.append(f"{key}.text': a language-model experiment analyses a pretrained causal or masked language "
+                        f"model; set pretrained: <hub id or local directory> (or give train/dev/test pairs and "
+                        f"src_lang/tgt_lang to train a translation model)")
+    for other, fix in LM_EXCLUSIVE_KEYS.items():
+        if other in exp:
+            problems.append(f"{key}.{other}': not with text (a language-model experiment); {fix}")
+    if exp["prune"]["select"] != "last":
+        problems.append(f"{key}.prune.select': {exp['prune']['select']} selects by dev BLEU, and a language model "
+                        f"translates nothing; set prune.select: last")
+    if (partial.get("prune") or {}).get("lambdas", {}).get("enc"):
+        problems.append(f"{key}.prune.lambdas.enc': a language model has one kind of attention, so its only "
+                        f"pruning setting is all; set prune.lambdas.enc: [] and give the grid as prune.lambdas.all")
+    return problems
+
+
 def looks_like_directory(name: str) -> bool:
     """How `pretrained:` names a local directory rather than a hub id (hf_models._resolve agrees)."""
     return name.startswith((".", "/", "~"))
@@ -180,6 +234,13 @@ def experiment_sides(exp: dict):
     generates its data and its gold parses)."""
     if is_synthetic(exp):
         return
+    if is_lm_experiment(exp):
+        text = exp["text"]
+        yield from ((f"text.train.{i}", side) for i, side in enumerate(_text_train(text)))
+        yield "text.dev", text["dev"]
+        yield from ((f"text.test.{name}", side) for name, side in text["test"].items())
+        yield from ((f"roles.treebanks.{i}", t) for i, t in enumerate(exp.get("roles", {}).get("treebanks", [])))
+        return
     for i, pair in enumerate(exp["train"]):
         for lang in ("src", "tgt"):
             yield f"train.{i}.{lang}", pair[lang]
@@ -216,11 +277,17 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
             problems.append(f"config key 'run.{i}': no experiment named '{name}'; "
                             f"defined: {', '.join(sorted(experiments))}")
     for name, exp in experiments.items():
+        lm_problems = _lm_problems(name, exp, config["experiments"][name])
+        problems += lm_problems
+        if is_lm_experiment(exp) and not lm_problems:
+            exp.update(lm_text_pairs(exp))
+        elif is_lm_experiment(exp):
+            continue  # the checks below read the pairs `text` becomes
         for key, side in experiment_sides(exp):
             if side_source(side) not in config["sources"]:
                 problems.append(f"config key 'experiments.{name}.{key}': source '{side_source(side)}' "
                                 f"is not listed under 'sources'; add it with its url")
-        if exp["src_lang"] == exp["tgt_lang"]:
+        if exp["src_lang"] == exp["tgt_lang"] and not is_lm_experiment(exp):
             problems.append(f"config key 'experiments.{name}.tgt_lang': same as src_lang ('{exp['src_lang']}')")
         tests = test_sets(exp)
         if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in tests:

@@ -13,6 +13,7 @@ from headcount.config import (
     FETCHED_DIR,
     ConfigError,
     check_mirror,
+    is_lm_experiment,
     is_pretrained,
     pretrained_files,
     is_synthetic,
@@ -27,6 +28,7 @@ from headcount.analysis.measures import MEASURES, score_names
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import (
     SETTINGS,
+    lm_settings,
     ranked_methods,
     ranked_pattern,
     settings_pattern,
@@ -92,6 +94,22 @@ PRETRAINED_EXPERIMENTS = experiment_pattern(
 TRAINED_EXPERIMENTS = experiment_pattern(
     n for n, e in EXPERIMENTS.items() if not is_pretrained(e)
 )
+
+
+# Experiments on a language model (`text:`; a causal or a masked one, the same DAG: only the
+# imported model knows which) and on a translation model: quality is perplexity for the former
+# (rules/quality.smk), translation and BLEU for the latter (rules/translate.smk).
+LM_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if is_lm_experiment(e)
+)
+TRANSLATION_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if not is_lm_experiment(e)
+)
+
+
+def is_lm(exp):
+    """Whether the experiment named `exp` analyses a language model."""
+    return is_lm_experiment(EXPERIMENTS[exp])
 
 
 def exp_config(wildcards):
@@ -290,7 +308,10 @@ def scratch_models(exp, setting):
 
 
 def prune_settings(exp):
-    return [s for s in SETTINGS if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
+    """The settings an experiment prunes with: those with a grid, of the model's (a language model
+    has "all" only: an `enc` grid in `defaults` does not apply to it)."""
+    settings = lm_settings() if is_lm(exp) else SETTINGS
+    return [s for s in settings if EXPERIMENTS[exp]["prune"]["lambdas"].get(s)]
 
 
 def extra_seeds(exp):
@@ -341,6 +362,18 @@ def seed_spread_inputs(wildcards):
 def final_outputs(exp):
     """What `rule all` builds for one experiment."""
     syntax = ["roles.csv", "table1.md", "function_map.png", "relative_positions.png"]
+    if is_lm(exp):
+        return [
+            f"results/{exp}/baseline/scores.tsv",
+            f"results/{exp}/heads/correlations.tsv",
+            f"results/{exp}/heads/figures/heatmaps",
+            *(f"results/{exp}/syntax/{name}" for name in syntax),
+            *(
+                [f"results/{exp}/prune/pruning.tsv", f"results/{exp}/prune/pruning.md"]
+                if prune_settings(exp)
+                else []
+            ),
+        ]
     return [
         f"results/{exp}/baseline/scores.tsv",
         f"results/{exp}/heads/correlations.tsv",
@@ -429,3 +462,30 @@ def pruning_report_inputs(wildcards):
             for m in scratch_models(exp, s)
         ],
     }
+
+
+def lm_pruning_report_inputs(wildcards):
+    """A language model's pruned models and ranked curves with the baseline's perplexity."""
+    exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
+    models = [m for s in prune_settings(exp) for m in pruned_models(exp, s)]
+    return {
+        "baseline": f"results/{exp}/baseline/scores/{split}.json",
+        "baseline_nll": f"results/{exp}/baseline/scores/{split}.nll.tsv",
+        "gates": [f"results/{exp}/{m}/gates.json" for m in models],
+        "pruned": [f"results/{exp}/{m}/scores/{split}.json" for m in models],
+        "pruned_nll": [f"results/{exp}/{m}/scores/{split}.nll.tsv" for m in models],
+        "ranked": [
+            f"results/{exp}/prune/{s}/{m}.tsv"
+            for m in ranked_methods()
+            for s in prune_settings(exp)
+        ],
+    }
+
+
+def lrp_text(wildcards):
+    """What LRP teacher-forces: the baseline's own translations of the analysis set, or a
+    language model's analysis text itself."""
+    split = exp_config(wildcards)["analysis"]["set"]
+    if is_lm(wildcards.exp):
+        return f"results/{wildcards.exp}/data/{split}.tgt.txt"
+    return f"results/{wildcards.exp}/baseline/translations/{split}.txt"

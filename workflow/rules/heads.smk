@@ -9,7 +9,7 @@ rule score_heads:
         tgt_spm=tokenizer("tgt"),
         analysis_src=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.src.txt",
         analysis_tgt=lambda w: f"results/{w.exp}/data/{exp_config(w)['analysis']['set']}.tgt.txt",
-        translations=lambda w: f"results/{w.exp}/baseline/translations/{exp_config(w)['analysis']['set']}.txt",
+        translations=lrp_text,
     output:
         table="results/{exp}/heads/scores.parquet",
         csv="results/{exp}/heads/scores.csv",

@@ -230,6 +230,8 @@ rule pruning_report:
         ),
     log:
         log_path("pruning_report"),
+    wildcard_constraints:
+        exp=TRANSLATION_EXPERIMENTS,
     conda:
         ENV
     resources:
@@ -240,3 +242,37 @@ rule pruning_report:
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
     script:
         "../scripts/pruning_report.py"
+
+
+rule lm_pruning_report:
+    """A language model's pruning table: each pruned model's perplexity (lower is better) with its
+    NLL difference from the baseline and a paired bootstrap interval, and the ranked curves.
+    """
+    input:
+        unpack(lm_pruning_report_inputs),
+    output:
+        table=report(
+            "results/{exp}/prune/pruning.tsv",
+            caption="../report/lm_pruning.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        markdown=report(
+            "results/{exp}/prune/pruning.md",
+            caption="../report/lm_pruning.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("lm_pruning_report"),
+    wildcard_constraints:
+        exp=LM_EXPERIMENTS,
+    conda:
+        ENV
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        experiment=lambda w: w.exp,
+    script:
+        "../scripts/lm_pruning_report.py"

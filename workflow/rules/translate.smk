@@ -1,6 +1,7 @@
 # Translation with beam search and scoring with sacrebleu (BLEU and chrF, with signatures), for
 # any model: {model} is `baseline` or a pruned model (`prune/{setting}/lambda_{lam}`), or its
-# from-scratch twin (`.../scratch`).
+# from-scratch twin (`.../scratch`). A language-model experiment translates nothing: its quality is
+# perplexity (rules/quality.smk).
 
 
 rule translate:
@@ -16,6 +17,8 @@ rule translate:
         log_path("{model}/translate_{split}"),
     benchmark:
         benchmark_path("{model}/translate_{split}")
+    wildcard_constraints:
+        exp=TRANSLATION_EXPERIMENTS,
     conda:
         ENV
     threads: all_cores
@@ -40,6 +43,8 @@ rule score:
         "results/{exp}/{model}/scores/{split}.json",
     log:
         log_path("{model}/score_{split}"),
+    wildcard_constraints:
+        exp=TRANSLATION_EXPERIMENTS,
     conda:
         ENV
     resources:
@@ -53,7 +58,7 @@ rule score:
 
 
 rule score_table:
-    """The baseline's scores on every test set, one table."""
+    """The baseline's scores on every test set, one table (BLEU and chrF, or a language model's perplexity)."""
     input:
         lambda w: expand(
             "results/{{exp}}/baseline/scores/{split}.json", split=test_splits(w.exp)

@@ -49,7 +49,8 @@ class Measure:
 
 
 MEASURES: dict[str, Measure] = {}  # in the score table's column order
-ORDER_BY = "lrp"  # the measure whose score orders each layer's heads in figures (the paper's Figure 1)
+LRP_MEASURE = "lrp"  # the measure that needs the model's lrp_forward (left out where it has none)
+ORDER_BY = LRP_MEASURE  # the measure whose score orders each layer's heads in figures (the paper's Figure 1)
 
 
 def register_measure(measure: Measure) -> Measure:
@@ -104,7 +105,7 @@ def _ablation(inputs: ScoringInputs):
 
 register_measure(Measure("confidence", ("confidence",), _confidence))
 register_measure(Measure("michel", ("michel", "michel_raw"), _michel))
-register_measure(Measure("lrp", ("lrp",), _lrp))
+register_measure(Measure(LRP_MEASURE, ("lrp",), _lrp))
 register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), _ablation, ranked=False, reference=True,
                          optional=True))
 

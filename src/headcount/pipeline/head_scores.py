@@ -8,10 +8,11 @@ import pandas as pd
 
 from headcount.analysis.correlations import rank_correlations
 from headcount.analysis.importance import dev_batches
-from headcount.analysis.measures import MEASURES, ScoringInputs, reference_score, score_table
+from headcount.analysis.measures import LRP_MEASURE, MEASURES, ScoringInputs, reference_score, score_table
 from headcount.io import atomic_path, read_lines
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
+from headcount.models.seq2seq import kind_of
 from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 
@@ -27,9 +28,16 @@ def score_heads(
 
     Confidence, Michel importance and ablation read the reference translations of the analysis
     set; LRP teacher-forces the model's own beam translations of it ("generation steps").
+
+    A language model (seq2seq.kind_of: decoder_only or encoder_only) reads its analysis text on
+    both sides (its objective's batches, data.batching.objective_tensors; `translations` is that
+    text, too); ablation has no delta_bleu (nothing is translated). A model whose `lrp_forward`
+    is not implemented (NotImplementedError: hf_lm.LRPNotImplemented) gets no lrp column, and the
+    log and `out_conservation` say why; once it is implemented, LRP runs with the others.
     """
     dev = pick_device(device)
     model = load_model(model_path).to(dev).eval()
+    objective = kind_of(model).objective
     src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     src = src_seg.encode(read_lines(analysis_src)[:max_sentences])
     references = read_lines(analysis_tgt)[:max_sentences]
@@ -37,7 +45,7 @@ def score_heads(
 
     def batches_of(tgt_lines: list[str]) -> list:
         return [[x.to(dev) for x in b] for b in dev_batches(src, tgt_seg.encode(tgt_lines), max_tokens,
-                                                                 special=model.special)]
+                                                                 special=model.special, objective=objective)]
 
     bleu_src, bleu_refs = src[:ablation_bleu_sentences], references[:ablation_bleu_sentences]
 
@@ -45,15 +53,26 @@ def score_heads(
         hyps = translate(m, bleu_src, beam=1, max_tokens=max_tokens, device=dev)
         return corpus_bleu(tgt_seg.decode(hyps), bleu_refs, lowercase=lowercase)
 
+    if objective != "translation" and ablation_bleu_sentences:
+        log(f"a {objective} model translates nothing: ablation's delta_bleu is not computed "
+            f"(heads.ablation_bleu_sentences {ablation_bleu_sentences} ignored)")
+        ablation_bleu_sentences = 0
+    lrp_missing = _lrp_unavailable(model)
+    if lrp_missing:
+        log(f"no LRP relevance (the lrp column is left out): {lrp_missing}")
     log(f"scoring heads on {len(src)} sentences on {dev} (LRP rule {lrp_rule}, ablation {ablation})")
     # LRP's cost against a forward+backward pass is measured by `make bench`, not here: timing it
     # cost the job a pass over every batch that served only a log line.
     inputs = ScoringInputs(model, batches_of(references), batches_of(hyps), lrp_rule,
                            bleu_fn if ablation_bleu_sentences else None, log)
-    measures = [m.name for m in MEASURES.values() if ablation or not m.optional]
+    measures = [m.name for m in MEASURES.values() if (ablation or not m.optional)
+                and not (lrp_missing and m.name == LRP_MEASURE)]
     table = score_table(inputs, measures)
     correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
-    conservation = inputs.notes["lrp_conservation"].assign(lrp_seconds=inputs.notes["lrp_seconds"])
+    if lrp_missing:
+        conservation = pd.DataFrame({"note": [f"LRP not computed: {lrp_missing}"]})
+    else:
+        conservation = inputs.notes["lrp_conservation"].assign(lrp_seconds=inputs.notes["lrp_seconds"])
     with atomic_path(out_table) as tmp:
         table.to_parquet(tmp, index=False)
     with atomic_path(out_csv) as tmp:
@@ -66,3 +85,13 @@ def score_heads(
         overall = correlations[correlations["layer"] == "all"]
         log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
     return table
+
+
+
+def _lrp_unavailable(model) -> str | None:
+    """Why the model has no LRP (its lrp_forward raises NotImplementedError), or None if it has."""
+    try:
+        model.lrp_forward()
+    except NotImplementedError as error:
+        return str(error)
+    return None

@@ -16,6 +16,7 @@ from headcount.io import HeadcountError, atomic_path, read_lines, sha256_file, w
 from headcount.models.checkpoint import load_checkpoint
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
+from headcount.models.seq2seq import kind_of
 from headcount.pipeline.training_runs import greedy_dev_bleu
 from headcount.provenance import provenance
 from headcount.pruning.hard_concrete import (
@@ -29,7 +30,7 @@ from headcount.pruning.hard_concrete import (
 )
 from headcount.pruning.methods import is_control, ranked_method, setting_types
 from headcount.pruning.ranked import heads_layout, masks_from_table, ranked_masks, retained_counts
-from headcount.pruning.removal import attention_flops, remove_pruned_heads
+from headcount.pruning.removal import attention_flops, kv_cache_bytes_per_token, remove_pruned_heads
 from headcount.training.decode import translate
 from headcount.training.evaluate import score_translations
 from headcount.training.loop import Corpus, DevSet, TrainConfig, parameter_groups, train
@@ -65,7 +66,6 @@ def prune_heads(
                              f"{baseline_checkpoint} is missing; rerun the baseline's training (it keeps "
                              f"train/checkpoint.pt) or set prune.resume_optimizer: false")
     control = is_control(lam)
-    types = setting_types(setting)
     src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     log("encoding the training and dev data")
     data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))  # compact: token_corpus
@@ -79,6 +79,7 @@ def prune_heads(
     settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     model = load_model(baseline)
+    types = setting_types(setting, kind_of(model).name)
     saved_baseline = load_checkpoint(baseline)
     # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
     # counted, so a row's steps are those of fine-tuning alone.
@@ -224,7 +225,15 @@ def ranked_curve(
     src, refs = src_seg.encode(read_lines(src_text)), read_lines(ref_text)
     rows, points = [], []
     score = ranked_method(method).score
-    for fraction, masks in ranked_masks(scores, score, setting_types(setting), n_layers, n_heads, step):
+    kind = kind_of(model)
+    curve = ranked_masks(scores, score, setting_types(setting, kind.name), n_layers, n_heads, step)
+    if kind.objective != "translation":  # a language model: the text's perplexity at each point
+        from headcount.pipeline.lm_quality import perplexity_curve
+
+        rows, points = perplexity_curve(model, curve, src_seg, read_lines(src_text), setting,
+                                        decoding["max_tokens"], log)
+        curve = []  # nothing to translate below
+    for fraction, masks in curve:
         model.set_head_mask(masks)
         start = time.perf_counter()
         hyps = translate(model, src, beam=decoding["beam"], alpha=decoding["alpha"], max_tokens=decoding["max_tokens"],
@@ -256,9 +265,17 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
     model = load_model(model_path).eval()
     before = {"parameters": sum(p.numel() for p in model.parameters()),
               "attention_flops": attention_flops(model, src_len, tgt_len)}
+    # A decoder-only model's generation keeps keys and values per token: what removing heads frees.
+    kv_cache = kind_of(model).name == "decoder_only"
+    if kv_cache:
+        before["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(model)
     remove_pruned_heads(model)
     after = {"parameters": sum(p.numel() for p in model.parameters()),
              "attention_flops": attention_flops(model, src_len, tgt_len)}
+    if kv_cache:
+        after["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(model)
+        log(f"KV cache per token (2-byte values): {before['kv_cache_bytes_per_token']} -> "
+            f"{after['kv_cache_bytes_per_token']} bytes")
     record = {"pruned": model_path, "heads": {k: [int(n) for n in v] for k, v in _head_counts(model).items()},
               "before": before, "after": after, "lengths": {"src": src_len, "tgt": tgt_len},
               "provenance": provenance()}

@@ -82,14 +82,26 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
     the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
-    own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages."""
+    own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages. A causal or
+    masked language model (loading.import_pretrained tells by its config) is imported the same way,
+    with its one tokenizer; its record names its `model_kind` and its language (src_lang)."""
     if isinstance(source, dict):  # a checkpoint another run or toolkit wrote (config.checkpoint_source)
         return _import_checkpoint_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
-    from headcount.models.hf import import_pretrained
+    from headcount.models.loading import import_pretrained
+    from headcount.models.seq2seq import kind_of
 
     langs = model_langs or {}
     log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
     model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"))
+    if kind_of(model).objective != "translation":  # a language model: one language, no language codes
+        summary = {"pretrained": str(source), "family": model.family.name, "model_kind": model.model_kind,
+                   "lang": src_lang, "model_config": json.loads(model.cfg.to_json_string()),
+                   "heads": model.head_counts(), "parameters": sum(p.numel() for p in model.parameters()),
+                   "train_config": {"select": "pretrained"}, "provenance": provenance()}
+        write_json(summary_out, summary)
+        log(f"{model.family.name} {model.model_kind} language model, {summary['parameters']} parameters, heads per "
+            f"layer {summary['heads']}")
+        return summary
     if model.special.forced:
         log(f"search forces {model.special.forced} after the decoder's start token (the target language tag)")
     summary = {"pretrained": str(source), "family": model.family.name, "src_lang": src_lang, "tgt_lang": tgt_lang,

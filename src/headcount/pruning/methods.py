@@ -56,6 +56,12 @@ def kind_settings(model_kind: str) -> tuple[str, ...]:
     return tuple(SETTINGS) if len(MODEL_KINDS[model_kind].attention_types) > 1 else ("all",)
 
 
+def lm_settings() -> tuple[str, ...]:
+    """The settings of a language model, causal or masked alike (the workflow plans them before it
+    knows which): those of both kinds, "all"."""
+    return tuple(s for s in kind_settings("decoder_only") if s in kind_settings("encoder_only"))
+
+
 def settings_pattern() -> str:
     """The settings as a regular expression (the workflow's `setting` wildcard)."""
     return "|".join(SETTINGS)

@@ -77,6 +77,8 @@ def head_function_map(roles: pd.DataFrame, scores: pd.DataFrame | None, path, ti
     from headcount.analysis.roles.registry import ROLE_ATTENTION, role_colour, role_label, role_names
     order = order_score()
     table = roles.copy()
+    if scores is not None and order not in scores:  # a model without LRP (hf_lm's until it exists)
+        scores = None
     if scores is not None:
         table = table.merge(scores[scores["type"] == ROLE_ATTENTION[kind]][["layer", "head", order]],
                             on=["layer", "head"], how="left")

@@ -1,0 +1,203 @@
+"""The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a tiny random GPT-2
+(hf_lm_tiny.write_tiny_gpt2) through import, perplexity, head scores, roles, one pruning run and
+its physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
+
+import json
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import make_toy_mirror, toy_corpus
+from toyflow import CORES, copy_workflow, shipped_config, smoke_config, snakemake, write_config
+
+pytest.importorskip("transformers")
+
+
+def lm_config(mirror, model_dir) -> dict:
+    """The smoke config's toy English text, analysed with the language model in `model_dir`: the
+    one setting of a language model (all; its control and one lambda), a few fine-tuning steps."""
+    config = smoke_config(mirror)
+    config["defaults"]["training"].update(snapshot_interval=0)
+    # Fewer jobs (each starts torch and transformers): no ablation, the test set is the analysis set.
+    config["defaults"]["heads"].update(ablation=False)
+    config["defaults"]["roles"].update(parser="spacy", treebanks=[])
+    config["defaults"]["prune"].update(
+        # `enc` stays in the merged defaults' grid: a language model ignores it.
+        lambdas={"all": [0, 2.0]}, from_scratch={"all": False}, michel_step=0.5, lr_schedule="noam", heal_steps=0,
+        training={"max_steps": 6, "warmup_steps": 2, "lr_scale": 0.3, "log_interval": 2, "eval_interval": 6,
+                  "checkpoint_interval": 6})
+    config["experiments"] = {"toy": {
+        "pretrained": str(model_dir), "lang": "en", "analysis": {"set": "test_2016_flickr", "max_sentences": 40},
+        "text": {"train": "toy/train.en.gz", "dev": "toy/val.en.gz",
+                 "test": {"test_2016_flickr": "toy/test_2016_flickr.en.gz"}}}}
+    return config
+
+
+@pytest.mark.workflow
+def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
+    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+
+    mirror = make_toy_mirror(tmp_path)
+    model_dir = write_tiny_gpt2(tmp_path / "gpt2-toy", toy_corpus(600, seed=1)[0])
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
+    # A pruned model's perplexity is the baseline's rule on another model, and the pruning table and
+    # the ranked curve only read files: test_the_pruning_table_* runs them in-process, in seconds.
+    targets = [f"results/toy/{name}" for name in (
+        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
+        "prune/all/lambda_2/physical/model.pt")]
+    start = time.perf_counter()
+    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile", timeout=600)
+    print(f"language-model workflow: {time.perf_counter() - start:.0f} s")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = workdir / "results/toy"
+
+    # No subwords, no training, no translation: the model and its one tokenizer were imported.
+    assert not (results / "subwords").exists() and not (results / "baseline/translations").exists()
+    record = json.loads((results / "baseline/training.json").read_text())
+    assert record["family"] == "gpt2" and record["model_kind"] == "decoder_only" and record["lang"] == "en"
+
+    # Quality: perplexity of the test text (the same text on both sides of the toy pairs).
+    scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
+    assert scores["sentences"] == 40 and scores["tokens"] > 40 and scores["perplexity"] > 1
+    nll = pd.read_csv(results / "baseline/scores/test_2016_flickr.nll.tsv", sep="\t")
+    assert len(nll) == 40 and nll["tokens"].sum() == scores["tokens"]
+
+    # Head scores on the causal self-attention only (2 layers x 4 heads); no LRP for GPT-2 yet.
+    heads = pd.read_parquet(results / "heads/scores.parquet")
+    assert set(heads["type"]) == {"dec_self"} and len(heads) == 2 * 4
+    assert {"confidence", "michel"} <= set(heads.columns) and "lrp" not in heads.columns
+    assert "no LRP relevance" in (results / "logs/score_heads.log").read_text()
+    roles = pd.read_csv(results / "syntax/roles.csv")
+    assert len(roles) == 2 * 4 and {"induction", "sink"} <= {c.split("_")[0] for c in roles.columns}
+
+    # Pruning: the all setting gates the 8 heads; the export counts the KV cache it frees.
+    gates = json.loads((results / "prune/all/lambda_2/gates.json").read_text())
+    assert set(gates["retained"]) == {"dec_self"} and gates["steps"]["fine_tuning"] == 6
+    export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
+    assert sum(export["heads"]["dec_self"]) == gates["retained"]["dec_self"]
+    before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
+    assert before == 2 * 2 * 16 * 2 and after == before * gates["retained"]["dec_self"] // 8
+
+
+def test_a_pretrained_bert_plans_and_imports(tmp_path):
+    """A masked LM shares the DAG: it plans like GPT-2, and the import rule writes what it needs."""
+    from headcount.models.hf_lm_tiny import write_tiny_bert
+
+    mirror = make_toy_mirror(tmp_path)
+    model_dir = write_tiny_bert(tmp_path / "bert-toy", toy_corpus(200, seed=1)[0])
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
+    result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rule in ("import_pretrained", "lm_quality", "score_heads", "head_roles", "prune_heads", "ranked_curve",
+                 "lm_pruning_report"):
+        assert rule in result.stdout, rule
+    for absent in ("translate", "train_subwords", "train_baseline", "pruning_report "):
+        assert f"\n{absent}" not in result.stdout, absent
+    result = snakemake("results/toy/baseline/model.pt", "--cores", "1", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((workdir / "results/toy/baseline/training.json").read_text())
+    assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
+
+
+def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path):
+    """Every problem at once, one experiment per mistake (one dry run: each costs a second or two)."""
+    config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")  # a hub id: not checked offline
+    good, pair = config["experiments"]["toy"], smoke_config(tmp_path / "mirror")["experiments"]["toy"]
+    config["experiments"] = {
+        "no_model": {k: v for k, v in good.items() if k != "pretrained"},
+        "with_pairs": {**good, "train": pair["train"], "src_lang": "en"},
+        "with_enc": {**good, "prune": {"lambdas": {"enc": [0, 0.1]}, "select": "best_dev_bleu"}},
+        "lang_only": {**pair, "lang": "en"}}
+    config["run"] = list(config["experiments"])
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    for expected in ("'experiments.no_model.text': a language-model experiment analyses a pretrained",
+                     "set pretrained: <hub id or local directory>",
+                     "'experiments.with_pairs.train': not with text", "give the fine-tuning text as text.train",
+                     "'experiments.with_pairs.src_lang': not with text", "give the text's language as lang",
+                     "'experiments.with_enc.prune.lambdas.enc': a language model has one kind of attention",
+                     "set prune.lambdas.enc: []", "'experiments.with_enc.prune.select': best_dev_bleu",
+                     "set prune.select: last", "'experiments.lang_only.lang': only a language-model experiment"):
+        assert expected in output, expected
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_language_model_experiment_without_lang_is_a_config_error(tmp_path):
+    config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")
+    del config["experiments"]["toy"]["lang"]
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(tmp_path / "c.yaml", config), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "'experiments.toy': 'lang' is a required property" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
+    """gpt2_en (config/config.yaml) names a hub id: planned without a network (nothing loads the
+    model before the import job), perplexity where a translation experiment has BLEU."""
+    config = shipped_config()
+    config["run"] = ["gpt2_en"]
+    config["mirror"] = None
+    result = snakemake("-n", "--cores", "2", "--quiet", "rules", "--configfile",
+                       write_config(tmp_path / "c.yaml", config), cwd=tmp_path, env={"HEADCOUNT_MIRROR": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = dict(line.split() for line in result.stdout.splitlines() if len(line.split()) == 2
+                and line.split()[1].isdigit())
+    # baseline and 4 pruned models on one test set (the pruning table's), the baseline on the other
+    assert jobs["import_pretrained"] == "1" and jobs["lm_quality"] == "6" and jobs["prune_heads"] == "4"
+    assert jobs["lm_pruning_report"] == "1" and jobs["ranked_curve"] == "1"
+    for absent in ("translate", "score", "pruning_report", "train_subwords", "train_baseline"):
+        assert absent not in jobs, absent
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_the_pruning_table_and_ranked_curve_of_a_language_model_read_perplexity(tmp_path, family):
+    """What rules lm_quality, ranked_curve and lm_pruning_report run, in-process on a tiny causal and
+    masked LM: perplexity with each sentence's NLL, the Michel curve in perplexity, and the pruning
+    table with the NLL difference's paired bootstrap interval (a 'pruned' model equal to the
+    baseline differs by 0)."""
+    from headcount.models import hf_lm_tiny
+    from headcount.models.loading import import_pretrained
+    from headcount.pipeline.lm_quality import lm_pruning_report, score_text
+    from headcount.pipeline.pruning_runs import ranked_curve
+
+    lines = toy_corpus(60, seed=1)[0]
+    source = getattr(hf_lm_tiny, f"write_tiny_{family}")(tmp_path / family, lines)
+    model, tokenizer = tmp_path / "model.pt", tmp_path / "tokenizer"
+    import_pretrained(source, model, tokenizer)
+    text = tmp_path / "test.txt"
+    text.write_text("".join(line + "\n" for line in lines[:20]), encoding="utf-8")
+    scores, nll = tmp_path / "scores.json", tmp_path / "scores.nll.tsv"
+    record = score_text(str(model), str(tokenizer), str(text), "test", 500, str(scores), str(nll), device="cpu",
+                        log=lambda _: None)
+    assert record["sentences"] == 20 and record["perplexity"] == pytest.approx(np.exp(record["nll"]))
+    per_sentence = pd.read_csv(nll, sep="\t")
+    assert per_sentence["tokens"].sum() == record["tokens"] > 0
+
+    kind = "dec_self" if family == "gpt2" else "enc_self"
+    heads = pd.DataFrame([{"type": kind, "layer": layer, "head": head, "michel": layer * 4 + head}
+                          for layer in range(2) for head in range(4)])
+    heads.to_parquet(tmp_path / "heads.parquet")
+    curve = ranked_curve(str(model), str(tmp_path / "heads.parquet"), str(tokenizer), str(tokenizer), str(text),
+                         str(text), "all", 0.5, {"max_tokens": 500}, False, str(tmp_path / "all/michel.tsv"),
+                         device="cpu", log=lambda _: None, translations_out=str(tmp_path / "michel.jsonl"))
+    assert curve["retained_total"].tolist() == [8, 4]
+    assert curve["perplexity"].iloc[0] == pytest.approx(record["perplexity"])
+
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"setting": "all", "lambda": 0.0, "control": True, "retained": {kind: 8},
+                                 "steps": {"total": 6}}))
+    table = lm_pruning_report(str(scores), str(nll), [str(gates)], [str(scores)], [str(nll)],
+                              [str(tmp_path / "all/michel.tsv")], str(tmp_path / "pruning.tsv"),
+                              str(tmp_path / "pruning.md"), "toy", log=lambda _: None)
+    row = table.iloc[0]
+    assert row["lam"] == 0 and row["delta_nll"] == row["delta_nll_low"] == row["delta_nll_high"] == 0
+    assert row["perplexity"] == pytest.approx(record["perplexity"])
+    markdown = (tmp_path / "pruning.md").read_text()
+    assert "perplexity (lower is better)" in markdown and "## Ranked: michel" in markdown
