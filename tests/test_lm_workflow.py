@@ -65,11 +65,11 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     nll = pd.read_csv(results / "baseline/scores/test_2016_flickr.nll.tsv", sep="\t")
     assert len(nll) == 40 and nll["tokens"].sum() == scores["tokens"]
 
-    # Head scores on the causal self-attention only (2 layers x 4 heads); no LRP for GPT-2 yet.
+    # Head scores on the causal self-attention only (2 layers x 4 heads), LRP normalised per layer.
     heads = pd.read_parquet(results / "heads/scores.parquet")
     assert set(heads["type"]) == {"dec_self"} and len(heads) == 2 * 4
-    assert {"confidence", "michel"} <= set(heads.columns) and "lrp" not in heads.columns
-    assert "no LRP relevance" in (results / "logs/score_heads.log").read_text()
+    assert {"confidence", "michel", "lrp"} <= set(heads.columns)
+    assert heads.groupby("layer")["lrp"].sum().to_numpy() == pytest.approx([1.0, 1.0])
     roles = pd.read_csv(results / "syntax/roles.csv")
     assert len(roles) == 2 * 4 and {"induction", "sink"} <= {c.split("_")[0] for c in roles.columns}
 
@@ -201,3 +201,21 @@ def test_the_pruning_table_and_ranked_curve_of_a_language_model_read_perplexity(
     assert row["perplexity"] == pytest.approx(record["perplexity"])
     markdown = (tmp_path / "pruning.md").read_text()
     assert "perplexity (lower is better)" in markdown and "## Ranked: michel" in markdown
+
+
+def test_the_score_stage_says_why_a_model_has_no_lrp():
+    """An architecture LRP does not reproduce (lrp.LRPNotImplemented): the reason the head-score
+    stage logs when it leaves the lrp column out."""
+    from headcount.models.lrp import LRPNotImplemented
+    from headcount.pipeline.head_scores import _lrp_unavailable
+
+    class NoLRP:
+        def lrp_forward(self):
+            raise LRPNotImplemented("sliding-window attention")
+
+    class WithLRP:
+        def lrp_forward(self):
+            return object()
+
+    assert _lrp_unavailable(NoLRP()) == "sliding-window attention"
+    assert _lrp_unavailable(WithLRP()) is None
