@@ -164,7 +164,8 @@ INDUCTION_THRESHOLD = 0.4
 
 
 def _induction_columns(statistics: dict, rules: dict) -> pd.DataFrame:
-    return statistics["induction"][["layer", "head", "induction_score", "duplicate_score", "previous_score"]]
+    return statistics["induction"][["layer", "head", "induction_score", "duplicate_score", "previous_score",
+                                     "shifted_induction_score"]]
 
 
 register_role(Role(

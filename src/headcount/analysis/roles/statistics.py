@@ -433,7 +433,9 @@ def repeated_sequence_scores(probs, length: int) -> pd.DataFrame:
     per-layer list, T = 2 * length + 1), the mean attention over the second copy's queries p
     (length + 1 .. 2 * length) to: p - length + 1, the token after the first occurrence of p's token
     (`induction_score`, Olsson et al. 2022; TransformerLens' prefix matching); p - length, that
-    occurrence itself (`duplicate_score`); p - 1 (`previous_score`)."""
+    occurrence itself (`duplicate_score`); p - 1 (`previous_score`); p - length + 2, one further
+    (`shifted_induction_score`: a head that matches the token two back and copies the one before,
+    as the decoder-only positive control learned, tools/train_lm_control.py; reported, not a role)."""
     probs = _stack_layers(probs)
     L, B, H, T, _ = probs.shape
     if T != 2 * length + 1:
@@ -449,4 +451,6 @@ def repeated_sequence_scores(probs, length: int) -> pd.DataFrame:
     return pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(),
                          "induction_score": score(queries - length + 1).ravel(),
                          "duplicate_score": score(queries - length).ravel(),
-                         "previous_score": score(queries - 1).ravel(), "n_sequences": B, "length": length})
+                         "previous_score": score(queries - 1).ravel(),
+                         "shifted_induction_score": score((queries - length + 2).clamp(max=T - 1)).ravel(),
+                         "n_sequences": B, "length": length})
