@@ -1,9 +1,11 @@
-"""The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a tiny random GPT-2
-(hf_lm_tiny.write_tiny_gpt2) through import, perplexity, head scores, roles, one pruning run and
-its physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
+"""The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a small GPT-2 that
+transformers' own Trainer trained here on English text (tools/train_lm_reference.py, cached in
+tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pruning run and its
+physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,6 +14,8 @@ from conftest import make_toy_mirror, toy_corpus
 from toyflow import CORES, copy_workflow, shipped_config, smoke_config, snakemake, write_config
 
 pytest.importorskip("transformers")
+
+TRAINED_GPT2 = Path(__file__).parent / "data" / "gpt2_multi30k"
 
 
 def lm_config(mirror, model_dir) -> dict:
@@ -36,10 +40,8 @@ def lm_config(mirror, model_dir) -> dict:
 
 @pytest.mark.workflow
 def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
-    from headcount.models.hf_lm_tiny import write_tiny_gpt2
-
     mirror = make_toy_mirror(tmp_path)
-    model_dir = write_tiny_gpt2(tmp_path / "gpt2-toy", toy_corpus(600, seed=1)[0])
+    model_dir = TRAINED_GPT2
     workdir = copy_workflow(tmp_path / "wf")
     config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
     # A pruned model's perplexity is the baseline's rule on another model, and the pruning table and
@@ -79,7 +81,8 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
     assert sum(export["heads"]["dec_self"]) == gates["retained"]["dec_self"]
     before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
-    assert before == 2 * 2 * 16 * 2 and after == before * gates["retained"]["dec_self"] // 8
+    # 2 layers, keys and values, d 64, 2 bytes a value
+    assert before == 2 * 2 * 64 * 2 and after == before * gates["retained"]["dec_self"] // 8
 
 
 def test_a_pretrained_bert_plans_and_imports(tmp_path):
@@ -219,3 +222,19 @@ def test_the_score_stage_says_why_a_model_has_no_lrp():
 
     assert _lrp_unavailable(NoLRP()) == "sliding-window attention"
     assert _lrp_unavailable(WithLRP()) is None
+
+
+def test_headcounts_nll_of_the_trained_gpt2_is_the_trainers_own():
+    """The Trainer's evaluation loss (one line a batch: the mean over lines of each line's mean
+    NLL) on sentences of our own, recorded when it trained the model, recomputed by headcount's
+    adapter, batching and perplexity code with several lines padded into one batch."""
+    from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+    from headcount.training.perplexity import sentence_nll
+
+    summary = json.loads((TRAINED_GPT2 / "reference_summary.json").read_text())
+    model = load_pretrained_lm(TRAINED_GPT2)
+    ids = load_lm_tokenizer(TRAINED_GPT2).encode(summary["probe_lines"])
+    nll, tokens = sentence_nll(model, ids, ids, max_tokens=400)
+    assert float(np.mean(nll / tokens)) == pytest.approx(summary["trainer_probe_loss"], abs=1e-5)
+    assert summary["trainer_eval_loss"] < 4.0  # trained: far below log(1000) = 6.9 on Multi30k's dev text

@@ -1,0 +1,129 @@
+"""Train a small GPT-2 with transformers' own Trainer: a trained decoder-only model for the tests.
+
+headcount's language-model adapter (models/hf_lm.py) is tested on random models; this makes a model
+the way the transformers world makes one, on English text this project has (Multi30k's English
+side and the text of UD English-EWT's training treebank), so that the workflow's language-model
+stages run on weights that mean something (tests/test_lm_workflow.py reads it from
+tests/data/gpt2_multi30k):
+
+- a byte-level BPE tokenizer trained here (hf_lm_tiny.write_tiny_gpt2: <|endoftext|> is BOS, EOS
+  and, as for GPT-2, there is no pad token) and a GPT2LMHeadModel of the given size;
+- transformers' `Trainer` with its causal-LM collator (each line is <|endoftext|> + text, the
+  collator's labels are the inputs, the model shifts them), AdamW, a linear decay after warm-up;
+- `save_pretrained` of model and tokenizer into --out, and reference_summary.json: the recipe and
+  the Trainer's own evaluation loss, one line a batch (so the mean of per-line mean NLL), on the
+  dev lines and on PROBE_LINES, sentences of our own that the tests score again with headcount.
+
+    python tools/train_lm_reference.py --out tests/data/gpt2_multi30k
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Sentences of our own (not from any corpus, which stays out of the repository) on which the
+# Trainer's evaluation loss is recorded, for the tests to recompute with headcount.
+PROBE_LINES = [
+    "A man in a red jacket is walking his dog along the beach.",
+    "Two children are playing with a ball in the park.",
+    "A woman is reading a book on a bench near the river.",
+    "The people are waiting for the bus in the rain.",
+    "A young girl in a blue dress is jumping over a puddle.",
+    "Several men are working on the roof of a house.",
+    "A group of friends are sitting at a table and laughing.",
+    "The dog is running through the snow with a stick.",
+    "A man is playing the guitar on a street corner.",
+    "Two women are talking while they walk down the street.",
+    "The city was quiet after the storm had passed.",
+    "She said that the meeting would start at nine.",
+]
+
+
+def read_lines(path: Path, limit: int | None = None) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    return lines[:limit]
+
+
+def treebank_text(path: Path) -> list[str]:
+    """The `# text =` lines of a CoNLL-U file (gzipped or not)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line[len("# text = "):].strip() for line in f if line.startswith("# text = ")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--data", default=str(DATA), help="the shared data directory (multi30k/, UD_English-EWT/)")
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--dev-lines", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+
+    torch.set_num_threads(args.threads)
+    set_seed(args.seed)
+    data = Path(args.data)
+    train_lines = (read_lines(data / "multi30k" / "train.en.gz")
+                   + treebank_text(data / "UD_English-EWT" / "en_ewt-ud-train.conllu.gz"))
+    dev_lines = read_lines(data / "multi30k" / "val.en.gz", args.dev_lines)
+    out = Path(args.out)
+    write_tiny_gpt2(out, train_lines, vocab_size=args.vocab, d_model=args.d_model, layers=args.layers,
+                    heads=args.heads, positions=128, seed=args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    model = GPT2LMHeadModel.from_pretrained(str(out))
+    tokenizer.pad_token = tokenizer.eos_token  # the collator pads; labels at padding become -100
+
+    def encode(lines):
+        return [{"input_ids": [tokenizer.bos_token_id] + tokenizer(line)["input_ids"][:126]} for line in lines]
+
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+    with_work = out.with_name(out.name + ".trainer")
+    targs = TrainingArguments(output_dir=str(with_work), max_steps=args.steps, per_device_train_batch_size=args.batch,
+                              per_device_eval_batch_size=1, learning_rate=args.lr, warmup_steps=args.steps // 10,
+                              lr_scheduler_type="linear", logging_steps=100, save_strategy="no", report_to=[],
+                              seed=args.seed, use_cpu=True, dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=targs, train_dataset=encode(train_lines), eval_dataset=encode(dev_lines),
+                      data_collator=collator)
+    start = time.perf_counter()
+    trainer.train()
+    evaluation = trainer.evaluate()
+    probe = trainer.evaluate(eval_dataset=encode(PROBE_LINES), metric_key_prefix="probe")
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    summary = {"recipe": {k: v for k, v in vars(args).items() if k != "data"}, "train_lines": len(train_lines),
+               "dev": "multi30k/val.en.gz", "dev_lines": len(dev_lines),
+               "trainer_eval_loss": evaluation["eval_loss"], "probe_lines": PROBE_LINES,
+               "trainer_probe_loss": probe["probe_loss"], "train_seconds": round(time.perf_counter() - start)}
+    (out / "reference_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
