@@ -54,8 +54,8 @@ rule all:
     default_target: True
     input:
         [final_outputs(exp) for exp in config["run"]],
-        # Not yet for a language model: the atlas's syntactic examples read encoder attention.
-        [f"results/{exp}/atlas/index.html" for exp in config["run"] if not is_lm(exp)],
+        # Every experiment's head atlas, a language model's too (its role-type attention).
+        [f"results/{exp}/atlas/index.html" for exp in config["run"]],
 
 
 rule existing_results:

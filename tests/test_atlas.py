@@ -325,3 +325,108 @@ def test_the_slider_greys_exactly_each_runs_closed_heads(tmp_path, chromium):
     chromium.find_element(By.CSS_SELECTOR, 'rect.head[data-key="enc_self/1/1"]').click()
     shown = chromium.find_element(By.CSS_SELECTOR, "#card ul.planted li").text
     assert shown.startswith("amod (syntactic) via adj->noun: rate 0.787") and "closes at λ 0.5 (all)" in shown
+
+
+# --------------------------------------------------------------------------------------------
+# A language model's atlas
+
+
+LM_LINES = ["A man in a blue shirt is riding a bike down the street.", "Two dogs play in the snow.",
+            "A woman sits on a bench and reads a book.", "Children are playing football in a park.",
+            "A black dog runs through the grass.", "A group of people stand outside a building."]
+
+
+def test_a_decoder_only_language_models_atlas_shows_bos_and_its_pieces_with_perplexity(tmp_path):
+    """The trained tiny GPT-2 (2 layers x 4 heads of causal dec_self): every head's examples over
+    BOS + the line's pieces (BOS first, causal rows), its role's marks past BOS, the histogram equal
+    to the role analysis's positional.csv, and a page of dec_self heads whose pruning is perplexity."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+
+    trained = Path(__file__).parent / "data" / "gpt2_multi30k"
+    model, tokenizer = load_pretrained_lm(trained).eval(), load_lm_tokenizer(trained)
+    frequencies = count_words(LM_LINES)
+    roles = {"dec_self/0/1": {"role": "rare"}, "dec_self/1/0": {"role": "positional", "positional": {"offset": -1}},
+             "dec_self/0/0": {"role": "syntactic", "syntactic_best": {"relation": "amod", "direction": "head->dep"}}}
+    treebank = tmp_path / "toy.conllu"
+    treebank.write_text(toy_conllu(toy_corpus(8, seed=6)[0]), encoding="utf-8")
+    out = gather_examples(model, tokenizer, tokenizer, LM_LINES, [], roles, chosen=[0, 2], best=2,
+                          parses=read_conllu(treebank), frequencies=frequencies, role_settings={"top_k": 3},
+                          log=lambda _: None)
+    assert out["axes"] == {"dec_self": ["tgt", "tgt"]}
+    assert len(out["examples"]) == 2 * 4 and all(k.startswith("dec_self/") for k in out["examples"])
+    bos = tokenizer.tokenizer.convert_ids_to_tokens(model.special.bos)
+    for examples in out["examples"].values():
+        assert [out["sentences"][e["s"]]["label"] for e in examples if e["why"] == "chosen"] == [
+            "analysis line 1", "analysis line 3"]
+        for e in examples:
+            sentence = out["sentences"][e["s"]]
+            assert sentence["src"] is None and sentence["tgt"][0] == bos
+            if sentence["label"].startswith("analysis line"):
+                line = int(sentence["label"].split()[-1]) - 1
+                assert sentence["tgt"][1:] == tokenizer.pieces(LM_LINES[line])
+            assert e["rows"] == e["cols"] == len(sentence["tgt"])
+            matrix = decode_matrix(e["m"], e["rows"], e["cols"])
+            assert np.allclose(matrix.sum(axis=1), 1, atol=e["cols"] / 255)
+            assert np.allclose(np.triu(matrix, 1), 0)  # causal: no query sees a later token
+    rare = [e for e in out["examples"]["dec_self/0/1"] if e["why"] == "role"]
+    assert rare and all(e["marks"]["rare"] and min(e["marks"]["rare"]) >= 1 for e in rare)  # past BOS
+    syntactic = [e for e in out["examples"]["dec_self/0/0"] if e["why"] == "role"]
+    assert syntactic and all(out["sentences"][e["s"]]["label"].startswith("parsed sentence") for e in syntactic)
+    assert all(min(min(arc) for arc in e["marks"]["arcs"]) >= 1 for e in syntactic if e["marks"]["arcs"])
+    assert all(e["marks"] == {"offset": -1} for e in out["examples"]["dec_self/1/0"] if e["why"] == "role")
+    table = text_statistics(model, tokenizer, LM_LINES, frequencies, lowercase=False, log=lambda _: None)["positional"]
+    for row in table[table["offset"].abs() <= RADIUS].itertuples():  # the page keeps offsets -RADIUS..RADIUS
+        assert out["histograms"]["dec_self"]["share"][head_key("dec_self", row.layer, row.head)][
+            row.offset + RADIUS] == pytest.approx(row.fraction)
+
+    scores = score_table({"dec_self": (2, 4)})
+    pruning = pd.DataFrame([{"setting": "all", "lam": 2.0, "control": False, "retained_total": 6, "steps": 6,
+                             "perplexity": 31.5, "nll": 3.45, "delta_nll": 0.1, "delta_nll_low": 0.05,
+                             "delta_nll_high": 0.15, "perplexity_ratio": 1.105}])
+    gates = tmp_path / "gates.json"
+    gates.write_text(json.dumps({"setting": "all", "lambda": 2.0, "control": False, "heads": [
+        {"type": "dec_self", "layer": layer, "head": head, "gated": True, "pruned": (layer, head) in {(0, 0), (1, 3)}}
+        for layer in range(2) for head in range(4)]}))
+    data = gather_tables(scores, roles=pd.DataFrame([{"layer": 1, "head": 0, "role": "positional", "statistic": 0.9}]),
+                         pruning=pruning, runs=[(gates, None)], experiment="gpt2_toy")
+    assert data["layout"] == {"dec_self": [2, 4]} and data["role_type"] == "dec_self"
+    assert {r["name"] for r in data["roles"]} >= {"induction", "sink"}
+    assert next(h for h in data["heads"] if h["key"] == "dec_self/1/0")["role"] == "positional"
+    assert data["pruning"]["metric"] == "perplexity (lower is better)" and data["pruning"]["column"] == "perplexity"
+    run = data["pruning"]["settings"]["all"][0]
+    assert run["perplexity"] == 31.5 and run["delta_nll_low"] == 0.05 and run["closed"] == ["dec_self/0/0",
+                                                                                            "dec_self/1/3"]
+    page = render_page({**data, **out})
+    embedded = json.loads(re.search(r'id="atlas-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+    assert embedded["pruning"]["metric"] == "perplexity (lower is better)" and "BLEU" not in json.dumps(embedded)
+
+
+def test_an_encoder_only_language_models_examples_are_over_cls_pieces_and_sep(tmp_path):
+    """A tiny BERT: enc_self over [CLS] + pieces + [SEP] (its own spelling), rows summing to 1, and
+    the histogram the role analysis's positional.csv ([CLS] folded into the sink)."""
+    pytest.importorskip("transformers")
+    from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.models.hf_lm_tiny import write_tiny_bert
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+
+    torch.manual_seed(0)
+    source = write_tiny_bert(tmp_path / "bert", LM_LINES)
+    model, tokenizer = load_pretrained_lm(source).eval(), load_lm_tokenizer(source)
+    out = gather_examples(model, tokenizer, tokenizer, LM_LINES, [], {}, chosen=[1], best=1, log=lambda _: None)
+    assert out["axes"] == {"enc_self": ["src", "src"]}
+    cls, sep = tokenizer.tokenizer.convert_ids_to_tokens([model.special.bos, model.special.eos])
+    for examples in out["examples"].values():
+        for e in examples:
+            sentence = out["sentences"][e["s"]]
+            assert sentence["tgt"] is None and sentence["src"][0] == cls and sentence["src"][-1] == sep
+            assert e["rows"] == e["cols"] == len(sentence["src"])
+            assert np.allclose(decode_matrix(e["m"], e["rows"], e["cols"]).sum(axis=1), 1, atol=e["cols"] / 255)
+    table = text_statistics(model, tokenizer, LM_LINES, count_words(LM_LINES), lowercase=False,
+                            log=lambda _: None)["positional"]
+    for row in table[table["offset"].abs() <= RADIUS].itertuples():  # the page keeps offsets -RADIUS..RADIUS
+        assert out["histograms"]["enc_self"]["share"][head_key("enc_self", row.layer, row.head)][
+            row.offset + RADIUS] == pytest.approx(row.fraction)

@@ -155,6 +155,7 @@ def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
     # baseline and 4 pruned models on one test set (the pruning table's), the baseline on the other
     assert jobs["import_pretrained"] == "1" and jobs["lm_quality"] == "6" and jobs["prune_heads"] == "4"
     assert jobs["lm_pruning_report"] == "1" and jobs["ranked_curve"] == "1"
+    assert jobs["atlas"] == "1"  # `all` builds a language model's head atlas too
     for absent in ("translate", "score", "pruning_report", "train_subwords", "train_baseline"):
         assert absent not in jobs, absent
 

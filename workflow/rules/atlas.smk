@@ -6,7 +6,9 @@ rule atlas:
     """The head atlas: results/{exp}/atlas/index.html, one page that opens from file:// (data and D3
     inside). It reads the baseline and its tokenizers (attention on the analysis sentences), the head
     scores and role tables, and where the experiment has them the pruning runs' gates and
-    trajectories with the pruning table, and the positive control's planted-vs-found table.
+    trajectories with the pruning table, and the positive control's planted-vs-found table. A
+    language model's too: the attention of its one type over its text (no target side), its
+    pruning in perplexity (lm_pruning_report's table).
     """
     input:
         model="results/{exp}/baseline/model.pt",

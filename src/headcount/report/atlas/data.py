@@ -162,7 +162,14 @@ def role_thresholds(settings: dict) -> dict:
 
 RUN_COLUMNS = ("bleu", "chrf", "d_baseline", "d_baseline_low", "d_baseline_high", "d_control", "d_control_low",
                "d_control_high", "retained_total", "steps", "bleu_scratch", "d_pruned_scratch",
-               "d_pruned_scratch_low", "d_pruned_scratch_high")
+               "d_pruned_scratch_low", "d_pruned_scratch_high",
+               # a language model's (pipeline.lm_quality.lm_pruning_report): perplexity, no BLEU
+               "perplexity", "nll", "delta_nll", "delta_nll_low", "delta_nll_high", "perplexity_ratio")
+# What the page shows a run's quality as: BLEU for a translation model, perplexity for a language
+# model (its pruning table has a perplexity column and no BLEU); "column" is the runs' field.
+METRICS = {"bleu": {"metric": "BLEU", "column": "bleu", "delta": "BLEU"},
+           "perplexity": {"metric": "perplexity (lower is better)", "column": "perplexity",
+                          "delta": "NLL nats/token"}}
 
 
 def _trajectory(path: str | Path) -> dict:
@@ -185,7 +192,9 @@ def _trajectory(path: str | Path) -> dict:
 def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Path, str | Path | None]] = ()) -> dict:
     """The pruning runs by setting, each setting's runs in lambda order, and the baseline's BLEU.
 
-    `pruning`: the pruning table (prune/pruning.tsv, its `baseline` row the unpruned model);
+    `pruning`: the pruning table (prune/pruning.tsv, its `baseline` row the unpruned model; a
+    language model's, lm_pruning_report's, has perplexity and no baseline row: `metric` says
+    perplexity, each run's `perplexity` and its NLL difference to the baseline `delta_nll`);
     `runs`: (gates.json, trajectory.csv or None) of each run, matched to the table's rows by
     setting and lambda. A run's `closed`: the heads whose evaluation gate is 0 (gates.json
     `pruned`, the rule of the pruned model)."""
@@ -208,9 +217,10 @@ def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Pat
         settings.setdefault(setting, []).append(run)
     for runs_of in settings.values():
         runs_of.sort(key=lambda r: r["lam"])
-    baseline = None if pruning is None else pruning[pruning["setting"] == BASELINE]
+    lm = pruning is not None and "perplexity" in pruning.columns and "bleu" not in pruning.columns
+    baseline = None if pruning is None or lm else pruning[pruning["setting"] == BASELINE]
     return {"baseline_bleu": float(baseline["bleu"].iloc[0]) if baseline is not None and len(baseline) else None,
-            "metric": "BLEU", "settings": settings}
+            **METRICS["perplexity" if lm else "bleu"], "settings": settings}
 
 
 def planted_records(planted: pd.DataFrame | None) -> list[dict]:

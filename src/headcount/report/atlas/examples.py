@@ -27,6 +27,15 @@ syntactic and rare-token statistics reuse roles.py's own counters sentence by se
 
 A matrix is stored as bytes (round(255 p)), base64: rows are queries, columns keys, of the
 tokens `TYPE_AXES` names (source: pieces + EOS; target: BOS + pieces).
+
+Language models (models.seq2seq.kind_of: decoder_only, encoder_only) have one attention type, the
+one their roles are found for (registry.ROLE_ATTENTION): a decoder-only model's causal "dec_self"
+over BOS + pieces (`model(src_empty, tgt_in)`, shown as the target side, BOS first) and an
+encoder-only model's "enc_self" over [CLS] + pieces + [SEP] (`model.encode`, the source side). The
+statistics that choose the sentences are taken in the role analysis's own layout (roles.collect:
+pieces, then one sink slot), so the histograms equal positional.csv as the encoder's do; the stored
+matrices are the model's own, its leading BOS / [CLS] included (marks shifted past it). There is no
+target text and no decoder-encoder attention: `targets` is not read.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ import pandas as pd
 import torch
 
 from ...analysis.roles.alignment import align_pieces, sentence_tokens, word_attention
+from ...analysis.roles.collect import _bos_last, _cls_into_sep, _sink_positions, is_causal
+from ...analysis.roles.registry import ROLE_ATTENTION
 from ...analysis.roles.statistics import (
     DIRECTION_NAMES,
     PositionalStats,
@@ -47,7 +58,8 @@ from ...analysis.roles.statistics import (
     frequency_words,
     relation_pairs,
 )
-from ...data.batching import positions, source_tensor, target_tensors
+from ...data.batching import pad, positions, source_tensor, target_tensors
+from ...models.seq2seq import kind_of
 from .data import ROLE_TYPE, head_key
 
 # Which tokens a type's queries (rows) and keys (columns) are; a type not named here has no examples.
@@ -56,6 +68,9 @@ TYPE_AXES = {"enc_self": ("src", "src"), "dec_self": ("tgt", "tgt"), "dec_enc": 
 RADIUS = 8
 MIN_QUERIES = 3  # a sentence shows an offset only with at least this many queries where it is valid
 EOS_PIECE, BOS_PIECE = "</s>", "<s>"
+CLS_PIECE, SEP_PIECE = "[CLS]", "[SEP]"  # an encoder-only model's, where its tokenizer names none
+# A language model's statistics are taken in the role layout (pieces + sink, both axes "source").
+ROLE_LAYOUT = ("src", "src")
 
 
 def encode_matrix(probs: np.ndarray) -> str:
@@ -128,8 +143,50 @@ def _attention(model, src_ids, tgt_ids, batch_size: int, device):
         yield rows, {t: torch.stack(p).float().cpu() for t, p in attention.items() if p}, src_len, tgt_len
 
 
-def _lengths_for(kind: str, src_len: int, tgt_len: int | None) -> tuple[int, int]:
-    rows, columns = TYPE_AXES[kind]
+@torch.no_grad()
+def _lm_attention(model, ids: Sequence[list[int]], batch_size: int, device, role_layout: bool):
+    """A language model's role-type attention, in `_attention`'s form: yields (batch indices,
+    {role type: (L, B, H, T, T)}, source lengths, decoder lengths). role_layout: the maps over
+    pieces + sink (roles.collect), lengths n + 1 on the source side; else the model's own maps,
+    decoder-only over BOS + pieces (decoder lengths n + 1), encoder-only over [CLS] + pieces + [SEP]
+    (source lengths n + 2)."""
+    kind, special = kind_of(model).name, model.special
+    role_type = ROLE_ATTENTION[kind]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        pieces = [ids[i] for i in rows]
+        n_pieces = [len(x) for x in pieces]
+        if kind == "decoder_only":
+            tgt_in = pad([[special.bos, *x] for x in pieces], special.pad).to(device)
+            _, attention = model(torch.zeros(len(rows), 0, dtype=torch.long, device=device), tgt_in,
+                                 need_weights=True)
+            probs = torch.stack(attention[role_type]).float().cpu()
+            if role_layout:
+                yield rows, {role_type: _bos_last(probs, n_pieces)}, [n + 1 for n in n_pieces], None
+            else:
+                yield rows, {role_type: probs}, None, [n + 1 for n in n_pieces]
+        else:
+            src = pad([[special.bos, *x, special.eos] for x in pieces], special.pad).to(device)
+            _, _, probs = model.encode(src, need_weights=True)
+            probs = torch.stack(probs).float().cpu()
+            if role_layout:
+                yield rows, {role_type: _cls_into_sep(probs, n_pieces)}, [n + 1 for n in n_pieces], None
+            else:
+                yield rows, {role_type: probs}, [n + 2 for n in n_pieces], None
+
+
+def _special_piece(tokenizer, token_id: int, default: str) -> str:
+    """How the tokenizer spells a special token (an LM tokenizer's own, e.g. <|endoftext|>), else `default`."""
+    try:
+        piece = tokenizer.tokenizer.convert_ids_to_tokens(int(token_id))
+    except Exception:  # headcount's own segmenters name no special tokens
+        return default
+    return piece if isinstance(piece, str) and piece else default
+
+
+def _lengths_for(kind: str, src_len: int, tgt_len: int | None, axes: dict | None = None) -> tuple[int, int]:
+    rows, columns = (axes or TYPE_AXES)[kind]
     return (src_len if rows == "src" else tgt_len), (src_len if columns == "src" else tgt_len)
 
 
@@ -181,11 +238,28 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
     settings = role_settings or {}
     model = model.eval().to(device)
     limit = model.max_positions
+    model_kind = kind_of(model).name
+    role_type = ROLE_ATTENTION[model_kind]
+    lm = model_kind != "encoder_decoder"
     texts_src = [s.lower() if lowercase else s for s in sources]
-    texts_tgt = [t.lower() if lowercase else t for t in targets]
     src_ids = src_tokenizer.encode(list(texts_src))
-    tgt_ids = [ids[:limit - 1] for ids in tgt_tokenizer.encode(list(texts_tgt))]  # BOS + pieces fit
-    keep = [i for i, ids in enumerate(src_ids) if positions(len(ids)) <= limit]  # as head_roles keeps them
+    if lm:  # one text: no target side (module docstring)
+        texts_tgt, tgt_ids = None, None
+        keep = [i for i, ids in enumerate(src_ids) if len(ids) + _sink_positions(model) <= limit]
+    else:
+        texts_tgt = [t.lower() if lowercase else t for t in targets]
+        tgt_ids = [ids[:limit - 1] for ids in tgt_tokenizer.encode(list(texts_tgt))]  # BOS + pieces fit
+        keep = [i for i, ids in enumerate(src_ids) if positions(len(ids)) <= limit]  # as head_roles keeps them
+    # The axes of pass 1's maps (a language model's: the role layout) and the leading tokens a
+    # stored matrix has before the pieces (a language model's BOS or [CLS]).
+    stat_axes = {role_type: ROLE_LAYOUT} if lm else TYPE_AXES
+    lead = 1 if lm else 0
+
+    def batches(lines, role_layout):
+        if lm:
+            return _lm_attention(model, [src_ids[i] for i in lines], batch_size, device, role_layout)
+        return _attention(model, [src_ids[i] for i in lines], [tgt_ids[i] for i in lines], batch_size, device)
+
     log(f"atlas: {len(keep)} of {len(sources)} analysis sentences fit the model's {limit} positions")
     src_pieces = {i: src_tokenizer.pieces(texts_src[i]) for i in keep}
 
@@ -196,25 +270,24 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
     rare_stats = RareStats(frequencies, settings.get("top_k", 500), lowercase) if frequencies is not None else None
     rare_hits: dict[int, tuple[np.ndarray, list[int]]] = {}  # sentence -> ((L, H) 1 rarest / 0.5 two, rarest pieces)
     types: dict[str, tuple[int, int]] = {}
-    for rows, attention, src_len, tgt_len in _attention(model, [src_ids[i] for i in keep],
-                                                        [tgt_ids[i] for i in keep], batch_size, device):
+    for rows, attention, src_len, tgt_len in batches(keep, True):
         for kind, probs in attention.items():
             types[kind] = (probs.shape[0], probs.shape[2])
-            if kind not in TYPE_AXES:
+            if kind not in stat_axes:
                 continue
-            positional = TYPE_AXES[kind][0] == TYPE_AXES[kind][1]
+            positional = stat_axes[kind][0] == stat_axes[kind][1]
             for b, row in enumerate(rows):
                 i = keep[row]
-                n_rows, n_cols = _lengths_for(kind, src_len[b], None if tgt_len is None else tgt_len[b])
+                n_rows, n_cols = _lengths_for(kind, src_len[b], None if tgt_len is None else tgt_len[b], stat_axes)
                 p = probs[:, b:b + 1, :, :n_rows, :n_cols]
                 if positional:
-                    exclude_last = TYPE_AXES[kind][0] == "src"  # the source's last token is EOS
+                    exclude_last = stat_axes[kind][0] == "src"  # the source's last token is EOS (or the sink)
                     pooled.setdefault(kind, PositionalStats(exclude_last=exclude_last)).update(p, [n_rows])
                     offsets.setdefault(kind, _SentenceOffsets()).update(i, p, n_rows, exclude_last)
                 # mean over queries of the largest weight (EOS key left out on the source side)
-                keys = n_cols - 1 if TYPE_AXES[kind][1] == "src" else n_cols
+                keys = n_cols - 1 if stat_axes[kind][1] == "src" else n_cols
                 confidence.setdefault(kind, {})[i] = p[:, 0, :, :, :keys].amax(dim=-1).mean(dim=-1).numpy()
-            if kind == ROLE_TYPE and rare_stats is not None:
+            if kind == role_type and rare_stats is not None:
                 for b, row in enumerate(rows):
                     i = keep[row]
                     words = frequency_words(texts_src[i], lowercase)
@@ -266,11 +339,12 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
                         hit = rare_hits[i][0][layer, head]
                         note = ("points to the rarest word" if hit == 1 else "points to one of the two rarest"
                                 if hit > 0 else "misses the rarest words")
-                        wanted.setdefault(i, []).append((key, "role", note, {"rare": rare_hits[i][1]}, (1, rank)))
+                        wanted.setdefault(i, []).append(
+                            (key, "role", note, {"rare": [p + lead for p in rare_hits[i][1]]}, (1, rank)))
                     continue
                 offset = None
                 if kind in offsets:
-                    if kind == ROLE_TYPE and record.get("positional", {}).get("offset") is not None:
+                    if kind == role_type and record.get("positional", {}).get("offset") is not None:
                         offset = int(record["positional"]["offset"])
                     else:
                         offset = int(np.argmax(histograms[kind]["share"][key])) - RADIUS
@@ -293,21 +367,25 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
 
     # Pass 2: the matrices of the chosen and best analysis sentences.
     lines = sorted(wanted)
-    for rows, attention, src_len, tgt_len in _attention(model, [src_ids[i] for i in lines],
-                                                        [tgt_ids[i] for i in lines], batch_size, device):
+    for rows, attention, src_len, tgt_len in batches(lines, False):
         for b, row in enumerate(rows):
             i = lines[row]
-            tgt = [BOS_PIECE] + tgt_tokenizer.pieces(texts_tgt[i])[:len(tgt_ids[i])]  # one piece per id
-            s = examples.sentence("analysis", i, f"analysis line {i + 1}", src_pieces[i] + [EOS_PIECE], tgt)
+            if lm:
+                src, tgt = _lm_tokens(model, src_tokenizer, src_pieces[i])
+            else:
+                tgt = [BOS_PIECE] + tgt_tokenizer.pieces(texts_tgt[i])[:len(tgt_ids[i])]  # one piece per id
+                src = src_pieces[i] + [EOS_PIECE]
+            s = examples.sentence("analysis", i, f"analysis line {i + 1}", src, tgt)
             for key, why, note, marks, order in wanted[i]:
                 kind, layer, head = key.split("/")
-                n_rows, n_cols = _lengths_for(kind, src_len[b], tgt_len[b])
+                n_rows, n_cols = _lengths_for(kind, None if src_len is None else src_len[b],
+                                              None if tgt_len is None else tgt_len[b])
                 matrix = attention[kind][int(layer), b, int(head), :n_rows, :n_cols].numpy()
                 examples.add(key, s, why, note, matrix, marks, order)
 
     if best > 0 and parses is not None and len(parses):
         _syntactic_examples(model, src_tokenizer, parses, roles, best, lowercase, batch_size, device, examples,
-                            max(len(sources), 1), log)
+                            max(len(sources), 1), log, role_type)
     stored = sum(len(v) for v in examples.by_head.values())
     log(f"atlas: {len(examples.sentences)} sentences and {stored} attention examples stored for "
         f"{len(examples.by_head)} heads")
@@ -315,11 +393,23 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
             "axes": {k: list(v) for k, v in TYPE_AXES.items() if k in types}}
 
 
+def _lm_tokens(model, tokenizer, pieces: list[str]) -> tuple[list[str] | None, list[str] | None]:
+    """A language model's sentence as the page's (source, target) tokens: decoder-only BOS + pieces
+    on the target side, encoder-only [CLS] + pieces + [SEP] on the source side."""
+    special = model.special
+    if kind_of(model).name == "decoder_only":
+        return None, [_special_piece(tokenizer, special.bos, BOS_PIECE)] + pieces
+    return [_special_piece(tokenizer, special.bos, CLS_PIECE)] + pieces + [
+        _special_piece(tokenizer, special.eos, SEP_PIECE)], None
+
+
 def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict, best: int, lowercase: bool,
-                        batch_size: int, device, examples: Examples, max_parsed: int, log) -> None:
+                        batch_size: int, device, examples: Examples, max_parsed: int, log,
+                        role_type: str = ROLE_TYPE) -> None:
     """The parsed sentences (the first `max_parsed` that fit the model) where each syntactic head
     most often points from a word to the word its best relation and direction relates it to; the
-    arcs are marked (first pieces)."""
+    arcs are marked (first pieces). A language model's statistics are taken in the role layout and
+    its own maps stored (module docstring)."""
     heads = {key: (r["syntactic_best"]["relation"], r["syntactic_best"]["direction"])
              for key, r in roles.items() if r.get("role") == "syntactic" and r.get("syntactic_best")}
     if not heads:
@@ -328,12 +418,22 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
     ids = src_tokenizer.encode(texts)
-    keep = [i for i, x in enumerate(ids) if positions(len(x)) <= model.max_positions][:max_parsed]
+    lm = kind_of(model).name != "encoder_decoder"
+    lead = 1 if lm else 0
+    sinks = _sink_positions(model) if lm else None
+    keep = [i for i, x in enumerate(ids) if (len(x) + sinks if lm else positions(len(x))) <= model.max_positions]
+    keep = keep[:max_parsed]
+
+    def batches(lines, role_layout):
+        if lm:
+            return _lm_attention(model, [ids[i] for i in lines], batch_size, device, role_layout)
+        return _attention(model, [ids[i] for i in lines], None, batch_size, device)
+
     scores: dict[str, list[tuple[float, float, int]]] = {key: [] for key in heads}
     arcs: dict[tuple[int, str, str], list[tuple[int, int]]] = {}
     pieces_of: dict[int, tuple[list[str], np.ndarray]] = {}
-    for rows, attention, src_len, _ in _attention(model, [ids[i] for i in keep], None, batch_size, device):
-        probs = attention[ROLE_TYPE]
+    for rows, attention, src_len, _ in batches(keep, True):
+        probs = attention[role_type]
         for b, row in enumerate(rows):
             i = keep[row]
             words = sentence_tokens(sentences[i])
@@ -343,7 +443,7 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
             n = src_len[b]
             wa = word_attention(probs[:, b, :, :n, :n], piece_to_word, len(words))
             pairs = relation_pairs(sentences[i])
-            stats = SyntacticStats()
+            stats = SyntacticStats(causal=is_causal(model))
             stats.update(wa, pairs)
             for key, (relation, direction) in heads.items():
                 n_instances = stats.n[(relation, direction)]
@@ -359,14 +459,15 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
             picked.setdefault(i, []).append((key, f"{-correct} of the {heads[key][0]} {DIRECTION_NAMES[heads[key]]} "
                                                   f"instances ({-share:.0%}) point at the related word", rank))
     lines = sorted(picked)
-    for rows, attention, src_len, _ in _attention(model, [ids[i] for i in lines], None, batch_size, device):
+    for rows, attention, src_len, tgt_len in batches(lines, False):
         for b, row in enumerate(rows):
             i = lines[row]
             pieces, piece_to_word = pieces_of[i]
             sent_id = sentences[i]["sent_id"].iloc[0] if "sent_id" in sentences[i] else None
             label = f"parsed sentence {i + 1}" + (f" ({sent_id})" if sent_id else "")
-            s = examples.sentence("parsed", i, label, pieces + [EOS_PIECE], None)
-            n = src_len[b]
+            src, tgt = _lm_tokens(model, src_tokenizer, pieces) if lm else (pieces + [EOS_PIECE], None)
+            s = examples.sentence("parsed", i, label, src, tgt)
+            n = src_len[b] if src_len is not None else tgt_len[b]
             for key, note, rank in picked[i]:
                 layer, head = map(int, key.split("/")[1:])
                 relation, direction = heads[key]
@@ -374,7 +475,7 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
                 for q, t in arcs.get((i, relation, direction), []):
                     qp, tp = _pieces_of_word(piece_to_word, q), _pieces_of_word(piece_to_word, t)
                     if qp and tp:
-                        marks.append([qp[0], tp[0]])
-                examples.add(key, s, "role", note, attention[ROLE_TYPE][layer, b, head, :n, :n].numpy(),
+                        marks.append([qp[0] + lead, tp[0] + lead])
+                examples.add(key, s, "role", note, attention[role_type][layer, b, head, :n, :n].numpy(),
                              {"arcs": marks}, (1, rank))
     log(f"atlas: syntactic examples for {len(heads)} heads from {len(keep)} parsed sentences")

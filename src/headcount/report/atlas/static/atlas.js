@@ -54,8 +54,12 @@
       status.attr("data-closed", 0).attr("data-lambda", null).text("no pruning shown");
     } else {
       const ci = (d, lo, hi) => d === null || d === undefined ? "" : `${signed(d)} [${signed(lo)}, ${signed(hi)}]`;
+      // BLEU for a translation model, perplexity (lower is better) for a language model
+      const value = run[DATA.pruning.column || "bleu"];
       const parts = [`λ = ${run.lam}${run.control ? " (control)" : ""}`,
-                     `${DATA.pruning.metric} ${run.bleu === null || run.bleu === undefined ? "–" : d3.format(".2f")(run.bleu)}`];
+                     `${DATA.pruning.metric} ${value === null || value === undefined ? "–" : d3.format(".2f")(value)}`];
+      if (run.delta_nll !== undefined && run.delta_nll !== null)
+        parts.push(`NLL vs baseline ${ci(run.delta_nll, run.delta_nll_low, run.delta_nll_high)} nats/token`);
       if (run.d_baseline !== undefined && run.d_baseline !== null)
         parts.push(`vs baseline ${ci(run.d_baseline, run.d_baseline_low, run.d_baseline_high)}`);
       if (run.d_control !== undefined && run.d_control !== null)
