@@ -136,3 +136,22 @@ class HeadMasks:
 
     def head_counts(self) -> dict[str, list[int]]:
         return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
+
+
+def load_weights_with_heads(model: nn.Module, kept: dict[str, list[list[int]]], weights: dict) -> nn.Module:
+    """Load a checkpoint's weights into a freshly built adapter: first remove the heads that were
+    physically pruned (`kept`: {type: [original indices per layer]}) and give gates to the modules
+    the weights have Hard Concrete gates for, then load them, in the weights' dtype. -> the model,
+    in eval mode."""
+    from headcount.models.gates import HardConcreteGates  # gates imports the model contract, not this
+
+    names = {id(module): name for name, module in model.named_modules()}
+    for kind, modules in model.attention_modules().items():
+        for module, heads in zip(modules, kept[kind]):
+            if len(heads) != module.n_heads:
+                module.keep_heads(heads)
+            if f"{names[id(module)]}.hard_concrete.log_alpha" in weights:
+                module.hard_concrete = HardConcreteGates(module.n_heads)
+    model.to(next(iter(v for v in weights.values() if v.is_floating_point())).dtype)
+    model.load_state_dict(weights)
+    return model.eval()

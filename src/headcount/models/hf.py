@@ -65,7 +65,7 @@ from torch import Tensor, nn
 from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
-from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows
+from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
 
 # --------------------------------------------------------------------------------------------
@@ -503,21 +503,9 @@ class HFSeq2Seq(HeadMasks, nn.Module):
         config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
         config._attn_implementation = "eager"
         model = cls(AutoModelForSeq2SeqLM.from_config(config), forced=state.get("forced"))
-        weights = state["model"]
         kept = state.get("kept_heads") or {kind: [list(range(n)) for n in counts]
                                              for kind, counts in state["head_counts"].items()}
-        for kind, modules in model.attention_modules().items():
-            for module, heads in zip(modules, kept[kind]):
-                if len(heads) != module.n_heads:
-                    module.keep_heads(heads)
-                if f"{_module_name(model, module)}.hard_concrete.log_alpha" in weights:
-                    from headcount.models.gates import HardConcreteGates
-
-                    module.hard_concrete = HardConcreteGates(module.n_heads)
-        dtype = next(iter(v for v in weights.values() if v.is_floating_point())).dtype
-        model.to(dtype)
-        model.load_state_dict(weights)
-        return model.eval()
+        return load_weights_with_heads(model, kept, state["model"])
 
 
 def _generation_setting(hf: nn.Module, name: str) -> int | None:
@@ -544,13 +532,6 @@ def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
     BART's <s>, a one-language model's tag."""
     token = _generation_setting(hf, "forced_bos_token_id")
     return () if token is None else (token,)
-
-
-def _module_name(root: nn.Module, target: nn.Module) -> str:
-    for name, module in root.named_modules():
-        if module is target:
-            return name
-    raise KeyError("module not found")
 
 
 for _name in FAMILIES:

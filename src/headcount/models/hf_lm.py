@@ -61,8 +61,8 @@ from torch import Tensor, nn
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
-from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows
-from headcount.models.hf import PretrainedModelUnavailable, _cache_argument, _module_name, _resolve, _unavailable
+from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
+from headcount.models.hf import PretrainedModelUnavailable, _cache_argument, _resolve, _unavailable
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
 from headcount.models.lrp import LRPNotImplemented  # noqa: F401 (part of this module's __all__: what its lrp_forward raises)
 from headcount.models.seq2seq import NotAvailableForKind, register_family
@@ -385,19 +385,7 @@ class _HFLanguageModel(HeadMasks, nn.Module):
         special = state["special"]
         special = SpecialIds(**{**special, "forced": tuple(special.get("forced", ()))})
         model = cls(_auto_class(family).from_config(config), special=special)
-        weights = state["model"]
-        for kind, modules in model.attention_modules().items():
-            for module, heads in zip(modules, state["kept_heads"][kind]):
-                if len(heads) != module.n_heads:
-                    module.keep_heads(heads)
-                if f"{_module_name(model, module)}.hard_concrete.log_alpha" in weights:
-                    from headcount.models.gates import HardConcreteGates
-
-                    module.hard_concrete = HardConcreteGates(module.n_heads)
-        dtype = next(iter(v for v in weights.values() if v.is_floating_point())).dtype
-        model.to(dtype)
-        model.load_state_dict(weights)
-        return model.eval()
+        return load_weights_with_heads(model, state["kept_heads"], state["model"])
 
 
 def _auto_class(family: LMFamily):
