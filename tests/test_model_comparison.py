@@ -291,3 +291,53 @@ def test_compare_models_on_tiny_models(tmp_path):
                                  False)
     with pytest.raises(HeadcountError, match="analysis sentences of headcount and fairseq differ"):
         compare_models("toys", outputs, runs, 10, out, log=lambda _: None)
+
+
+# --------------------------------------------------------------------------------------------
+# The `compare` key of the configuration
+
+
+def shipped_config(**changes) -> dict:
+    import yaml
+    from toyflow import REPO
+
+    with open(REPO / "config/config.yaml") as f:
+        config = yaml.safe_load(f)
+    return {**config, **changes}
+
+
+def compare_problems(config: dict) -> str:
+    from toyflow import REPO
+
+    from headcount.config import ConfigError, load_experiments
+
+    with pytest.raises(ConfigError) as error:
+        load_experiments(config, REPO / "workflow/schemas/config.schema.yaml")
+    return str(error.value)
+
+
+def test_a_comparison_of_experiments_that_run_is_valid():
+    from toyflow import REPO
+
+    from headcount.config import load_experiments
+
+    config = shipped_config(run=["multi30k_en_de", "multi30k_en_fr"], compare={"two": ["multi30k_en_de",
+                                                                                      "multi30k_en_fr"]})
+    assert set(load_experiments(config, REPO / "workflow/schemas/config.schema.yaml")) >= set(config["run"])
+
+
+@pytest.mark.parametrize("compare, run, expected", [
+    ({"two": ["multi30k_en_de", "multi30k_en_fr"]}, ["multi30k_en_de"],
+     "config key 'compare.two.1': 'multi30k_en_fr' is not in 'run', so its results are not built; add it to "
+     "'run' or remove it from compare.two"),
+    ({"two": ["multi30k_en_de", "nowhere"]}, ["multi30k_en_de"], "config key 'compare.two.1': no experiment named "
+     "'nowhere'"),
+    ({"two": ["multi30k_en_de"]}, ["multi30k_en_de"], "compare.two"),  # one model compares nothing (schema)
+    ({"two": ["multi30k_en_de", "multi30k_en_fr"]}, ["multi30k_en_de", "multi30k_en_fr"],
+     "config key 'compare.two': the experiments analyse different sentences (multi30k_en_de: dev[:500], "
+     "multi30k_en_fr: dev[:100]); give them the same analysis.set and analysis.max_sentences"),
+])
+def test_a_bad_comparison_names_the_key_and_the_fix(compare, run, expected):
+    config = shipped_config(run=run, compare=compare)
+    config["experiments"]["multi30k_en_fr"]["analysis"] = {"max_sentences": 100}
+    assert expected in compare_problems(config)
