@@ -38,6 +38,7 @@ include: "workflow/rules/syntax.smk"
 include: "workflow/rules/prune.smk"
 include: "workflow/rules/seeds.smk"
 include: "workflow/rules/atlas.smk"
+include: "workflow/rules/compare.smk"
 
 
 # Snakemake does not pass SIGTERM or SIGINT on to running jobs when it alone receives one: it
@@ -50,12 +51,14 @@ onstart:
 
 
 rule all:
-    """Everything the experiments in `run` produce: scores, head analyses, roles and pruning."""
+    """Everything the experiments in `run` produce: scores, head analyses, roles and pruning; the comparisons in `compare`."""
     default_target: True
     input:
         [final_outputs(exp) for exp in config["run"]],
         # Every experiment's head atlas, a language model's too (its role-type attention).
         [f"results/{exp}/atlas/index.html" for exp in config["run"]],
+        # The comparisons of experiments' models (`compare`), where the config has any.
+        comparison_outputs(),
 
 
 rule existing_results:

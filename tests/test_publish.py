@@ -10,7 +10,8 @@ _spec.loader.exec_module(publish_results)
 
 
 def _fake_runs(root: Path) -> dict[str, Path]:
-    runs = {"main": root / "results" / "exp", "control": root / "results" / "control"}
+    runs = {"main": root / "results" / "exp", "control": root / "results" / "control",
+            "toolkits": root / "results" / "compare" / "toolkits"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
@@ -40,6 +41,28 @@ def test_every_file_is_copied_once(tmp_path):
     lines = []
     assert publish_results.publish(runs, docs, log=lines.append) == 0
     assert lines == [f"0 of {len(publish_results.PUBLISHED)} published files changed"]
+
+
+def test_the_toolkits_comparison_is_published_only_when_asked_for_and_then_alone(tmp_path):
+    runs = _fake_runs(tmp_path)
+    toolkits = {name for name, (run, _) in publish_results.PUBLISHED.items() if run == "toolkits"}
+    assert toolkits == {"tables/toolkits_comparison.md", "tables/toolkits_comparison.tsv"}
+    docs = tmp_path / "docs"
+    (runs["toolkits"] / "comparison.md").unlink()  # the toolkits' run is not done: the main run publishes all the same
+    assert publish_results.publish({"main": runs["main"], "control": runs["control"]}, docs, log=lambda _: None) == 0
+    assert not any((docs / name).exists() for name in toolkits)
+    lines = []  # asked for alone, a missing file of its own publishes nothing
+    assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lines.append) == 2
+    assert not (docs / "tables/toolkits_comparison.tsv").exists()
+    (runs["toolkits"] / "comparison.md").write_text("toolkits:comparison.md\n")
+    (runs["main"] / "prune" / "table2.md").unlink()  # the main run's files are neither needed nor touched
+    (docs / "results.md").write_text(PAGE + "<!-- published tables/toolkits_comparison.md -->\n"
+                                     "<!-- end tables/toolkits_comparison.md -->\n")
+    assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lambda _: None) == 0
+    assert (docs / "tables/toolkits_comparison.md").read_text() == "toolkits:comparison.md\n"
+    # the page's other tables keep their published files; the comparison is spliced in
+    page = (docs / "results.md").read_text()
+    assert "main:prune/table2.md\n" in page and "toolkits:comparison.md\n<!-- end tables/toolkits_comparison.md" in page
 
 
 def test_every_published_file_in_docs_comes_from_a_run():

@@ -4,9 +4,12 @@ show, so a republished run is the run's own files and none is left from an older
 
     .venv/bin/python tools/publish_results.py                      # results/multi30k_en_de, results/control
     .venv/bin/python tools/publish_results.py --dry-run            # what would change
+    .venv/bin/python tools/publish_results.py --toolkits           # results/compare/toolkits alone
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
-a pruning grid still training) publishes nothing and the message lists what is missing.
+a pruning grid still training) publishes nothing and the message lists what is missing. The
+toolkits' comparison (config/toolkits.yaml, a run of its own) is published only with --toolkits,
+and then alone: the main run's files are neither needed nor touched.
 
 A markdown table the run writes is also shown inside docs/results.md and README.md between two
 marker lines, and publishing replaces what lies between them with the published file:
@@ -68,6 +71,9 @@ PUBLISHED = {
     "figures/figure9_types.png": ("main", "prune/figures/figure9_types.png"),
     "figures/figure10_decoder_layers.png": ("main", "prune/figures/figure10_decoder_layers.png"),
     "figures/gates.all.lambda_0.3.png": ("main", "prune/all/lambda_0.3/gates.png"),
+    # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
+    "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
+    "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
 }
 
 # docs/ files that tools/atlas_screenshots.py takes of a head atlas page rather than copies from a run
@@ -115,15 +121,16 @@ def splice(page: str, text: str, tables: dict[str, str]) -> str:
 
 
 def plan(runs: dict[str, Path], docs: Path) -> tuple[list[tuple[Path, Path]], list[Path]]:
-    """(source, destination) pairs, and the sources that are missing."""
-    pairs = [(runs[run] / inside, docs / published) for published, (run, inside) in PUBLISHED.items()]
+    """(source, destination) pairs of the runs given, and the sources that are missing."""
+    pairs = [(runs[run] / inside, docs / published) for published, (run, inside) in PUBLISHED.items() if run in runs]
     return pairs, [source for source, _ in pairs if not source.is_file()]
 
 
 def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print) -> int:
-    """Copy every file of PUBLISHED and splice its markdown tables into PAGES, or do nothing when a
-    source is missing or a page's markers are bad; returns an exit status. The pages are found
-    beside docs/ (its parent is the repository)."""
+    """Copy every file of PUBLISHED that comes from one of `runs` and splice the markdown tables into
+    PAGES, or do nothing when a source is missing or a page's markers are bad; returns an exit
+    status. A marked table of a run not given keeps its published file in docs/. The pages are
+    found beside docs/ (its parent is the repository)."""
     pairs, missing = plan(runs, docs)
     if missing:
         log(f"publish_results: {len(missing)} of {len(pairs)} files are missing, nothing was copied "
@@ -131,8 +138,9 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
         for source in missing:
             log(f"  {source}")
         return 2
-    tables = {name: (runs[run] / inside).read_text() for name, (run, inside) in PUBLISHED.items()
-              if name.endswith(".md")}
+    tables = {name: (runs[run] / inside if run in runs else docs / name).read_text()
+              for name, (run, inside) in PUBLISHED.items()
+              if name.endswith(".md") and (run in runs or (docs / name).is_file())}
     pages = {}  # every page is spliced (and its markers checked) before anything is written
     for page in PAGES:
         path = docs.parent / page
@@ -165,11 +173,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the default experiment's results folder")
     parser.add_argument("--control", type=Path, default=REPO / "results" / "control",
                         help="the positive control's results folder")
+    parser.add_argument("--toolkits", type=Path, nargs="?", const=REPO / "results" / "compare" / "toolkits",
+                        help="publish the toolkits' comparison alone, from this folder (default "
+                             "results/compare/toolkits)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
+    runs = {"toolkits": args.toolkits} if args.toolkits else {"main": args.results, "control": args.control}
     try:
-        return publish({"main": args.results, "control": args.control}, args.docs, args.dry_run)
+        return publish(runs, args.docs, args.dry_run)
     except MarkerError as error:
         print(f"publish_results: {error}", file=sys.stderr)
         return 2

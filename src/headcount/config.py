@@ -276,6 +276,7 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if name not in experiments:
             problems.append(f"config key 'run.{i}': no experiment named '{name}'; "
                             f"defined: {', '.join(sorted(experiments))}")
+    problems += _compare_problems(config, experiments)
     for name, exp in experiments.items():
         lm_problems = _lm_problems(name, exp, config["experiments"][name])
         problems += lm_problems
@@ -351,6 +352,37 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
     if problems:
         raise ConfigError(_report(problems))
     return experiments
+
+
+COMPARE_DIR = "compare"  # results/compare/<name>/: the comparisons of experiments' models
+
+
+def _compare_problems(config: dict, experiments: dict[str, dict]) -> list[str]:
+    """What makes a `compare` entry unbuildable: an experiment that is not defined or not run (its
+    results would not exist), a language model, or analysis sentences unlike the others' (the
+    bootstrap pairs the models by sentence)."""
+    problems = []
+    if config.get("compare") and COMPARE_DIR in experiments:
+        problems.append(f"config key 'experiments.{COMPARE_DIR}': an experiment of this name shares "
+                        f"results/{COMPARE_DIR}/ with the comparisons in 'compare'; rename it")
+    for name, members in (config.get("compare") or {}).items():
+        for i, member in enumerate(members):
+            key = f"config key 'compare.{name}.{i}'"
+            if member not in experiments:
+                problems.append(f"{key}: no experiment named '{member}'; defined: {', '.join(sorted(experiments))}")
+            elif member not in config["run"]:
+                problems.append(f"{key}: '{member}' is not in 'run', so its results are not built; add it to "
+                                f"'run' or remove it from compare.{name}")
+            elif is_lm_experiment(experiments[member]):
+                problems.append(f"{key}: '{member}' is a language model; the comparison is of translation "
+                                f"models (BLEU, encoder heads): remove it from compare.{name}")
+        known = [m for m in members if m in experiments]
+        analysis = {m: (experiments[m]["analysis"]["set"], experiments[m]["analysis"]["max_sentences"]) for m in known}
+        if len(set(analysis.values())) > 1:
+            listing = ", ".join(f"{m}: {s}[:{n}]" for m, (s, n) in analysis.items())
+            problems.append(f"config key 'compare.{name}': the experiments analyse different sentences ({listing}); "
+                            f"give them the same analysis.set and analysis.max_sentences")
+    return problems
 
 
 def lambda_label(value: float) -> str:

@@ -24,6 +24,7 @@ from headcount.config import (
     test_sets,
 )
 from headcount.config import FINE_TUNING_KEYS, scratch_schedule, scratch_training
+from headcount.config import COMPARE_DIR
 from headcount.analysis.measures import MEASURES, score_names
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import (
@@ -218,11 +219,16 @@ def tokenizer(side):
     """
 
     def path(wildcards):
-        if is_pretrained(exp_config(wildcards)):
-            return pretrained_tokenizer(wildcards.exp)
-        return f"results/{wildcards.exp}/subwords/{side}.model"
+        return tokenizer_path(wildcards.exp, side)
 
     return path
+
+
+def tokenizer_path(exp, side):
+    """The `tokenizer(side)` input of the experiment named `exp`."""
+    if is_pretrained(EXPERIMENTS[exp]):
+        return pretrained_tokenizer(exp)
+    return f"results/{exp}/subwords/{side}.model"
 
 
 def pretrained_source(wildcards):
@@ -489,3 +495,48 @@ def lrp_text(wildcards):
     if is_lm(wildcards.exp):
         return f"results/{wildcards.exp}/data/{split}.tgt.txt"
     return f"results/{wildcards.exp}/baseline/translations/{split}.txt"
+
+
+# The comparisons of experiments' models (`compare`; rules/compare.smk): name -> experiments.
+COMPARISONS = config.get("compare") or {}
+
+
+def comparison_outputs():
+    """The outputs of every comparison (the `all` target's): each one's table and its markdown."""
+    return [
+        f"results/{COMPARE_DIR}/{name}/comparison.{ext}"
+        for name in COMPARISONS
+        for ext in ("tsv", "md")
+    ]
+
+
+def compared(wildcards):
+    """The experiments of a comparison, in its table's order."""
+    return COMPARISONS[wildcards.name]
+
+
+def comparison_inputs(wildcards):
+    """Each compared experiment's scores, head scores and roles, and what running its model over the
+    analysis sentences reads (the model, its source tokenizer, the analysis set)."""
+    exps = compared(wildcards)
+
+    def each(pattern):
+        return [pattern.format(exp=exp) for exp in exps]
+
+    return {
+        "baseline_scores": each("results/{exp}/baseline/scores.tsv"),
+        "head_scores": each("results/{exp}/heads/scores.csv"),
+        "roles": each("results/{exp}/syntax/roles.csv"),
+        "models": each("results/{exp}/baseline/model.pt"),
+        "src_spm": [tokenizer_path(exp, "src") for exp in exps],
+        "analysis_src": [
+            f"results/{exp}/data/{EXPERIMENTS[exp]['analysis']['set']}.src.txt"
+            for exp in exps
+        ],
+    }
+
+
+def first_compared(wildcards):
+    """The first experiment's settings: the analysis size (the same for all, config.py checks) and
+    the device the comparison's job runs the models on."""
+    return EXPERIMENTS[compared(wildcards)[0]]

@@ -66,6 +66,13 @@ def layer_columns(table: pd.DataFrame, statistic: str, kind: str) -> dict[int, s
     return dict(sorted(found.items()))
 
 
+def lrp_concentration(scores: pd.DataFrame) -> pd.Series:
+    """LRP concentration per (type, layer): the top head's share of the layer's LRP relevance, the
+    largest `lrp` of a layer's heads (a head-score table with type, layer, head, lrp: relevance's
+    table or heads/scores.csv). 1/H when every head gets the same share, 1 when one gets it all."""
+    return scores.groupby(["type", "layer"])["lrp"].max()
+
+
 @torch.no_grad()
 def encoder_positional_shares(model: Seq2SeqWithHeads, batches: Sequence[Sequence[torch.Tensor]]) -> np.ndarray:
     """Per encoder layer, the largest positional share of any of its self-attention heads: (L,)."""
@@ -93,7 +100,7 @@ def model_statistics(model: Seq2SeqWithHeads, batches: Sequence[Sequence[torch.T
     row.update({layer_column("positional_share", "enc_self", layer): float(s) for layer, s in enumerate(shares)})
     confidence = head_confidence(model, batches).groupby(["type", "layer"])["confidence"].mean()
     relevance = head_relevance(model, lrp_batches, rule=lrp_rule)
-    concentration = relevance.table.groupby(["type", "layer"])["lrp"].max()
+    concentration = lrp_concentration(relevance.table)
     for statistic, values in (("confidence", confidence), ("lrp_concentration", concentration)):
         for kind in ATTENTION_TYPES:  # the model's order of types, layers in order within each
             row.update({layer_column(statistic, kind, layer): float(v) for layer, v in values[kind].items()})

@@ -69,14 +69,20 @@ def paired_bootstrap(hypotheses: list[str], reference_system: list[str], referen
     index = rng.choice(len(references), size=(n_samples, len(references)), replace=True)
     resampled = [np.array([metric._compute_score_from_stats(row.sum(0)).score for row in s[index]])
                  for s in stats]
-    diffs = np.sort(resampled[0] - resampled[1])
-    low = n_samples // 40
+    low, high = bootstrap_interval(resampled[0] - resampled[1])
     sample_gaps = np.abs(resampled[0] - resampled[1])
     p_value = significance._compute_p_value(sample_gaps - sample_gaps.mean(), abs(score - reference_score))
     mean, half_width = significance.estimate_ci(resampled[0])
-    return {"difference": score - reference_score, "low": float(diffs[low]),
-            "high": float(diffs[n_samples - low - 1]), "p_value": float(p_value), "bleu": score,
+    return {"difference": score - reference_score, "low": low, "high": high, "p_value": float(p_value), "bleu": score,
             "bleu_mean": float(mean), "bleu_half_width": float(half_width), "samples": n_samples, "seed": seed}
+
+
+def bootstrap_interval(samples) -> tuple[float, float]:
+    """The 95% interval of a statistic from its bootstrap resamples: the order statistics sacrebleu
+    uses for its own intervals (the 25th lowest and highest of 1000)."""
+    ordered = np.sort(np.asarray(samples, dtype=float))
+    low = len(ordered) // 40
+    return float(ordered[low]), float(ordered[len(ordered) - low - 1])
 
 
 def interval_excludes_zero(low: float, high: float) -> bool:

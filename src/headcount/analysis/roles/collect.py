@@ -154,6 +154,33 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
 
 
 @torch.no_grad()
+def sentence_positional_counts(model, segmenter, texts: Sequence[str], lowercase: bool, batch_size: int = 32,
+                               device: str | torch.device = "cpu",
+                               log=print) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The positional statistics of `text_statistics` (the same sentences, segmentation and maps:
+    the `positional` table before its piece kinds) with each sentence's part of them, for resampling
+    sentences: (table, hits, valid), hits and valid (len(texts), L, H) as PositionalStats'
+    `sentence_counts`, at each head's most frequent offset over all the sentences. Row i is
+    texts[i]; a line longer than the model's positions counts nothing (zeros), as it is left out of
+    the table."""
+    model.eval().to(device)
+    texts = [t.lower() if lowercase else t for t in texts]
+    keep, _, no_room = _fitting(segmenter, texts, model, None)
+    stats = PositionalStats(per_sentence=True)
+    fed = []
+    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
+        stats.update(probs, lengths)
+        fed += chunk
+    kept_hits, kept_valid = stats.sentence_counts()
+    hits = np.zeros((len(texts), *kept_hits.shape[1:]), np.int64)
+    valid = np.zeros_like(hits)
+    hits[fed], valid[fed] = kept_hits, kept_valid
+    log(f"positional counts per sentence: {len(keep)} of {len(texts)} sentences ({no_room} longer than the "
+        f"model's positions)")
+    return stats.table(), hits, valid
+
+
+@torch.no_grad()
 def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool, batch_size: int = 32,
                          device: str | torch.device = "cpu", max_pieces: int | None = None,
                          log=print) -> dict[str, pd.DataFrame]:

@@ -48,6 +48,38 @@ def source_lengths(src: torch.Tensor, pad: int) -> torch.Tensor:
     return src.ne(pad).sum(dim=1)
 
 
+def sentence_offset_counts(probs, lengths, queries=None, exclude_last: bool = True):
+    """Per sentence of a batch, how many query tokens have their argmax key at each relative offset,
+    and for how many queries each offset is a valid key: PositionalStats' counts, not yet pooled.
+
+    probs, lengths, queries as in PositionalStats.update. Returns (counts (B, L, H, 2S - 1),
+    valid (B, 2S - 1), n_queries (B,)) as tensors, offsets -(S - 1)..S - 1 along the last axis.
+    """
+    probs = _stack_layers(probs)
+    L, B, H, S, _ = probs.shape
+    lengths = torch.as_tensor(lengths, device=probs.device).reshape(B)
+    pos = torch.arange(S, device=probs.device)
+    n_real = lengths - int(exclude_last)  # (B,) valid keys and queries per sentence
+    real = pos[None, :] < n_real[:, None]  # (B, S) keys and queries
+    counted = real if queries is None else real & torch.as_tensor(queries, device=probs.device)[:, :S]
+    scores = probs.masked_fill(~real[None, :, None, None, :], float("-inf"))
+    offsets = scores.argmax(dim=-1) - pos  # (L, B, H, S)
+    bins = 2 * S - 1
+    # one bin range per (sentence, layer, head)
+    cell = (torch.arange(B, device=probs.device).view(1, B, 1, 1) * (L * H)
+            + torch.arange(L, device=probs.device).view(L, 1, 1, 1) * H
+            + torch.arange(H, device=probs.device).view(1, 1, H, 1))
+    flat = cell * bins + offsets + (S - 1)
+    keep = counted[None, :, None, :].expand_as(flat)
+    counts = torch.bincount(flat[keep], minlength=B * L * H * bins).view(B, L, H, bins)
+    # Offset k is valid for a counted query q when q + k is a real key.
+    k = torch.arange(-(S - 1), S, device=probs.device)
+    target = pos[None, :, None] + k[None, None, :]  # (1, S, 2S - 1)
+    inside = (target >= 0) & (target < n_real[:, None, None])  # (B, S, 2S - 1)
+    valid = (inside & counted[:, :, None]).sum(dim=1)  # (B, 2S - 1)
+    return counts, valid, counted.sum(dim=1)
+
+
 class PositionalStats:
     """Counts, per head, the relative position of the argmax key of every query token.
 
@@ -64,8 +96,10 @@ class PositionalStats:
     written, which a perfect -1 head fails on 9-token sentences).
     """
 
-    def __init__(self, exclude_last: bool = True):
+    def __init__(self, exclude_last: bool = True, per_sentence: bool = False):
         self.exclude_last = exclude_last
+        # With `per_sentence`, each sentence's counts too (in the order fed), for resampling sentences.
+        self.sentences: list[tuple[np.ndarray, np.ndarray, int]] | None = [] if per_sentence else None
         self.counts: np.ndarray | None = None  # (L, H, 2R + 1), offset -R..R
         self.valid = np.zeros(1, dtype=np.int64)  # (2R + 1,): queries q for which q + k is a valid key
         self.radius = 0
@@ -74,27 +108,13 @@ class PositionalStats:
     def update(self, probs, lengths, queries=None) -> None:
         """probs: per-layer [(B, H, S, S)] or (L, B, H, S, S); lengths (B,) real tokens incl. EOS;
         queries: optional (B, S) bool, the query tokens to count (default: every real one)."""
-        probs = _stack_layers(probs)
-        L, B, H, S, _ = probs.shape
-        lengths = torch.as_tensor(lengths, device=probs.device).reshape(B)
-        pos = torch.arange(S, device=probs.device)
-        n_real = lengths - int(self.exclude_last)  # (B,) valid keys and queries per sentence
-        real = pos[None, :] < n_real[:, None]  # (B, S) keys and queries
-        counted = real if queries is None else real & torch.as_tensor(queries, device=probs.device)[:, :S]
-        scores = probs.masked_fill(~real[None, :, None, None, :], float("-inf"))
-        offsets = scores.argmax(dim=-1) - pos  # (L, B, H, S)
-        bins = 2 * S - 1
-        head_index = torch.arange(L * H, device=probs.device).view(L, 1, H, 1)
-        flat = head_index * bins + offsets + (S - 1)
-        keep = counted[None, :, None, :].expand_as(flat)
-        counts = torch.bincount(flat[keep], minlength=L * H * bins).view(L, H, bins)
-        # Offset k is valid for a counted query q when q + k is a real key.
-        k = torch.arange(-(S - 1), S, device=probs.device)
-        target = pos[None, :, None] + k[None, None, :]  # (1, S, 2S - 1)
-        inside = (target >= 0) & (target < n_real[:, None, None])  # (B, S, 2S - 1)
-        valid = (inside & counted[:, :, None]).sum(dim=(0, 1))
-        self._add(counts.cpu().numpy(), valid.cpu().numpy().astype(np.int64), S - 1)
-        self.n_queries += int(counted.sum())
+        counts, valid, n_queries = sentence_offset_counts(probs, lengths, queries, self.exclude_last)
+        radius = (counts.shape[-1] - 1) // 2
+        counts, valid = counts.cpu().numpy(), valid.cpu().numpy().astype(np.int64)
+        if self.sentences is not None:
+            self.sentences += [(counts[b], valid[b], radius) for b in range(counts.shape[0])]
+        self._add(counts.sum(axis=0), valid.sum(axis=0), radius)
+        self.n_queries += int(n_queries.sum())
 
     def _add(self, counts: np.ndarray, valid: np.ndarray, radius: int) -> None:
         if self.counts is None:
@@ -114,6 +134,31 @@ class PositionalStats:
         """(L, H, 2R + 1): the share of each offset -R..R among the queries where it is valid."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.valid > 0, self.counts / np.maximum(self.valid, 1), 0.0)
+
+    def best_offsets(self) -> np.ndarray:
+        """(L, H): each head's most frequent offset, the `offset` of `table()`."""
+        return np.argmax(self.counts, axis=-1) - self.radius  # the first on a tie, as table()'s stable sort
+
+    def sentence_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per sentence fed (with `per_sentence`), at each head's most frequent offset over all of
+        them (`best_offsets`): the queries whose argmax key is there (hits) and the queries for which
+        that offset is a valid key, each (N, L, H). Summed over the sentences they give `table()`'s
+        `fraction` (hits / valid), so a resample of sentences gives that share of the resample."""
+        if self.sentences is None:
+            raise ValueError("sentence_counts needs PositionalStats(per_sentence=True)")
+        if self.counts is None:
+            return np.zeros((0, 0, 0), np.int64), np.zeros((0, 0, 0), np.int64)
+        best = self.best_offsets()
+        L, H = best.shape
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        hits = np.zeros((len(self.sentences), L, H), np.int64)
+        valid = np.zeros_like(hits)
+        for i, (counts, sentence_valid, radius) in enumerate(self.sentences):
+            inside = np.abs(best) <= radius  # an offset beyond a short sentence: neither hit nor valid
+            index = np.where(inside, best + radius, 0)
+            hits[i] = np.where(inside, counts[layer, head, index], 0)
+            valid[i] = np.where(inside, sentence_valid[index], 0)
+        return hits, valid
 
     def table(self) -> pd.DataFrame:
         """One row per head: its most frequent offset, that offset's share among the queries where
