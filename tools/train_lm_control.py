@@ -13,6 +13,10 @@ transformers GPT2LMHeadModel (hf_lm_tiny.write_tiny_gpt2, dropout off) trained t
 HFCausalLM adapter by training.loop.train and saved as a headcount checkpoint, model.pt (what the
 role analysis and the tests read). What the role detectors find in it is printed and written to
 roles.json beside it.
+
+What it learned (docs/method.md): with 4 heads, seeds 1 and 2 copy through heads that attend two
+after the earlier occurrence, not one; with --heads 1 the model copies with neither circuit. The
+textbook circuit is checked on hand-set weights instead (tests/test_lm_control.py).
 """
 
 from __future__ import annotations
