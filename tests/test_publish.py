@@ -53,6 +53,7 @@ def test_the_toolkits_comparison_is_published_only_when_asked_for_and_then_alone
     assert not any((docs / name).exists() for name in toolkits)
     lines = []  # asked for alone, a missing file of its own publishes nothing
     assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lines.append) == 2
+    assert "--configfile config/toolkits.yaml" in lines[0]  # the command that finishes that run
     assert not (docs / "tables/toolkits_comparison.tsv").exists()
     (runs["toolkits"] / "comparison.md").write_text("toolkits:comparison.md\n")
     (runs["main"] / "prune" / "table2.md").unlink()  # the main run's files are neither needed nor touched

@@ -133,8 +133,9 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
     found beside docs/ (its parent is the repository)."""
     pairs, missing = plan(runs, docs)
     if missing:
+        config = " --configfile config/toolkits.yaml" if "toolkits" in runs else ""
         log(f"publish_results: {len(missing)} of {len(pairs)} files are missing, nothing was copied "
-            f"(finish the run first: snakemake --cores N --rerun-incomplete):")
+            f"(finish the run first: snakemake --cores N{config} --rerun-incomplete):")
         for source in missing:
             log(f"  {source}")
         return 2
