@@ -29,6 +29,7 @@ from headcount.analysis.roles.registry import ROLE_ATTENTION, role_names
 from headcount.analysis.specialisation import lrp_concentration
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
+from headcount.report import head_label
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_interval, interval_excludes_zero
 
 # Single-head ablation: a head whose removal costs more than this is one the model leans on. BLEU
@@ -50,11 +51,6 @@ class ModelOutputs:
     baseline_scores: str  # baseline/scores.tsv
     head_scores: str  # heads/scores.csv
     roles: str  # syntax/roles.csv
-
-
-def head_label(layer: int, head: int) -> str:
-    """A head as the project's tables print it: layer.head, both counted from 1."""
-    return f"{int(layer) + 1}.{int(head) + 1}"
 
 
 def _read(path: str, what: str, columns: Sequence[str], sep: str = ",") -> pd.DataFrame:

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.data.synthetic_language import PLANTED_OFFSETS, PLANTED_RELATIONS
+from headcount.report import head_label
 
 ENC = "enc_self"
 # One planted positional function: joining a word's two pieces, which a head at either offset does.
@@ -199,7 +200,7 @@ def report_markdown(table: pd.DataFrame, order: pd.DataFrame, n_heads: int,
                   f"(threshold {threshold:g}):", "",
                   "| rule | defined | best head (layer.head) | share | found |", "|---|---|---|---|---|"]
         for r in readings.itertuples():
-            where = "-" if pd.isna(r.layer) else f"{int(r.layer) + 1}.{int(r.head) + 1} ({r.via})"
+            where = "-" if pd.isna(r.layer) else f"{head_label(r.layer, r.head)} ({r.via})"
             lines.append(f"| {r.rule} | {r.defined} | {where} | {_cell(r.share)} | {'yes' if r.found else 'no'} |")
         lines.append("")
     head = ["planted function", "found", "head (layer.head)", "rate", "baseline",
@@ -212,7 +213,7 @@ def report_markdown(table: pd.DataFrame, order: pd.DataFrame, n_heads: int,
             per_piece_only = function == POSITIONAL_FUNCTION and group["via"].astype(str).str.contains("pieces").all()
             verdict = ("yes (per-piece rule only)" if per_piece_only else "yes") if found else "**NO**"
             cells = [function if i == 0 else "", verdict if i == 0 else "",
-                     (f"{int(r.layer) + 1}.{int(r.head) + 1}" + ("" if pd.isna(r.via) else f" ({r.via})"))
+                     (head_label(r.layer, r.head) + ("" if pd.isna(r.via) else f" ({r.via})"))
                      if found else "-", _cell(r.rate), _cell(r.baseline),
                      _cell(getattr(r, "lrp_rank", np.nan), "{:.0f}"),
                      _cell(getattr(r, "delta_loss_rank", np.nan), "{:.0f}")]
