@@ -118,6 +118,27 @@ def test_masked_heads_equal_fairseq_with_those_output_columns_zeroed(fairseq_mod
     assert worst < 1e-5
 
 
+def test_removing_the_masked_heads_physically_gives_fairseqs_masked_outputs(fairseq_model):
+    """Physical pruning (what export_pruned writes) of a fairseq-trained model: with the masked
+    heads' weights gone, the log-likelihoods are fairseq's own with those heads' output columns
+    zeroed, and the model is smaller."""
+    import copy
+
+    from headcount.pruning.removal import remove_pruned_heads
+
+    _, model, ref = fairseq_model
+    pruned = copy.deepcopy(model)
+    masks = {kind: torch.ones(len(layers), model.cfg.n_heads) for kind, layers in pruned.attention_modules().items()}
+    for kind, layer, head in ref["masked_heads"]:
+        masks[kind][layer, head] = 0
+    pruned.set_head_mask(masks)
+    remove_pruned_heads(pruned)
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
+    worst = max(float((_teacher_forced(pruned, s, t)[0] - theirs).abs().max())
+                for s, t, theirs in zip(ref["sources"], ref["targets"], ref["loglik_masked"]))
+    assert worst < 1e-5
+
+
 def test_the_import_writes_a_checkpoint_and_tokenizer_the_stages_read(tmp_path, fairseq_model):
     from headcount.models.fairseq import import_fairseq
 
