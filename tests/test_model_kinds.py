@@ -196,11 +196,16 @@ def test_an_lms_ablation_is_transformers_own_loss_with_the_heads_columns_zeroed(
     table = head_ablation(model, one)
     assert set(table["type"]) == set(kind.attention_types)
     strongest = table.loc[table["delta_loss"].abs().idxmax()]
-    assert abs(strongest["delta_loss"]) > 1e-4  # far above the precision below: agreement is not by default
+    # Ten times the agreement asked for below, so agreement is not by default. (A fixed 1e-4 failed
+    # once on a clean clone: the tiny BERT's strongest head moved its loss by 9.9e-5. Its tokenizer,
+    # trained here by `tokenizers`, breaks ties differently from one process to the next, so the
+    # vocabulary and hence the random model vary between runs: 9e-5 to 3e-4 in five.)
+    tolerance = 2e-6
+    assert abs(strongest["delta_loss"]) > 10 * tolerance
     for layer, head in ((0, 1), (int(strongest["layer"]), int(strongest["head"]))):
         row = table[(table["layer"] == layer) & (table["head"] == head)].iloc[0]
         masked = _transformers_loss(lm_dirs[0][family], family, src, tgt_out, (layer, head))
-        assert row["delta_loss"] == pytest.approx(masked - mean_nll(model, one), abs=2e-6)
+        assert row["delta_loss"] == pytest.approx(masked - mean_nll(model, one), abs=tolerance)
     # Per-sentence NLL (perplexity's) and the pooled dev loss are the same sums.
     batches = dev_batches(texts, texts, max_tokens=200, special=model.special, objective=kind.objective)
     nll, tokens = sentence_nll(model, texts, texts, max_tokens=200)
