@@ -199,7 +199,7 @@ def test_an_lms_ablation_is_transformers_own_loss_with_the_heads_columns_zeroed(
     # Ten times the agreement asked for below, so agreement is not by default. (A fixed 1e-4 failed
     # once on a clean clone: the tiny BERT's strongest head moved its loss by 9.9e-5. Its tokenizer,
     # trained here by `tokenizers`, breaks ties differently from one process to the next, so the
-    # vocabulary and hence the random model vary between runs: 9e-5 to 3e-4 in five.)
+    # vocabulary and hence the random model vary between runs: 9e-5 to 3e-4 in seven.)
     tolerance = 2e-6
     assert abs(strongest["delta_loss"]) > 10 * tolerance
     for layer, head in ((0, 1), (int(strongest["layer"]), int(strongest["head"]))):
