@@ -23,8 +23,12 @@ from headcount.config import (
     side_source,
     test_sets,
 )
-from headcount.config import FINE_TUNING_KEYS, scratch_schedule, scratch_training
-from headcount.config import COMPARE_DIR
+from headcount.config import (
+    COMPARE_DIR,
+    FINE_TUNING_KEYS,
+    scratch_schedule,
+    scratch_training,
+)
 from headcount.analysis.measures import MEASURES, score_names
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import (

@@ -30,7 +30,13 @@ from headcount.analysis.specialisation import lrp_concentration
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.report import head_label
-from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_interval, interval_excludes_zero
+from headcount.training.evaluate import (
+    BOOTSTRAP_SAMPLES,
+    BOOTSTRAP_SEED,
+    bootstrap_indices,
+    bootstrap_interval,
+    interval_excludes_zero,
+)
 
 # Single-head ablation: a head whose removal costs more than this is one the model leans on. BLEU
 # (ablation's delta_bleu, greedy BLEU of the first heads.ablation_bleu_sentences analysis sentences)
@@ -117,8 +123,8 @@ def largest_share(hits: np.ndarray, valid: np.ndarray) -> float:
 
 def resample_weights(n_sentences: int, n_samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
     """(n_samples, n_sentences): how often each sentence is drawn in each resample, the draw of
-    evaluate.paired_bootstrap (numpy's default_rng(seed), n_sentences indices with replacement)."""
-    index = np.random.default_rng(seed).choice(n_sentences, size=(n_samples, n_sentences), replace=True)
+    every paired bootstrap of the project (evaluate.bootstrap_indices)."""
+    index = bootstrap_indices(n_sentences, n_samples, seed)
     weights = np.zeros((n_samples, n_sentences), np.int64)
     np.add.at(weights, (np.arange(n_samples)[:, None], index), 1)
     return weights

@@ -65,8 +65,7 @@ def paired_bootstrap(hypotheses: list[str], reference_system: list[str], referen
     stats = [np.array(metric._extract_corpus_statistics(h, [references]), dtype="float32")
              for h in (hypotheses, reference_system)]
     score, reference_score = (metric._compute_score_from_stats(s.sum(0)).score for s in stats)
-    rng = np.random.default_rng(seed)
-    index = rng.choice(len(references), size=(n_samples, len(references)), replace=True)
+    index = bootstrap_indices(len(references), n_samples, seed)
     resampled = [np.array([metric._compute_score_from_stats(row.sum(0)).score for row in s[index]])
                  for s in stats]
     low, high = bootstrap_interval(resampled[0] - resampled[1])
@@ -75,6 +74,13 @@ def paired_bootstrap(hypotheses: list[str], reference_system: list[str], referen
     mean, half_width = significance.estimate_ci(resampled[0])
     return {"difference": score - reference_score, "low": low, "high": high, "p_value": float(p_value), "bleu": score,
             "bleu_mean": float(mean), "bleu_half_width": float(half_width), "samples": n_samples, "seed": seed}
+
+
+def bootstrap_indices(n: int, n_samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> np.ndarray:
+    """(n_samples, n): the sentences each resample draws, with replacement, from numpy's
+    default_rng(seed). Every paired bootstrap of the project draws these, so two statistics
+    resampled with the same seed are resampled over the same sentences."""
+    return np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
 
 
 def bootstrap_interval(samples) -> tuple[float, float]:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from headcount.data.batching import make_batches, objective_tensors
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
-from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
+from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_indices, bootstrap_interval
 
 
 @torch.no_grad()
@@ -56,12 +56,11 @@ def paired_bootstrap_nll(nll: np.ndarray, reference_nll: np.ndarray, tokens: np.
         raise ValueError(f"paired bootstrap over {len(nll)} and {len(reference_nll)} sentences with "
                          f"{len(tokens)} token counts: both systems must score the same sentences")
     difference = (nll.sum() - reference_nll.sum()) / tokens.sum()
-    index = np.random.default_rng(seed).choice(len(tokens), size=(n_samples, len(tokens)), replace=True)
+    index = bootstrap_indices(len(tokens), n_samples, seed)
     diffs = (nll[index].sum(axis=1) - reference_nll[index].sum(axis=1)) / tokens[index].sum(axis=1)
-    ordered = np.sort(diffs)
-    low = n_samples // 40
+    low, high = bootstrap_interval(diffs)
     # Two-sided: how often a resample's centred difference is at least as large as the one observed.
     p_value = (np.sum(np.abs(diffs - diffs.mean()) >= abs(difference)) + 1) / (n_samples + 1)
-    return {"difference": float(difference), "low": float(ordered[low]), "high": float(ordered[n_samples - low - 1]),
+    return {"difference": float(difference), "low": low, "high": high,
             "p_value": float(p_value), "perplexity": perplexity(nll, tokens),
             "reference_perplexity": perplexity(reference_nll, tokens), "samples": n_samples, "seed": seed}
