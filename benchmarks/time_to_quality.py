@@ -37,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -50,9 +51,15 @@ THRESHOLDS = (30.0, 34.0, 36.0)
 VARIANTS = {
     "default": {},
     "qkv_gain": {"model": {"qkv_init_gain": 0.5**0.5}},  # fairseq's Xavier gain for W^Q, W^K, W^V
+    "ffn_init": {"model": {"ffn_init": "torch"}},  # fairseq's FFN: nn.Linear's own init, random biases
+    "fairseq_init": {"model": {"qkv_init_gain": 0.5**0.5, "ffn_init": "torch"}},  # the two together
     # headcount trains in bf16 autocast where the CPU has AVX512-BF16 (precision: auto); fairseq's CPU
     # path is fp32: whether bf16 costs anything per update
     "fp32": {"training": {"precision": "fp32"}},
+    # Not a difference from fairseq (both have the same peak and warm-up): whether a larger step or a
+    # shorter warm-up learns more per update on this model.
+    "lr_x2": {"training": {"lr_scale": 2.0}},
+    "warmup_400": {"training": {"warmup_steps": 400}},
 }
 
 
@@ -65,8 +72,11 @@ def run_dir(runs: Path, arm: str, variant: str, seed: int) -> Path:
     return runs / name / f"seed_{seed}"
 
 
-def experiment_settings() -> dict:
-    """config/config.yaml's multi30k_en_de, defaults merged, as the workflow sees it."""
+def experiment_settings(settings_file: str | None = None) -> dict:
+    """config/config.yaml's multi30k_en_de, defaults merged, as the workflow sees it; or the copy
+    that `settings` wrote, on a machine without the workflow's packages (a lent GPU)."""
+    if settings_file:
+        return json.loads(Path(settings_file).read_text())
     import yaml
 
     from headcount.config import load_experiments
@@ -80,13 +90,14 @@ def experiment_settings() -> dict:
 # Training
 
 
-def train_headcount(out: Path, seed: int, variant: str, max_updates: int, every: int, threads: int) -> None:
+def train_headcount(out: Path, seed: int, variant: str, max_updates: int, every: int, threads: int,
+                    device: str = "auto", settings_file: str | None = None) -> None:
     from headcount.pipeline.training_runs import train_translation_model
 
-    exp = experiment_settings()
+    exp = experiment_settings(settings_file)
     model = {**exp["model"], **VARIANTS[variant].get("model", {})}
     training = {**exp["training"], **VARIANTS[variant].get("training", {}), "seed": seed,
-                "max_steps": max_updates, "snapshot_interval": every, "threads": threads,
+                "max_steps": max_updates, "snapshot_interval": every, "threads": threads, "device": device,
                 # the benchmark scores the snapshots itself: no dev BLEU inside training, last weights
                 "eval_interval": max_updates, "dev_bleu_sentences": 0, "select": "last"}
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +147,8 @@ def open_run(run: Path, path: Path):
             Segmenter(str(EXP / "subwords" / "tgt.model")))
 
 
-def score(run: Path, updates: int, path: Path, beam: int, alpha: float, sentences: int | None = None) -> dict:
+def score(run: Path, updates: int, path: Path, beam: int, alpha: float, sentences: int | None = None,
+          device: str = "cpu") -> dict:
     import torch
 
     from headcount.io import read_lines
@@ -148,7 +160,7 @@ def score(run: Path, updates: int, path: Path, beam: int, alpha: float, sentence
     with torch.inference_mode():
         for name, split, b in (("dev_bleu_greedy", "dev", 1), ("test_bleu_beam", "test_2016_flickr", beam)):
             sources = src_tok.encode(read_lines(EXP / "data" / f"{split}.src.txt")[:sentences])
-            hyps = translate(model, sources, beam=b, alpha=alpha, max_tokens=8000)
+            hyps = translate(model, sources, beam=b, alpha=alpha, max_tokens=8000, device=device)
             references = read_lines(EXP / "data" / f"{split}.tgt.txt")[:sentences]
             out[name] = corpus_bleu(tgt_tok.decode(hyps), references)
     log(f"{run.relative_to(run.parent.parent)} at {updates} updates: dev {out['dev_bleu_greedy']:.2f} (greedy), "
@@ -156,15 +168,16 @@ def score(run: Path, updates: int, path: Path, beam: int, alpha: float, sentence
     return out
 
 
-def evaluate(runs: Path, beam: int, alpha: float, sentences: int | None = None) -> None:
-    for run in sorted(p for p in runs.glob("*/seed_*") if p.is_dir()):
+def evaluate(runs: Path, beam: int, alpha: float, sentences: int | None = None, device: str = "cpu",
+             only: Path | None = None) -> None:
+    for run in sorted(p for p in runs.glob("*/seed_*") if p.is_dir() and (only is None or p == only)):
         cache = run / "scores.json"
         scores = json.loads(cache.read_text()) if cache.exists() else {}
         for updates, path in checkpoints(run).items():
             key = str(updates)
             if key in scores and scores[key].get("checkpoint_mtime") == os.path.getmtime(path):
                 continue
-            scores[key] = {**score(run, updates, path, beam, alpha, sentences),
+            scores[key] = {**score(run, updates, path, beam, alpha, sentences, device),
                            "checkpoint_mtime": os.path.getmtime(path), "sentences": sentences or "all"}
             cache.write_text(json.dumps(scores, indent=1))  # after each: an interrupted run keeps what it scored
 
@@ -239,9 +252,62 @@ def report(runs: Path) -> str:
     return "\n".join(lines + reach)
 
 
+def train_item(item: str, runs: Path, args) -> Path:
+    """Train one queue item, arm:variant:seed; returns its run directory."""
+    arm, variant, seed = item.split(":")
+    out = run_dir(runs, arm, variant, int(seed))
+    log(f"queue: {arm} {variant} seed {seed} -> {out}")
+    if arm == "headcount":
+        train_headcount(out, int(seed), variant, args.max_updates, args.every, args.threads, args.device, args.settings)
+    else:
+        train_fairseq(out, int(seed), args.max_updates, args.every, args.threads)
+    return out
+
+
+def queue_in_parallel(plan: list[str], runs: Path, args) -> None:
+    """The items as child processes, --jobs at a time, each trained and then its own checkpoints
+    scored (a lent GPU: small models leave it idle most of a step, so several runs share it). Past
+    --deadline seconds nothing new starts and the running children are stopped; each resumes from
+    its checkpoint and keeps what it scored."""
+    start, pending, running = time.monotonic(), list(plan), {}
+    passed = ["--max-updates", str(args.max_updates), "--every", str(args.every), "--threads", str(args.threads),
+              "--beam", str(args.beam), "--alpha", str(args.alpha), "--runs", str(runs), "--device", args.device]
+    passed += ["--settings", args.settings] if args.settings else []
+    passed += ["--sentences", str(args.sentences)] if args.sentences else []
+    while pending or running:
+        late = time.monotonic() - start > args.deadline
+        while pending and len(running) < args.jobs and not late:
+            item = pending.pop(0)
+            arm, variant, seed = item.split(":")
+            out = run_dir(runs, arm, variant, int(seed))
+            out.mkdir(parents=True, exist_ok=True)
+            with open(out / "queue.log", "a") as sink:  # the child keeps its own copy of the handle
+                running[item] = subprocess.Popen([sys.executable, "-u", __file__, "one", item, *passed],
+                                                 stdout=sink, stderr=subprocess.STDOUT)
+            log(f"queue: started {item} ({len(pending)} waiting)")
+        for item, child in list(running.items()):
+            if late and child.poll() is None:
+                child.terminate()
+            if child.poll() is not None:
+                log(f"queue: {item} ended with code {child.wait()} after {time.monotonic() - start:.0f} s")
+                del running[item]
+        if late and pending:
+            log(f"queue: deadline passed; not started: {' '.join(pending)}")
+            pending.clear()
+        time.sleep(2)
+
+
+def score_device(name: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["train", "evaluate", "report", "queue"])
+    ap.add_argument("command", choices=["train", "evaluate", "report", "queue", "one", "settings"],
+                    help="one: train and score one arm:variant:seed (what queue --jobs runs); settings: write "
+                         "the experiment's settings to --settings for a machine without the workflow's packages")
     ap.add_argument("plan", nargs="*", help="queue: runs as arm:variant:seed, trained one after another (each "
                     "resumes where it stopped), every checkpoint scored after each")
     ap.add_argument("--arm", choices=["headcount", "fairseq"])
@@ -254,6 +320,11 @@ def main() -> int:
     ap.add_argument("--alpha", type=float, default=0.6)
     ap.add_argument("--sentences", type=int, help="score only the first N sentences of each set (a smoke test)")
     ap.add_argument("--runs", default=str(HERE / ".time-to-quality"))
+    ap.add_argument("--device", default="auto", help="where headcount trains and scores: auto, cpu or cuda")
+    ap.add_argument("--settings", help="the experiment's settings as `settings` wrote them (JSON)")
+    ap.add_argument("--jobs", type=int, default=1, help="queue: this many runs at once, each in its own process")
+    ap.add_argument("--deadline", type=float, default=float("inf"),
+                    help="queue --jobs: seconds after which nothing new starts and running items stop")
     args = ap.parse_args()
     runs = Path(args.runs)
     if args.command == "train":
@@ -263,23 +334,27 @@ def main() -> int:
             ap.error("variants change headcount's model; fairseq trains as fairseq does")
         out = run_dir(runs, args.arm, args.variant, args.seed)
         if args.arm == "headcount":
-            train_headcount(out, args.seed, args.variant, args.max_updates, args.every, args.threads)
+            train_headcount(out, args.seed, args.variant, args.max_updates, args.every, args.threads,
+                            args.device, args.settings)
         else:
             train_fairseq(out, args.seed, args.max_updates, args.every, args.threads)
+    elif args.command == "settings":
+        if not args.settings:
+            ap.error("settings needs --settings FILE")
+        Path(args.settings).write_text(json.dumps(experiment_settings(), indent=1))
+    elif args.command == "one":
+        out = train_item(args.plan[0], runs, args)
+        evaluate(runs, args.beam, args.alpha, args.sentences, score_device(args.device), only=out)
+    elif args.command == "queue" and args.jobs > 1:
+        queue_in_parallel(args.plan, runs, args)
     elif args.command == "queue":
         # One run at a time on one thread: two queues with different plans share 2 cores without the
         # contention that multi-threaded runs suffer on a loaded machine.
         for item in args.plan:
-            arm, variant, seed = item.split(":")
-            out = run_dir(runs, arm, variant, int(seed))
-            log(f"queue: {arm} {variant} seed {seed} -> {out}")
-            if arm == "headcount":
-                train_headcount(out, int(seed), variant, args.max_updates, args.every, args.threads)
-            else:
-                train_fairseq(out, int(seed), args.max_updates, args.every, args.threads)
-            evaluate(runs, args.beam, args.alpha, args.sentences)
+            train_item(item, runs, args)
+            evaluate(runs, args.beam, args.alpha, args.sentences, score_device(args.device))
     elif args.command == "evaluate":
-        evaluate(runs, args.beam, args.alpha, args.sentences)
+        evaluate(runs, args.beam, args.alpha, args.sentences, score_device(args.device))
     else:
         table = report(runs)
         print(table)

@@ -245,3 +245,27 @@ def test_qkv_init_gain_scales_only_the_query_key_value_projections():
                 assert float(proj.weight.detach().std()) == pytest.approx(0.5 * bound / 3**0.5, rel=0.1)
             assert float(m.out_proj.weight.detach().abs().max()) > 0.5 * bound  # W^O keeps gain 1
     assert "qkv_init_gain" not in plain.cfg.to_dict()  # old fingerprints and checkpoints still match
+
+
+def test_ffn_init_torch_gives_the_feed_forward_layers_nn_linears_own_init_and_nothing_else():
+    import dataclasses
+
+    cfg = tiny_config(d_model=64, n_heads=4, d_ff=128)
+    torch.manual_seed(0)
+    plain = Transformer(cfg)
+    torch.manual_seed(0)
+    torch_init = Transformer(dataclasses.replace(cfg, ffn_init="torch"))
+    for name, value in torch_init.state_dict().items():
+        if ".ffn." not in name:  # drawn after the rest: every other tensor is the default model's
+            assert torch.equal(value, plain.state_dict()[name]), name
+    for layer in (*torch_init.encoder_layers, *torch_init.decoder_layers):
+        for linear in (layer.ffn.w_in, layer.ffn.w_out):
+            bound = linear.in_features**-0.5  # nn.Linear's init: weights and biases within 1/sqrt(fan_in)
+            for tensor in (linear.weight, linear.bias):
+                assert float(tensor.detach().abs().max()) <= bound
+                # uniform on [-bound, bound] has sd bound/sqrt(3); fairseq's FFN starts so
+                assert float(tensor.detach().std()) == pytest.approx(bound / 3**0.5, rel=0.25)
+    assert all(float(layer.ffn.w_in.bias.abs().max()) == 0 for layer in plain.encoder_layers)  # Xavier: zero
+    assert "ffn_init" not in plain.cfg.to_dict() and torch_init.cfg.to_dict()["ffn_init"] == "torch"
+    with pytest.raises(ValueError, match="model.ffn_init"):
+        dataclasses.replace(cfg, ffn_init="kaiming")

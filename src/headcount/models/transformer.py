@@ -43,6 +43,7 @@ from headcount.models.seq2seq import register_family
 
 FAMILY = "headcount"
 DROPOUT_MASKS = ("torch", "fast")
+FFN_INITS = ("xavier", "torch")  # how the feed-forward layers start (ModelConfig.ffn_init)
 NORMS = ("pre", "post")  # LayerNorm before each block (x + f(LN(x))) or after it (LN(x + f(x)))
 # headcount's sinusoids (interleaved sin/cos, position 0 first); fairseq's (sines then cosines,
 # numbered from pad + 1); fairseq's learned table (numbered from pad + 1).
@@ -77,12 +78,18 @@ class ModelConfig:
     # Xavier gain of W^Q, W^K, W^V at initialisation: 1, or fairseq's 1/sqrt(2) (its q, k and v
     # projections are initialised as one (3D, D) matrix would be; issue 41 measures the effect).
     qkv_init_gain: float = 1.0
+    # How the feed-forward layers start: "xavier" (Xavier weights, zero biases, as every other
+    # Linear here) or "torch" (nn.Linear's own init: uniform weights and biases within
+    # 1/sqrt(fan_in), which fairseq's FFN keeps; issue 41 measures the effect).
+    ffn_init: str = "xavier"
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID  # what the decoder input starts with (fairseq: its EOS)
     eos_id: int = EOS_ID
     unk_id: int = UNK_ID
 
     def __post_init__(self) -> None:
+        if self.ffn_init not in FFN_INITS:
+            raise ValueError(f"model.ffn_init is {self.ffn_init!r}; expected one of {FFN_INITS}")
         if self.dropout_masks not in DROPOUT_MASKS:
             raise ValueError(f"model.dropout_masks is {self.dropout_masks!r}; expected one of {DROPOUT_MASKS}")
         for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("activation", tuple(ACTIVATIONS))):
@@ -100,7 +107,7 @@ class ModelConfig:
     # checkpoints and run fingerprints written before them still match and those runs resume
     # instead of restarting.
     ADDED_LATER = ("dropout_masks", "norm", "positions", "scale_embeddings", "layernorm_embedding", "activation",
-                   "share_all_embeddings", "qkv_init_gain", "pad_id", "bos_id", "eos_id", "unk_id")
+                   "share_all_embeddings", "qkv_init_gain", "ffn_init", "pad_id", "bos_id", "eos_id", "unk_id")
 
     @property
     def special(self) -> SpecialIds:
@@ -412,6 +419,10 @@ class Transformer(nn.Module):
             nn.init.normal_(embed.weight, std=self.cfg.d_model**-0.5)
             with torch.no_grad():
                 embed.weight[self.cfg.pad_id].zero_()
+        if self.cfg.ffn_init == "torch":  # drawn last: the other tensors keep the default stream
+            for layer in (*self.encoder_layers, *self.decoder_layers):
+                layer.ffn.w_in.reset_parameters()
+                layer.ffn.w_out.reset_parameters()
 
     def position_table(self, side: str) -> Tensor:
         """The positions' table, (rows, D); token i of a sentence reads row cfg.position_offset + i."""
