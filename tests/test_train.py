@@ -138,6 +138,24 @@ def test_a_killed_run_resumes_to_the_same_weights(toy_data, tmp_path, dropout_ma
     assert steps == list(range(1, 31))  # records after the checkpoint were dropped, then redone
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (a lent GPU; CI has none)")
+def test_a_killed_run_resumes_on_cuda(toy_data, tmp_path):
+    # On a GPU the checkpoint is loaded onto the device, random-generator states too; torch takes
+    # those back only as CPU byte tensors (this failed on an H200 before the loop moved them back).
+    data, dev, *sizes = toy_data
+
+    def kill_at_step_17(message):
+        if message.startswith("step 17/"):
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(fresh_model(sizes).cuda(), settings(device="cuda"), data, dev, tmp_path, log=kill_at_step_17)
+    resumed_from = []
+    summary = train(fresh_model(sizes).cuda(), settings(device="cuda"), data, dev, tmp_path, log=resumed_from.append)
+    assert summary["steps"] == 30 and summary["attempts"] == 2
+    assert any("resuming from" in m and "step 15" in m for m in resumed_from)
+
+
 def test_changed_settings_start_afresh(toy_data, tmp_path):
     data, dev, *sizes = toy_data
     train(fresh_model(sizes), settings(max_steps=10), data, dev, tmp_path, log=quiet)

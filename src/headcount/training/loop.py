@@ -214,9 +214,10 @@ def train(
             eval_pending = bool(state.get("eval_pending", False))
             # A checkpoint from before this record was kept: at least one earlier attempt, time unknown.
             earlier = state.get("time_so_far") or {"seconds": 0.0, "cpu_seconds": 0.0, "attempts": 1}
-            torch.set_rng_state(state["rng_cpu"])
+            # The generators' states must be CPU byte tensors; map_location moved them to the GPU.
+            torch.set_rng_state(state["rng_cpu"].cpu())
             if device.type == "cuda" and state.get("rng_cuda") is not None:
-                torch.cuda.set_rng_state(state["rng_cuda"])
+                torch.cuda.set_rng_state(state["rng_cuda"].cpu())
             log(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
     if step == 0 and init_optimizer is not None:
         init_optimizer(optimizer)
