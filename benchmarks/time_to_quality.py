@@ -221,16 +221,64 @@ def cpu_per_update(run: Path) -> float | None:
     return None
 
 
+def seed_scores(arm_dir: Path) -> dict[str, dict[int, dict]]:
+    """{seed_N: {updates: scores}} of one arm or variant's scored runs."""
+    seeds = {}
+    for run in sorted(arm_dir.glob("seed_*")):
+        cache = run / "scores.json"
+        if cache.exists():
+            seeds[run.name] = {int(k): v for k, v in json.loads(cache.read_text()).items()}
+    return seeds
+
+
+def paired_report(runs: Path, baseline: str = "headcount") -> str:
+    """Each headcount variant minus the default, seed by seed (the same seed draws the same batches
+    and dropout, so the pair differs in the variant alone): test BLEU at each kept checkpoint, its
+    mean over the checkpoints from 800 updates, and the updates to each threshold; mean and 95%
+    t-interval over the seeds both have."""
+    base = seed_scores(runs / baseline)
+    header = ["updates " + str(u) for u in sorted({u for s in base.values() for u in s})]
+    lines = ["| variant - default, test BLEU (beam 4) | " + " | ".join(header) + " | mean from 800 | "
+             + " | ".join(f"updates to {t:g}" for t in THRESHOLDS) + " |",
+             "|---|" + "---|" * (len(header) + 1 + len(THRESHOLDS))]
+    for arm_dir in sorted(p for p in runs.glob(f"{baseline}-*") if p.is_dir()):
+        seeds = {k: v for k, v in seed_scores(arm_dir).items() if k in base}
+        if not seeds:
+            continue
+        cells = []
+        for u in sorted({u for s in base.values() for u in s}):
+            diff = [v[u]["test_bleu_beam"] - base[k][u]["test_bleu_beam"]
+                    for k, v in seeds.items() if u in v and u in base[k]]
+            cells.append(signed_interval(diff) if diff else "")
+        later = [statistics.fmean(v[u]["test_bleu_beam"] - base[k][u]["test_bleu_beam"]
+                                  for u in v if u >= 800 and u in base[k]) for k, v in seeds.items()]
+        cells.append(signed_interval(later))
+        for t in THRESHOLDS:
+            pairs = [(updates_to_reach(sorted((u, x["test_bleu_beam"]) for u, x in v.items()), t),
+                      updates_to_reach(sorted((u, x["test_bleu_beam"]) for u, x in base[k].items()), t))
+                     for k, v in seeds.items()]
+            diff = [a - b for a, b in pairs if a is not None and b is not None]
+            missing = f", {len(pairs) - len(diff)} seed(s) not both" if len(diff) < len(pairs) else ""
+            cells.append(signed_interval(diff, "{:+.0f}") + missing if diff else "not reached")
+        lines.append(f"| {arm_dir.name.removeprefix(baseline + '-')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def signed_interval(values: list[float], form: str = "{:+.2f}") -> str:
+    """mean [95% t-interval] of paired differences, and how many seeds."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return form.format(mean) + " (1 seed)"
+    half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return f"{form.format(mean)} [{form.format(mean - half)}, {form.format(mean + half)}] ({len(values)})"
+
+
 def report(runs: Path) -> str:
     lines = ["| arm | updates | seeds | dev BLEU, greedy | test BLEU, beam 4 |", "|---|---|---|---|---|"]
     reach = ["", "| arm | " + " | ".join(f"updates to {t:g} test BLEU" for t in THRESHOLDS)
              + " | CPU s / update (headcount's record) |", "|---|" + "---|" * (len(THRESHOLDS) + 1)]
     for arm_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
-        seeds = {}
-        for run in sorted(arm_dir.glob("seed_*")):
-            cache = run / "scores.json"
-            if cache.exists():
-                seeds[run.name] = {int(k): v for k, v in json.loads(cache.read_text()).items()}
+        seeds = seed_scores(arm_dir)
         if not seeds:
             continue
         all_updates = sorted({u for s in seeds.values() for u in s})
@@ -249,7 +297,7 @@ def report(runs: Path) -> str:
         cpu = [c for run in sorted(arm_dir.glob("seed_*")) if (c := cpu_per_update(run)) is not None]
         cells.append(interval(cpu) if cpu else "not recorded")
         reach.append(f"| {arm_dir.name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + reach)
+    return "\n".join(lines + reach + ["", paired_report(runs)])
 
 
 def train_item(item: str, runs: Path, args) -> Path:
