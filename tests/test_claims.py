@@ -16,11 +16,15 @@ from headcount.report.claims import (
     NOT_RESOLVED,
     NOT_SEPARABLE,
     NOT_SHOWN,
+    Claim,
     claims_markdown,
+    claims_over_seeds_markdown,
+    claims_table,
     decoder_layers,
     heads_prunable,
     hypergeometric_upper_tail,
     mean_layer_tails,
+    over_seeds_verdict,
     pruned_beats_scratch,
     specialised_heads_last,
     types_order,
@@ -295,3 +299,32 @@ def test_schedule_matched_twins_are_read_against_zero():
     noam_unpruned = _scratch_run(0.01, 0.3, 1.9, kept=(48, 48, 48))
     mixed = pruned_beats_scratch(_table(noam_unpruned, leads[0], _scratch_run(0.5, 0.41, 2.72)))
     assert mixed.verdict == NOT_SEPARABLE and "of the 1 against Noam twins" in mixed.measured
+
+
+def test_over_seeds_counts_each_verdict_most_frequent_first():
+    assert over_seeds_verdict([HOLDS, HOLDS, HOLDS]) == "holds in 3 of 3 seeds"
+    assert over_seeds_verdict([NOT_RESOLVED, HOLDS, NOT_RESOLVED]) == (
+        "not resolved in 2 of 3 seeds; holds in 1 of 3 seeds")
+    # a tie goes in the rules' order: holds before does not hold
+    assert over_seeds_verdict([FAILS, HOLDS]) == "holds in 1 of 2 seeds; does not hold in 1 of 2 seeds"
+
+
+def test_the_table_over_seeds_reads_each_seeds_claims_table_back(tmp_path):
+    """Each seed's verdict in its column, from the claims.tsv its pruning report wrote (read back as
+    the rule reads it), and the count; a finding one seed lacks reads as not shown."""
+    def seed(verdicts):
+        claims = [Claim(name, f"paper says {name}", "measured", v, "basis")
+                  for name, v in zip(("a", "b", "c"), verdicts) if v is not None]
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tsv"
+        claims_table(claims).to_csv(path, sep="\t", index=False)
+        return pd.read_csv(path, sep="\t", keep_default_na=False)
+
+    tables = {1: seed([HOLDS, NOT_RESOLVED, MIXED]), 2: seed([HOLDS, HOLDS, None]), 3: seed([HOLDS, FAILS, MIXED])}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in
+            claims_over_seeds_markdown("toy", tables).splitlines() if line.startswith("| paper says")}
+    assert rows["paper says a"] == "| paper says a | holds | holds | holds | **holds in 3 of 3 seeds** |"
+    assert rows["paper says b"].endswith(
+        "| not resolved | holds | does not hold | **holds in 1 of 3 seeds; does not hold in 1 of 3 seeds; "
+        "not resolved in 1 of 3 seeds** |")
+    assert rows["paper says c"].endswith(f"| mixed | {NOT_SHOWN} | mixed | **mixed in 2 of 3 seeds; "
+                                         f"{NOT_SHOWN} in 1 of 3 seeds** |")

@@ -23,7 +23,7 @@ from toyflow import REPO, smoke_config, write_config
 RULES = REPO / "workflow/rules"
 # The rules whose jobs train or decode with the model: they must say what they need of a node.
 MODEL_RULES = {"train_baseline", "translate", "score_heads", "head_roles", "prune_heads", "train_from_scratch",
-               "ranked_curve", "train_baseline_seed", "prune_control_seed", "snapshot_statistics", "lm_quality"}
+               "ranked_curve", "snapshot_statistics", "lm_quality"}
 
 
 def rule_blocks() -> dict[str, str]:
@@ -190,7 +190,7 @@ def test_train_threads_sizes_the_training_jobs_only(tmp_path, toy_mirror):
     every_core = planned_threads(tmp_path, config)
     config["defaults"]["resources"]["train_threads"] = 1
     one = planned_threads(tmp_path, config)
-    training = {"train_baseline", "train_baseline_seed", "prune_heads", "prune_control_seed", "train_from_scratch"}
+    training = {"train_baseline", "prune_heads", "train_from_scratch"}
     assert training <= set(one), set(one)
     assert {rule: every_core[rule] for rule in training} == dict.fromkeys(training, {2})
     assert {rule: one[rule] for rule in training} == dict.fromkeys(training, {1})

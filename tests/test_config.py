@@ -169,3 +169,34 @@ def test_a_yaml_error_names_file_line_and_column(tmp_path, text, line, column, p
     assert str(error.value).startswith(f"{path}:{line}:{column}: not valid YAML: {problem}")
     path.write_text("run: [a]\n")
     check_yaml_syntax(path)
+
+
+def test_each_extra_seed_is_an_experiment_with_that_seed_and_the_seed_lambdas(config):
+    config["experiments"]["multi30k_en_de"]["seed_lambdas"] = {"enc": [0.3, 0.1, 0.7], "all": [1.0]}
+    config["experiments"]["multi30k_en_de"]["prune"] = {"from_scratch": {"all": [0.1, 1.0]}}
+    experiments = load_experiments(config, SCHEMA)
+    main = experiments["multi30k_en_de"]
+    assert [name for name in experiments if name.startswith("multi30k_en_de_")] == [
+        "multi30k_en_de_seed2", "multi30k_en_de_seed3"]  # seeds [1, 2, 3]; 1 is training.seed
+    seed3 = experiments["multi30k_en_de_seed3"]
+    assert seed3["replica_of"] == "multi30k_en_de" and seed3["seeds"] == [3]
+    assert seed3["training"] == {**main["training"], "seed": 3, "snapshot_interval": 0}
+    # its control and the seed lambdas the grid has, in the grid's order (0.7 is not in it)
+    assert seed3["prune"]["lambdas"] == {"enc": [0, 0.1, 0.3], "all": [0, 1.0]}
+    assert seed3["prune"]["from_scratch"] == {"all": [1.0]}  # 0.1 is not among the seed's lambdas
+    unchanged = {k: v for k, v in seed3.items() if k not in ("training", "prune", "seeds", "seed_lambdas",
+                                                             "replica_of", "description")}
+    assert unchanged == {k: main[k] for k in unchanged}  # data, model, decoding, roles, ... the same
+    assert main["prune"]["lambdas"]["enc"] == config["defaults"]["prune"]["lambdas"]["enc"]  # untouched
+
+
+def test_without_seed_lambdas_the_extra_seeds_run_the_controls_only(config):
+    config["experiments"]["multi30k_en_de"]["seed_lambdas"] = None
+    seed2 = load_experiments(config, SCHEMA)["multi30k_en_de_seed2"]
+    assert seed2["prune"]["lambdas"] == {"enc": [0], "all": [0]}
+    assert "multi30k_en_fr_seed2" not in load_experiments(config, SCHEMA)  # one seed: no replica
+
+
+def test_a_seed_experiment_cannot_take_the_name_of_another(config):
+    config["experiments"]["multi30k_en_de_seed2"] = copy.deepcopy(config["experiments"]["multi30k_en_fr"])
+    assert "'experiments.multi30k_en_de_seed2': the name of multi30k_en_de's seed 2" in problems(config)

@@ -442,8 +442,8 @@ def made_up_report(tmp_path):
     inputs["scratch_training"].append(str(scratch / "training.json"))
     _write_json(tmp_path / "baseline/training.json", {"steps": 20, "train_config": {"select": "best_dev_bleu"}})
     pd.DataFrame([{"layer": 0, "head": 0, "role": "positional"}]).to_csv(tmp_path / "roles.csv", index=False)
-    out = {name: str(tmp_path / "report" / name) for name in ("table", "table2", "table2_csv", "claims", "encoder",
-                                                                  "layers")}
+    out = {name: str(tmp_path / "report" / name)
+           for name in ("table", "table2", "table2_csv", "claims", "claims_table", "encoder", "layers")}
     out.update({f"figure{n}": str(tmp_path / "report" / f"figure{n}.png") for n in (7, 8, 9, 10)})
     report = dict(experiment="toy", baseline_scores=str(tmp_path / "baseline/scores/test.json"),
                   roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None, references=str(tmp_path / "ref.txt"),

@@ -6,11 +6,13 @@ lambda-grid and decoding cases are in test_workflow.py's smoke test.
 """
 
 import copy
+import json
 import re
 import shutil
 
+import pandas as pd
 import pytest
-from toyflow import REPO, plan
+from toyflow import CORES, REPO, plan, snakemake, write_config
 
 # What a change of a model hyperparameter must redo: training, and everything that reads a
 # model or what was made from one. Data preparation, subwords and parsing stay.
@@ -86,14 +88,45 @@ def test_forcing_a_rule_reruns_it_and_its_dependents_only(done):
 
 @pytest.mark.workflow
 def test_adding_a_seed_adds_its_jobs_and_reruns_nothing_else(done):
-    """A second seed: its baseline, its two lambda = 0 controls (one per setting), their
-    translations and scores, and the spread table; the main run's results all stand."""
+    """A second seed is an experiment of its own (toy_seed2): the main run's data, subwords and
+    parses copied, its baseline, its two lambda = 0 controls (one per setting, no seed_lambdas),
+    their translations and scores, its heads, roles, ranked curves and pruning report, then the
+    spread table and the claims over seeds; the main run's results all stand."""
     workdir, config = done
     seeded = copy.deepcopy(config)
     seeded["defaults"]["seeds"] = [1, 2]
     jobs = plan(workdir, seeded)
-    assert jobs == {"train_baseline_seed": 1, "prune_control_seed": 2, "translate": 3, "score": 3,
-                    "seed_spread": 1, "all": 1}, jobs
+    assert jobs == {"seed_shared_file": 10, "train_baseline": 1, "prune_heads": 2, "plot_gate_trajectory": 2,
+                    "translate": 4, "score": 3, "score_table": 1, "score_heads": 1, "plot_head_scores": 1,
+                    "head_roles": 1, "ranked_curve": 2, "pruning_report": 1, "seed_spread": 1,
+                    "claims_over_seeds": 1, "all": 1}, jobs
+    # the train_baseline and pruning_report above are the seed's: the main run's have nothing to do
+    # ("--cores" ends --configfile's list of files, so that the targets read as targets)
+    assert plan(workdir, seeded, "--cores", "1", "results/toy/baseline/model.pt", "results/toy/prune/pruning.tsv") == {}
+
+
+@pytest.mark.workflow
+def test_a_second_seed_runs_on_the_main_runs_data_with_its_own_seed(done, tmp_path):
+    """Run, not planned, in a copy of the finished smoke run: the seed's experiment has the main
+    run's data and subword models byte for byte, trains with seed 2, and the tables over seeds
+    hold both."""
+    workdir = tmp_path / "wf"
+    shutil.copytree(done[0], workdir, symlinks=True)  # mtimes kept: the main run stays complete
+    seeded = copy.deepcopy(done[1])
+    seeded["defaults"]["seeds"] = [1, 2]
+    result = snakemake("--cores", CORES, "--configfile", write_config(workdir / "seeded.yaml", seeded),
+                       cwd=workdir, snakefile=workdir / "Snakefile", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    main, seed = workdir / "results/toy", workdir / "results/toy_seed2"
+    for name in ("data/train.src.txt", "data/dev.tgt.txt", "subwords/src.model", "subwords/tgt.model"):
+        assert (seed / name).read_bytes() == (main / name).read_bytes(), name
+    assert json.loads((seed / "baseline/training.json").read_text())["train_config"]["seed"] == 2
+    spread = pd.read_csv(main / "seeds/spread.tsv", sep="\t")
+    assert {"seed_1", "seed_2"} <= set(spread.columns), spread.columns
+    claims = (main / "seeds/claims.md").read_text()
+    assert "| seed 1 | seed 2 | over seeds |" in claims
+    findings = [line for line in claims.splitlines() if line.startswith("| ") and "of 2 seeds" in line]
+    assert len(findings) == len(pd.read_csv(main / "prune/claims.tsv", sep="\t")), claims
 
 
 def test_scripts_take_settings_from_params_not_the_config():

@@ -351,7 +351,53 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
                             f"divisible by model.n_heads={model['n_heads']}")
     if problems:
         raise ConfigError(_report(problems))
+    for name, exp in list(experiments.items()):
+        for replica, replica_exp in seed_replicas(name, exp).items():
+            if replica in experiments:
+                problems.append(f"config key 'experiments.{replica}': the name of {name}'s seed "
+                                f"{replica_exp['training']['seed']} (seeds); rename that experiment")
+            experiments[replica] = replica_exp
+    if problems:
+        raise ConfigError(_report(problems))
     return experiments
+
+
+# A seed besides training.seed is an experiment of its own: the same data, subwords and parses (rule
+# seed_shared_file copies them: sentencepiece is not bit-reproducible across thread counts), that
+# seed, and the lambdas of seed_lambdas; every stage runs on it as on any experiment.
+SEED_REPLICA = "{name}_seed{seed}"
+
+
+def replica_grid(exp: dict) -> dict[str, list[float]]:
+    """The lambdas each extra seed runs, in the grid's order: the lambda = 0 control of every setting
+    the experiment prunes (the seeds' spread table compares them) and those of seed_lambdas that
+    the grid has (a grid narrowed by an override narrows the seeds' with it)."""
+    chosen = exp.get("seed_lambdas") or {}
+    return {setting: [v for v in values if lambda_label(v) == lambda_label(0)
+                      or lambda_label(v) in set(map(lambda_label, chosen.get(setting) or []))]
+            for setting, values in exp["prune"]["lambdas"].items() if values}
+
+
+def seed_replicas(name: str, exp: dict) -> dict[str, dict]:
+    """{replica name: its experiment} for each seed besides training.seed; `replica_of` names the
+    experiment, whose results/<name>/seeds/ tables read them."""
+    grid = replica_grid(exp)
+    labels = {setting: set(map(lambda_label, values)) for setting, values in grid.items()}
+    replicas = {}
+    for seed in exp["seeds"]:
+        if seed == exp["training"]["seed"]:
+            continue
+        replica = copy.deepcopy(exp)
+        replica.update(replica_of=name, seeds=[seed], seed_lambdas=None,
+                       description=f"{exp.get('description', name)}: seed {seed}")
+        replica["training"].update(seed=seed, snapshot_interval=0)
+        replica["prune"]["lambdas"] = {setting: list(grid.get(setting, [])) for setting in exp["prune"]["lambdas"]}
+        replica["prune"]["from_scratch"] = {
+            setting: ([v for v in choice if lambda_label(v) in labels.get(setting, set())]
+                      if isinstance(choice, list) else choice)
+            for setting, choice in exp["prune"]["from_scratch"].items()}
+        replicas[SEED_REPLICA.format(name=name, seed=seed)] = replica
+    return replicas
 
 
 COMPARE_DIR = "compare"  # results/compare/<name>/: the comparisons of experiments' models

@@ -26,6 +26,7 @@ from headcount.config import (
 from headcount.config import (
     COMPARE_DIR,
     FINE_TUNING_KEYS,
+    SEED_REPLICA,
     scratch_schedule,
     scratch_training,
 )
@@ -66,7 +67,7 @@ wildcard_constraints:
     exp="|".join(re.escape(name) for name in EXPERIMENTS),
     side="src|tgt",
     kind="|".join(ATTENTION_TYPES),
-    model=rf"baseline|prune/({settings_pattern()})/lambda_[0-9][0-9.e+-]*(/scratch)?|seeds/seed_[0-9]+/(baseline|prune/({settings_pattern()})/lambda_0)",
+    model=rf"baseline|prune/({settings_pattern()})/lambda_[0-9][0-9.e+-]*(/scratch)?",
     setting=settings_pattern(),
     method=ranked_pattern(),
     lam=r"[0-9][0-9.e+-]*",
@@ -325,46 +326,46 @@ def prune_settings(exp):
 
 
 def extra_seeds(exp):
-    """Baseline seeds besides training.seed (the main run, at today's paths): each trains a
-    baseline and its lambda = 0 controls under results/{exp}/seeds/seed_{s}/."""
+    """Seeds besides training.seed (the main run): each an experiment of its own (seed_experiment)."""
     main = EXPERIMENTS[exp]["training"]["seed"]
     return [s for s in EXPERIMENTS[exp]["seeds"] if s != main]
 
 
-def seed_prefix(exp, seed):
-    """Where a seed's models live under results/{exp}/: the main run's own paths for training.seed."""
-    return "" if seed == EXPERIMENTS[exp]["training"]["seed"] else f"seeds/seed_{seed}/"
+def seed_experiment(exp, seed):
+    """The experiment that runs `seed`: exp itself for training.seed, else its replica
+    (headcount.config.seed_replicas)."""
+    if seed == EXPERIMENTS[exp]["training"]["seed"]:
+        return exp
+    return SEED_REPLICA.format(name=exp, seed=seed)
 
 
-def seed_training(wildcards):
-    """The baseline's training settings with this seed; no snapshots (the main run has them)."""
-    training = exp_config(wildcards)["training"]
-    return {**training, "seed": int(wildcards.seed), "snapshot_interval": 0}
+# Replicas and the experiment each copies its data, subwords and parses from (seeds.smk).
+REPLICA_OF = {
+    name: exp["replica_of"]
+    for name, exp in EXPERIMENTS.items()
+    if exp.get("replica_of")
+}
 
 
 def seed_spread_inputs(wildcards):
     exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
-    seeds = EXPERIMENTS[exp]["seeds"]
+    runs = [seed_experiment(exp, s) for s in EXPERIMENTS[exp]["seeds"]]
     return {
-        "baselines": [
-            f"results/{exp}/{seed_prefix(exp, s)}baseline/scores/{split}.json"
-            for s in seeds
-        ],
+        "baselines": [f"results/{run}/baseline/scores/{split}.json" for run in runs],
         "controls": [
-            f"results/{exp}/{seed_prefix(exp, s)}prune/{setting}/lambda_0/scores/{split}.json"
+            f"results/{run}/prune/{setting}/lambda_0/scores/{split}.json"
             for setting in prune_settings(exp)
-            for s in seeds
+            for run in runs
         ],
         # Translations and references: each seed's control - baseline gets its bootstrap interval.
         "references": f"results/{exp}/data/{split}.tgt.txt",
         "baseline_translations": [
-            f"results/{exp}/{seed_prefix(exp, s)}baseline/translations/{split}.txt"
-            for s in seeds
+            f"results/{run}/baseline/translations/{split}.txt" for run in runs
         ],
         "control_translations": [
-            f"results/{exp}/{seed_prefix(exp, s)}prune/{setting}/lambda_0/translations/{split}.txt"
+            f"results/{run}/prune/{setting}/lambda_0/translations/{split}.txt"
             for setting in prune_settings(exp)
-            for s in seeds
+            for run in runs
         ],
     }
 
@@ -399,7 +400,17 @@ def final_outputs(exp):
             if prune_settings(exp)
             else []
         ),
-        *([f"results/{exp}/seeds/spread.tsv"] if extra_seeds(exp) else []),
+        *(
+            [f"results/{exp}/seeds/spread.tsv", f"results/{exp}/seeds/claims.md"]
+            if extra_seeds(exp)
+            else []
+        ),
+        # each other seed's own results (an experiment of its own)
+        *(
+            path
+            for seed in extra_seeds(exp)
+            for path in final_outputs(seed_experiment(exp, seed))
+        ),
         *(
             [f"results/{exp}/control/planted_vs_found.md"]
             if is_synthetic(EXPERIMENTS[exp])

@@ -204,6 +204,7 @@ rule pruning_report:
             category="Pruning",
             subcategory="{exp}",
         ),
+        claims_table="results/{exp}/prune/claims.tsv",
         figure7=report(
             "results/{exp}/prune/figures/figure7_bleu_vs_heads.png",
             caption="../report/figure7.rst",

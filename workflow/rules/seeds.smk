@@ -1,82 +1,40 @@
-# Baseline seeds (the `seeds` setting): each seed besides training.seed trains its own baseline
-# and lambda = 0 controls under results/{exp}/seeds/seed_{seed}/, translated and scored by the
-# generic rules; seed_spread tabulates the spread of their BLEU. The main run (training.seed)
-# keeps its own paths, and the heads, roles and lambda grid stay on it: adding a seed adds its
-# jobs and reruns nothing else.
+# Seeds (the `seeds` setting): each seed besides training.seed is an experiment of its own,
+# <exp>_seed<s> (headcount.config.seed_replicas), on which every stage runs as on any experiment,
+# with the lambdas of `seed_lambdas`. It shares the experiment's data, subwords and parses, copied
+# here, so that the seeds differ in their seed alone. seed_spread tabulates the spread of their
+# BLEU, claims_over_seeds each finding's verdict on every seed. Adding a seed adds its jobs and
+# reruns nothing else.
 
 
-rule train_baseline_seed:
-    """Train the baseline again with another seed (the `seeds` setting)."""
+rule seed_shared_file:
+    """A seed's data, subword models and parses: the experiment's own, copied (sentencepiece does
+    not learn the same model twice on other thread counts)."""
     input:
-        train_src="results/{exp}/data/train.src.txt",
-        train_tgt="results/{exp}/data/train.tgt.txt",
-        dev_src="results/{exp}/data/dev.src.txt",
-        dev_tgt="results/{exp}/data/dev.tgt.txt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
+        lambda w: f"results/{REPLICA_OF[w.exp]}/{w.shared}",
     output:
-        model="results/{exp}/seeds/seed_{seed}/baseline/model.pt",
-        summary="results/{exp}/seeds/seed_{seed}/baseline/training.json",
+        "results/{exp}/{shared}",
     log:
-        log_path("seeds/seed_{seed}/train_baseline"),
-    benchmark:
-        benchmark_path("seeds/seed_{seed}/train_baseline")
+        log_path("seed_shared_file/{shared}"),
     wildcard_constraints:
-        seed="[0-9]+",
+        exp="|".join(re.escape(name) for name in REPLICA_OF) or "(?!)",
+        shared=r"(data|subwords)/[^/]+|syntax/parses\.(parquet|json)",
+    localrule: True
     conda:
         ENV
-    threads: training_threads
     resources:
-        gpu=gpu_count,
-        gpu_model=gpu_model,
-        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
-        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
-    params:
-        model=lambda w: exp_config(w)["model"],
-        training=seed_training,
-        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
-        work_dir=lambda w: f"results/{w.exp}/seeds/seed_{w.seed}/baseline/train",
+        mem_mb=500,
+        runtime=5,
     script:
-        "../scripts/train_baseline.py"
+        "../scripts/seed_shared_file.py"
 
 
-rule prune_control_seed:
-    """The lambda = 0 control (gates pinned open) fine-tuned from another seed's baseline."""
-    input:
-        baseline="results/{exp}/seeds/seed_{seed}/baseline/model.pt",
-        train_src="results/{exp}/data/train.src.txt",
-        train_tgt="results/{exp}/data/train.tgt.txt",
-        dev_src="results/{exp}/data/dev.src.txt",
-        dev_tgt="results/{exp}/data/dev.tgt.txt",
-        src_spm="results/{exp}/subwords/src.model",
-        tgt_spm="results/{exp}/subwords/tgt.model",
-    output:
-        model="results/{exp}/seeds/seed_{seed}/prune/{setting}/lambda_0/model.pt",
-        gates="results/{exp}/seeds/seed_{seed}/prune/{setting}/lambda_0/gates.json",
-        trajectory="results/{exp}/seeds/seed_{seed}/prune/{setting}/lambda_0/trajectory.csv",
-    log:
-        log_path("seeds/seed_{seed}/prune/{setting}/lambda_0/prune_heads"),
-    benchmark:
-        benchmark_path("seeds/seed_{seed}/prune/{setting}/lambda_0/prune_heads")
-    wildcard_constraints:
-        seed="[0-9]+",
-    conda:
-        ENV
-    threads: training_threads
-    resources:
-        gpu=gpu_count,
-        gpu_model=gpu_model,
-        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
-        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
-    params:
-        lam=0.0,
-        prune=prune_job_settings,
-        training=seed_training,
-        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
-        baseline_checkpoint="results/{exp}/seeds/seed_{seed}/baseline/train/checkpoint.pt",
-        work_dir=lambda w: f"results/{w.exp}/seeds/seed_{w.seed}/prune/{w.setting}/lambda_0/train",
-    script:
-        "../scripts/prune_heads.py"
+# For a seed's experiment, the copy wins over making the file again.
+ruleorder: seed_shared_file > generate_synthetic_data
+ruleorder: seed_shared_file > prepare_training_data
+ruleorder: seed_shared_file > fit_training_data
+ruleorder: seed_shared_file > prepare_evaluation_data
+ruleorder: seed_shared_file > train_subwords
+ruleorder: seed_shared_file > parse_analysis_sentences
 
 
 rule seed_spread:
@@ -106,3 +64,31 @@ rule seed_spread:
         lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
     script:
         "../scripts/seed_spread.py"
+
+
+rule claims_over_seeds:
+    """The paper's pruning findings on every seed's run, and how many seeds agree on each."""
+    input:
+        claims=lambda w: [
+            f"results/{seed_experiment(w.exp, s)}/prune/claims.tsv"
+            for s in EXPERIMENTS[w.exp]["seeds"]
+        ],
+    output:
+        report(
+            "results/{exp}/seeds/claims.md",
+            caption="../report/claims_over_seeds.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("seeds/claims_over_seeds"),
+    conda:
+        ENV
+    resources:
+        mem_mb=500,
+        runtime=5,
+    params:
+        experiment=lambda w: w.exp,
+        seeds=lambda w: EXPERIMENTS[w.exp]["seeds"],
+    script:
+        "../scripts/claims_over_seeds.py"

@@ -20,7 +20,7 @@ checks that before the curve's job reads the table.
 A new trained method is not one registration: the registration only names it, and nothing
 dispatches on a trained method. The fine-tuning rule (`prune_heads`, results/{exp}/prune/{setting}/
 lambda_{lam}/), its driver (pipeline.pruning_runs.prune_heads), its grid (`prune.lambdas`) and
-recipe keys, the seeds' controls (`prune_control_seed`), the gate table it writes (gates.json, which
+recipe keys, the gate table it writes (gates.json, which
 the pruning report, the claims and Figures 7 to 10 read; the from-scratch twin reads the pruned
 model's mask) and the report's rows are all Hard Concrete's. A second trained method needs its
 training code beside pruning.hard_concrete, a driver writing the same files (model.pt with its

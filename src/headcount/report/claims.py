@@ -488,3 +488,42 @@ def claims_markdown(experiment: str, claims: list[Claim]) -> str:
               f"permuted within each layer (exact), on this run and on the positive control; it holds only "
               f"where both show it. \"{NOT_SHOWN}\": no run measured it."]
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Over seeds
+
+CLAIM_COLUMNS = ["name", "paper", "measured", "verdict", "basis"]
+
+
+def claims_table(claims: list[Claim]) -> pd.DataFrame:
+    """One row per claim (claims.tsv beside claims.md): what the seeds' table reads back."""
+    return pd.DataFrame([{c: getattr(claim, c) for c in CLAIM_COLUMNS} for claim in claims], columns=CLAIM_COLUMNS)
+
+
+def over_seeds_verdict(verdicts: list[str]) -> str:
+    """The seeds' verdicts on one finding, counted: "holds in 3 of 3 seeds", or, where they differ,
+    each verdict with its count, the most frequent first (ties in the rules' order)."""
+    order = [HOLDS, FAILS, MIXED, NOT_SEPARABLE, NOT_RESOLVED, NOT_SHOWN]
+    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+    ranked = sorted(counts, key=lambda v: (-counts[v], order.index(v) if v in order else len(order)))
+    return "; ".join(f"{v} in {counts[v]} of {len(verdicts)} seeds" for v in ranked)
+
+
+def claims_over_seeds_markdown(experiment: str, tables: dict[int, pd.DataFrame]) -> str:
+    """Each finding's verdict on every seed's run (each seed's own pruning grid and rules), and how
+    many seeds agree: a finding holds over seeds only as far as the count says."""
+    seeds = sorted(tables)
+    first = tables[seeds[0]]
+    lines = [f"### {experiment}: the paper's pruning findings over {len(seeds)} seeds", "",
+             "| finding (Voita et al., 2019) | " + " | ".join(f"seed {s}" for s in seeds) + " | over seeds |",
+             "|---|" + "---|" * (len(seeds) + 1)]
+    for name, paper in zip(first["name"], first["paper"]):
+        verdicts = []
+        for s in seeds:
+            row = tables[s][tables[s]["name"] == name]
+            verdicts.append(str(row["verdict"].iloc[0]) if len(row) else NOT_SHOWN)
+        lines.append(f"| {paper} | " + " | ".join(verdicts) + f" | **{over_seeds_verdict(verdicts)}** |")
+    lines += ["", "Each seed's verdict is its own run's (results/<seed's experiment>/prune/claims.md, the rules of "
+              "headcount.report.claims, on the lambdas that seed ran); the last column counts them."]
+    return "\n".join(lines) + "\n"

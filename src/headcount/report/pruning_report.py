@@ -13,7 +13,7 @@ from headcount.analysis.roles.registry import NO_ROLE, role_names
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import METHODS, is_control, ranked_method, ranked_methods
-from headcount.report.claims import claims_markdown, pruning_claims
+from headcount.report.claims import claims_markdown, claims_table, pruning_claims
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 
 # Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
@@ -148,8 +148,11 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     with atomic_path(out["layers"]) as tmp:
         layers.to_csv(tmp, sep="\t", index=False)
     control = pd.read_csv(control_layers, sep="\t") if control_layers else None
+    claims = pruning_claims(pruning, layers, control)
     with atomic_path(out["claims"]) as tmp:
-        tmp.write_text(claims_markdown(experiment, pruning_claims(pruning, layers, control)), encoding="utf-8")
+        tmp.write_text(claims_markdown(experiment, claims), encoding="utf-8")
+    with atomic_path(out["claims_table"]) as tmp:  # what the table over seeds reads (claims_over_seeds)
+        claims_table(claims).to_csv(tmp, sep="\t", index=False)
     shown = ["setting", "lam", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline_low", "d_baseline_high",
              "bleu_scratch", "steps", "steps_scratch"]
     log("\n" + pruning.reindex(columns=shown).to_string(index=False))
