@@ -4,6 +4,7 @@
     python benchmarks/time_to_quality.py train --arm fairseq --seed 1
     python benchmarks/time_to_quality.py evaluate      # every checkpoint not yet scored
     python benchmarks/time_to_quality.py report        # curves and updates to 30 / 34 / 36 test BLEU
+    python benchmarks/time_to_quality.py positional --at 2000   # largest positional share per seed (issue 36)
     python benchmarks/time_to_quality.py queue headcount:default:2 fairseq:default:2 ...   # in order, then evaluate
 
 Both arms train the default experiment's model (6+6 layers, d_model 256, 8 heads, FFN 1024, pre-LN,
@@ -185,6 +186,38 @@ def evaluate(runs: Path, beam: int, alpha: float, sentences: int | None = None, 
             cache.write_text(json.dumps(scores, indent=1))  # after each: an interrupted run keeps what it scored
 
 
+def positional(runs: Path, updates: int, sentences: int = 500) -> str:
+    """Issue 36's question over seeds: the largest positional share of any encoder head at `updates`,
+    per run (the workflow's measure: headcount.analysis.roles, as rule compare_models computes it, on
+    the default experiment's analysis set, the first `sentences` dev lines), and per arm its mean with
+    a 95% t-interval over seeds. Cached per run in positional.json."""
+    from headcount.analysis.roles.collect import sentence_positional_counts
+    from headcount.io import read_lines
+    from headcount.report.model_comparison import largest_share
+
+    texts = read_lines(EXP / "data" / "dev.src.txt")[:sentences]
+    by_arm: dict[str, dict[str, float]] = {}
+    for run in sorted(p for p in runs.glob("*/seed_*") if p.is_dir()):
+        path = checkpoints(run).get(updates)
+        if path is None:
+            continue
+        cache = run / "positional.json"
+        known = json.loads(cache.read_text()) if cache.exists() else {}
+        key = f"{updates}@{sentences}"
+        if key not in known or known[key]["checkpoint_mtime"] != os.path.getmtime(path):
+            model, src_tok, _ = open_run(run, path)
+            _, hits, valid = sentence_positional_counts(model, src_tok, texts, lowercase=False, log=lambda m: None)
+            known[key] = {"largest_share": largest_share(hits, valid), "checkpoint_mtime": os.path.getmtime(path)}
+            cache.write_text(json.dumps(known, indent=1))
+        by_arm.setdefault(run.parent.name, {})[run.name] = known[key]["largest_share"]
+    lines = [f"| arm | largest positional share at {updates} updates ({sentences} dev sentences), per seed | "
+             "mean over seeds |", "|---|---|---|"]
+    for arm, shares in by_arm.items():
+        lines.append(f"| {arm} | " + ", ".join(f"{s}: {v:.3f}" for s, v in shares.items())
+                     + f" | {interval(list(shares.values()))} |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------------------
 # Report
 
@@ -356,7 +389,7 @@ def score_device(name: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=["train", "evaluate", "report", "queue", "one", "settings"],
+    ap.add_argument("command", choices=["train", "evaluate", "report", "queue", "one", "settings", "positional"],
                     help="one: train and score one arm:variant:seed (what queue --jobs runs); settings: write "
                          "the experiment's settings to --settings for a machine without the workflow's packages")
     ap.add_argument("plan", nargs="*", help="queue: runs as arm:variant:seed, trained one after another (each "
@@ -374,6 +407,7 @@ def main() -> int:
     ap.add_argument("--device", default="auto", help="where headcount trains and scores: auto, cpu or cuda")
     ap.add_argument("--settings", help="the experiment's settings as `settings` wrote them (JSON)")
     ap.add_argument("--jobs", type=int, default=1, help="queue: this many runs at once, each in its own process")
+    ap.add_argument("--at", type=int, default=2000, help="positional: the checkpoint's updates")
     ap.add_argument("--deadline", type=float, default=float("inf"),
                     help="queue --jobs: seconds after which nothing new starts and running items stop")
     args = ap.parse_args()
@@ -406,6 +440,8 @@ def main() -> int:
             evaluate(runs, args.beam, args.alpha, args.sentences, score_device(args.device))
     elif args.command == "evaluate":
         evaluate(runs, args.beam, args.alpha, args.sentences, score_device(args.device))
+    elif args.command == "positional":
+        print(positional(runs, args.at))
     else:
         table = report(runs)
         print(table)
