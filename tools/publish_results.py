@@ -54,6 +54,7 @@ PUBLISHED = {
        for method in ranked_methods() for setting in SETTINGS},
     "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),
     "tables/seed_spread.md": ("main", "seeds/spread.md"),
+    "tables/seed_claims.md": ("main", "seeds/claims.md"),  # each finding's verdict on every seed
     "tables/control_head_roles.csv": ("control", "syntax/roles.csv"),
     "tables/control_head_scores.csv": ("control", "heads/scores.csv"),
     "tables/control_layer_survival.tsv": ("control", "prune/layer_survival.tsv"),
