@@ -286,9 +286,10 @@ def paired_report(runs: Path, baseline: str = "headcount") -> str:
             diff = [v[u]["test_bleu_beam"] - base[k][u]["test_bleu_beam"]
                     for k, v in seeds.items() if u in v and u in base[k]]
             cells.append(signed_interval(diff) if diff else "")
-        later = [statistics.fmean(v[u]["test_bleu_beam"] - base[k][u]["test_bleu_beam"]
-                                  for u in v if u >= 800 and u in base[k]) for k, v in seeds.items()]
-        cells.append(signed_interval(later))
+        common = common_checkpoints([*seeds.values(), *(base[k] for k in seeds)])
+        later = [statistics.fmean(v[u]["test_bleu_beam"] - base[k][u]["test_bleu_beam"] for u in common)
+                 for k, v in seeds.items()]
+        cells.append(signed_interval(later) if common else "")
         for t in THRESHOLDS:
             pairs = [(updates_to_reach(sorted((u, x["test_bleu_beam"]) for u, x in v.items()), t),
                       updates_to_reach(sorted((u, x["test_bleu_beam"]) for u, x in base[k].items()), t))
@@ -300,6 +301,12 @@ def paired_report(runs: Path, baseline: str = "headcount") -> str:
     return "\n".join(lines)
 
 
+def common_checkpoints(curves: list[dict[int, dict]]) -> list[int]:
+    """The checkpoints from 800 updates that every curve has: a mean over them compares like with
+    like (a run stopped early would otherwise be averaged over its early, lower checkpoints)."""
+    return sorted(u for u in set.intersection(*(set(c) for c in curves)) if u >= 800) if curves else []
+
+
 def signed_interval(values: list[float], form: str = "{:+.2f}") -> str:
     """mean [95% t-interval] of paired differences, and how many seeds."""
     mean = statistics.fmean(values)
@@ -307,6 +314,51 @@ def signed_interval(values: list[float], form: str = "{:+.2f}") -> str:
         return form.format(mean) + " (1 seed)"
     half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
     return f"{form.format(mean)} [{form.format(mean - half)}, {form.format(mean + half)}] ({len(values)})"
+
+
+def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
+    """mean(a) - mean(b) with its 95% Welch interval (unpaired: two toolkits' seeds do not pair),
+    the Welch-Satterthwaite degrees of freedom rounded down (the wider interval); None with fewer
+    than two values a side."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return difference, difference, difference
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = T975.get(max(1, int(df)), 1.96) * math.sqrt(va + vb)
+    return difference, difference - half, difference + half
+
+
+def against_fairseq(runs: Path, reference: str = "fairseq") -> str:
+    """Each headcount arm minus fairseq over seeds (unpaired, Welch): test BLEU averaged over the
+    checkpoints from 800 updates, and the updates to each threshold (seeds that reach it)."""
+    base = seed_scores(runs / reference)
+    if not base:
+        return ""
+
+    def later(seeds, common):
+        return [statistics.fmean(s[u]["test_bleu_beam"] for u in common) for s in seeds.values()] if common else []
+
+    def reached(seeds, t):
+        values = [updates_to_reach(sorted((u, v["test_bleu_beam"]) for u, v in s.items()), t) for s in seeds.values()]
+        return [v for v in values if v is not None]
+
+    def cell(pair, form):
+        return "fewer than 2 seeds a side" if pair is None else \
+            f"{form.format(pair[0])} [{form.format(pair[1])}, {form.format(pair[2])}]"
+
+    lines = [f"| arm - {reference} (Welch, 95%) | test BLEU, mean from 800 | "
+             + " | ".join(f"updates to {t:g}" for t in THRESHOLDS) + " |", "|---|---|" + "---|" * len(THRESHOLDS)]
+    for arm_dir in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != reference):
+        seeds = seed_scores(arm_dir)
+        if seeds:
+            common = common_checkpoints([*seeds.values(), *base.values()])
+            cells = [cell(welch_interval(later(seeds, common), later(base, common)), "{:+.2f}")]
+            cells += [cell(welch_interval(reached(seeds, t), reached(base, t)), "{:+.0f}") for t in THRESHOLDS]
+            lines.append(f"| {arm_dir.name} ({len(seeds)} against {len(base)} seeds) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def report(runs: Path) -> str:
@@ -333,7 +385,7 @@ def report(runs: Path) -> str:
         cpu = [c for run in sorted(arm_dir.glob("seed_*")) if (c := cpu_per_update(run)) is not None]
         cells.append(interval(cpu) if cpu else "not recorded")
         reach.append(f"| {arm_dir.name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + reach + ["", paired_report(runs)])
+    return "\n".join(lines + reach + ["", paired_report(runs), "", against_fairseq(runs)])
 
 
 def train_item(item: str, runs: Path, args) -> Path:
