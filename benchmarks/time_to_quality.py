@@ -226,12 +226,19 @@ def positional(runs: Path, updates: int, sentences: int = 500) -> str:
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
-def interval(values: list[float]) -> str:
-    """mean [95% t-interval] over seeds; the mean alone for one seed."""
+def t_interval(values: list[float]) -> tuple[float, float | None]:
+    """(mean, half-width of its 95% t-interval over seeds); no half-width for one seed."""
     mean = statistics.fmean(values)
     if len(values) < 2:
+        return mean, None
+    return mean, T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def interval(values: list[float]) -> str:
+    """mean [95% t-interval] over seeds; the mean alone for one seed."""
+    mean, half = t_interval(values)
+    if half is None:
         return f"{mean:.2f} (1 seed)"
-    half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
     return f"{mean:.2f} [{mean - half:.2f}, {mean + half:.2f}] ({len(values)} seeds)"
 
 
@@ -309,10 +316,9 @@ def common_checkpoints(curves: list[dict[int, dict]]) -> list[int]:
 
 def signed_interval(values: list[float], form: str = "{:+.2f}") -> str:
     """mean [95% t-interval] of paired differences, and how many seeds."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
+    mean, half = t_interval(values)
+    if half is None:
         return form.format(mean) + " (1 seed)"
-    half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
     return f"{form.format(mean)} [{form.format(mean - half)}, {form.format(mean + half)}] ({len(values)})"
 
 
