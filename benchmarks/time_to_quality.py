@@ -113,8 +113,11 @@ def train_headcount(out: Path, seed: int, variant: str, max_updates: int, every:
         exp["subwords"]["lowercase"], str(out / "work"), str(out / "model.pt"), str(out / "summary.json"), log=log)
 
 
-def train_fairseq(out: Path, seed: int, max_updates: int, every: int, threads: int) -> None:
+def train_fairseq(out: Path, seed: int, max_updates: int, every: int, threads: int, device: str = "auto",
+                  venv: str | None = None) -> None:
+    device = "cuda" if score_device(device) == "cuda" else "cpu"
     subprocess.run([sys.executable, str(REPO / "tools" / "fairseq_reference.py"), "--out", str(out),
+                    "--device", device, *(["--fairseq-venv", venv] if venv else []),
                     "--text-dir", str(EXP / "data"), "--spm-src", str(EXP / "subwords" / "src.model"),
                     "--spm-tgt", str(EXP / "subwords" / "tgt.model"), "--arch-preset", "multi30k",
                     "--max-update", str(max_updates), "--save-every", str(every), "--seed", str(seed),
@@ -402,7 +405,7 @@ def train_item(item: str, runs: Path, args) -> Path:
     if arm == "headcount":
         train_headcount(out, int(seed), variant, args.max_updates, args.every, args.threads, args.device, args.settings)
     else:
-        train_fairseq(out, int(seed), args.max_updates, args.every, args.threads)
+        train_fairseq(out, int(seed), args.max_updates, args.every, args.threads, args.device, args.fairseq_venv)
     return out
 
 
@@ -415,6 +418,7 @@ def queue_in_parallel(plan: list[str], runs: Path, args) -> None:
     passed = ["--max-updates", str(args.max_updates), "--every", str(args.every), "--threads", str(args.threads),
               "--beam", str(args.beam), "--alpha", str(args.alpha), "--runs", str(runs), "--device", args.device]
     passed += ["--settings", args.settings] if args.settings else []
+    passed += ["--fairseq-venv", args.fairseq_venv] if args.fairseq_venv else []
     passed += ["--sentences", str(args.sentences)] if args.sentences else []
     while pending or running:
         late = time.monotonic() - start > args.deadline
@@ -463,6 +467,8 @@ def main() -> int:
     ap.add_argument("--sentences", type=int, help="score only the first N sentences of each set (a smoke test)")
     ap.add_argument("--runs", default=str(HERE / ".time-to-quality"))
     ap.add_argument("--device", default="auto", help="where headcount trains and scores: auto, cpu or cuda")
+    ap.add_argument("--fairseq-venv", help="fairseq's environment (a folder with bin/python, bin/fairseq-train "
+                    "and bin/fairseq-preprocess); tools/fairseq_reference.py's default if not given")
     ap.add_argument("--settings", help="the experiment's settings as `settings` wrote them (JSON)")
     ap.add_argument("--jobs", type=int, default=1, help="queue: this many runs at once, each in its own process")
     ap.add_argument("--at", type=int, default=2000, help="positional: the checkpoint's updates")
@@ -480,7 +486,8 @@ def main() -> int:
             train_headcount(out, args.seed, args.variant, args.max_updates, args.every, args.threads,
                             args.device, args.settings)
         else:
-            train_fairseq(out, args.seed, args.max_updates, args.every, args.threads)
+            train_fairseq(out, args.seed, args.max_updates, args.every, args.threads, args.device,
+                          args.fairseq_venv)
     elif args.command == "settings":
         if not args.settings:
             ap.error("settings needs --settings FILE")

@@ -65,3 +65,26 @@ def test_a_run_stopped_early_is_compared_on_the_checkpoints_every_run_has(ttq, t
     row = next(line for line in ttq.against_fairseq(tmp_path).splitlines() if line.startswith("| headcount ("))
     # headcount 25 and 25, fairseq 25 and 27 over 800 and 1,200: difference -1.00
     assert row.split(" | ")[1].startswith("-1.00 ["), row
+
+
+def test_fairseq_trains_where_it_is_told_and_with_the_environment_it_is_given(ttq, monkeypatch):
+    """A lent GPU: fairseq-train without --cpu, through a stand-in environment (gpu_time_to_quality.sh)."""
+    calls = []
+    monkeypatch.setattr(ttq.subprocess, "run", lambda cmd, **kw: calls.append([str(c) for c in cmd]))
+    ttq.train_fairseq(Path("out"), 2, 2400, 400, 1, device="cuda", venv="/tmp/fairseq-env")
+    ttq.train_fairseq(Path("out"), 2, 2400, 400, 1, device="cpu")
+    on_gpu, on_cpu = calls
+    assert on_gpu[on_gpu.index("--device") + 1] == "cuda" and on_cpu[on_cpu.index("--device") + 1] == "cpu"
+    assert on_gpu[on_gpu.index("--fairseq-venv") + 1] == "/tmp/fairseq-env" and "--fairseq-venv" not in on_cpu
+
+    tools = SCRIPT.parents[1] / "tools"
+    reference = importlib.util.spec_from_file_location("fairseq_reference", tools / "fairseq_reference.py")
+    tool = importlib.util.module_from_spec(reference)
+    reference.loader.exec_module(tool)
+    commands = []
+    monkeypatch.setattr(tool, "run", lambda cmd, **kw: commands.append([str(c) for c in cmd]))
+    for device in ("cpu", "cuda"):
+        args = tool.argparse.Namespace(arch_preset="multi30k", max_update=10, seed=1, save_every=5,
+                                       keep_checkpoints=-1, threads=1, device=device)
+        tool.train(Path("/env/bin/python"), args, Path("out"), Path("bin"))
+    assert "--cpu" in commands[0] and "--cpu" not in commands[1]

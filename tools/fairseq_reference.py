@@ -174,8 +174,9 @@ def train(python: Path, args, out: Path, bin_dir: Path) -> None:
            "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "0", "--criterion",
            "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-update", str(args.max_update),
            "--seed", str(args.seed), "--save-dir", ckpt, "--save-interval-updates", str(args.save_every),
-           "--keep-interval-updates", str(args.keep_checkpoints), "--no-epoch-checkpoints", "--cpu",
-           "--num-workers", "0", "--log-format", "simple", "--log-interval", "50", "--disable-validation"]
+           "--keep-interval-updates", str(args.keep_checkpoints), "--no-epoch-checkpoints",
+           *(["--cpu"] if args.device == "cpu" else []), "--num-workers", "0", "--log-format", "simple",
+           "--log-interval", "50", "--disable-validation"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), **FAIRSEQ_LOADS}
     run(cmd, env=env)
 
@@ -313,6 +314,7 @@ def main() -> int:
     ap.add_argument("--keep-checkpoints", type=int, default=-1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where fairseq-train trains")
     ap.add_argument("--reference-sentences", type=int, default=20)
     ap.add_argument("--max-len-a", type=float, default=1.5)
     ap.add_argument("--max-len-b", type=int, default=9, help="fairseq's; headcount's greedy_search takes one more "
