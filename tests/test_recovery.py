@@ -203,6 +203,25 @@ def test_an_error_about_a_mirror_copy_names_the_mirror_file(tmp_path, monkeypatc
     assert "results/x.txt is a copy" not in log
 
 
+def test_a_jobs_error_is_reported_where_only_the_jobs_own_packages_are_installed(tmp_path):
+    """The one-line error of a job must not depend on the config validator's package: on a lent GPU
+    without jsonschema the report itself failed, and the log kept no ERROR line."""
+    code = f"""
+import sys
+sys.modules["jsonschema"] = None  # importing it now fails, as where it is not installed
+sys.path.insert(0, {str(toyflow.REPO / "workflow/scripts")!r})
+from _common import job
+from headcount.io import HeadcountError
+snakemake = type("Snakemake", (), {{"log": ["job.log"], "threads": 1, "rule": "r", "wildcards": {{}}, "input": []}})()
+with job(snakemake):
+    raise HeadcountError("training stopped by SIGTERM at step 12")
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "ERROR: training stopped by SIGTERM at step 12" in (tmp_path / "job.log").read_text()
+    assert "Traceback" not in result.stderr
+
+
 def test_a_job_loads_no_torch_itself_and_torch_takes_the_jobs_threads(tmp_path):
     """The job wrapper sizes torch's thread pool through OMP_NUM_THREADS, so jobs that never use
     torch do not pay for importing it, and a job that does gets its `threads` (1 here, where

@@ -9,12 +9,15 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jsonschema
 import yaml
 
 from headcount.data.synthetic_language import PIECE_LENGTH
 from headcount.io import HeadcountError
+
+if TYPE_CHECKING:
+    import jsonschema
 
 MIRROR_ENV = "HEADCOUNT_MIRROR"
 # Where the workflow keeps each fetched source (a download, or a copy of the mirror's file).
@@ -257,6 +260,8 @@ def experiment_sides(exp: dict):
 def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, dict]:
     """Validate `config` and return every experiment with `defaults` merged in."""
     schema = load_schema(schema_path)
+    import jsonschema  # here, not above: a job's error report reads this module's names (MIRROR_ENV)
+
     validator_cls = jsonschema.validators.validator_for(schema)
     problems = _errors(validator_cls(schema), config)
     if problems:
