@@ -349,7 +349,9 @@ def main() -> int:
     models = subword_models(args, out, paths)
     bin_dir = binarise(python, out, paths, models, joint=args.arch_preset == "tiny-post")
     train(python, args, out, bin_dir)
-    env = {**os.environ, **FAIRSEQ_LOADS}
+    # fairseq's reference pass runs on the CPU; as many threads as training had, so that runs sharing
+    # a machine (a lent GPU's 16 cores, three fairseq runs) do not each take every core
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads), **FAIRSEQ_LOADS}
     run([python, __file__, "--worker", "--out", out, "--reference-sentences", args.reference_sentences,
          "--max-len-a", args.max_len_a, "--max-len-b", args.max_len_b], env=env)
     (out / "recipe.json").write_text(json.dumps({k: v for k, v in vars(args).items() if k != "worker"}, indent=1))
