@@ -32,9 +32,11 @@ logs wall time only). Runs live under --runs (default benchmarks/.time-to-qualit
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -414,7 +416,7 @@ def queue_in_parallel(plan: list[str], runs: Path, args) -> None:
     scored (a lent GPU: small models leave it idle most of a step, so several runs share it). Past
     --deadline seconds nothing new starts and the running children are stopped; each resumes from
     its checkpoint and keeps what it scored."""
-    start, pending, running = time.monotonic(), list(plan), {}
+    start, pending, running, stopped = time.monotonic(), list(plan), {}, set()
     passed = ["--max-updates", str(args.max_updates), "--every", str(args.every), "--threads", str(args.threads),
               "--beam", str(args.beam), "--alpha", str(args.alpha), "--runs", str(runs), "--device", args.device]
     passed += ["--settings", args.settings] if args.settings else []
@@ -428,12 +430,16 @@ def queue_in_parallel(plan: list[str], runs: Path, args) -> None:
             out = run_dir(runs, arm, variant, int(seed))
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "queue.log", "a") as sink:  # the child keeps its own copy of the handle
+                # a session of its own: the deadline stops the item's whole process group, fairseq-train
+                # too (a grandchild, which outlived its parent when only the parent was stopped)
                 running[item] = subprocess.Popen([sys.executable, "-u", __file__, "one", item, *passed],
-                                                 stdout=sink, stderr=subprocess.STDOUT)
+                                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
             log(f"queue: started {item} ({len(pending)} waiting)")
         for item, child in list(running.items()):
-            if late and child.poll() is None:
-                child.terminate()
+            if late and child.poll() is None and item not in stopped:
+                stopped.add(item)  # once: a second signal could land while the first one's checkpoint is written
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGTERM)
             if child.poll() is not None:
                 log(f"queue: {item} ended with code {child.wait()} after {time.monotonic() - start:.0f} s")
                 del running[item]

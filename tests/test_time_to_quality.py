@@ -88,3 +88,34 @@ def test_fairseq_trains_where_it_is_told_and_with_the_environment_it_is_given(tt
                                        keep_checkpoints=-1, threads=1, device=device)
         tool.train(Path("/env/bin/python"), args, Path("out"), Path("bin"))
     assert "--cpu" in commands[0] and "--cpu" not in commands[1]
+
+
+def test_the_deadline_stops_a_queued_run_with_the_processes_it_started(ttq, tmp_path, monkeypatch):
+    """fairseq-train is the run's grandchild: stopping only the child left it training (found when a
+    stopped benchmark kept a core busy for half an hour)."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    fake = tmp_path / "fake_one.py"  # stands in for `time_to_quality.py one`: starts a "fairseq-train"
+    pid_file = tmp_path / "grandchild.pid"
+    fake.write_text("import subprocess, sys, time\n"
+                    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                    f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+                    "time.sleep(120)\n")
+    monkeypatch.setattr(ttq, "__file__", str(fake))
+    args = SimpleNamespace(max_updates=10, every=5, threads=1, beam=1, alpha=0.6, device="cpu", settings=None,
+                           fairseq_venv=None, sentences=None, jobs=2, deadline=2.5)
+    started = time.monotonic()
+    ttq.queue_in_parallel(["fairseq:default:1"], tmp_path / "runs", args)
+    assert time.monotonic() - started < 60
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # reaped by init once killed; gone from the process table soon after
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(grandchild, 9)
+        raise AssertionError("the run's grandchild outlived the deadline")
