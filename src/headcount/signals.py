@@ -7,11 +7,12 @@ waiting for them as well, so a training job of an hour keeps the run, and its lo
 hour. Passed on, the signal reaches the jobs, which stop at once (training first saves a
 checkpoint), and the manager exits as soon as they have.
 
-Snakemake's own SIGTERM handler takes its scheduler's lock. Called inside the signal handler, it
-deadlocked whenever the signal landed while the main thread held that lock (job selection, say):
-the jobs stopped and Snakemake waited for ever. So the previous handler runs in a thread of its
-own, which waits for the main thread to let go of the lock; only Python's default SIGINT handler,
-which raises KeyboardInterrupt where the main thread is, still runs in place.
+The signal handler itself only writes the signal's number to a pipe. A thread started beforehand
+reads it, signals the descendants and then calls the handler that was installed before. Nothing
+that takes a lock runs inside the handler: Snakemake's SIGTERM handler takes its scheduler's lock,
+and called inside the signal handler it deadlocked whenever the signal landed while the main thread
+held that lock (job selection, say); starting a thread there takes threading's own locks. Python's
+default SIGINT handler, which raises KeyboardInterrupt where the main thread is, still runs in place.
 """
 
 from __future__ import annotations
@@ -30,21 +31,37 @@ def pass_on_stop_signals(signals=STOP_SIGNALS) -> None:
     import psutil
 
     me = os.getpid()
+    previous = {int(number): signal.getsignal(number) for number in signals}
+    read_end, write_end = os.pipe()
+
+    def pass_on() -> None:
+        while True:
+            signum = os.read(read_end, 1)[0]
+            for child in psutil.Process(me).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.send_signal(signum)
+            handler = previous[signum]
+            if callable(handler) and handler is not signal.default_int_handler:
+                handler(signum, None)
+
+    threading.Thread(target=pass_on, name="pass on stop signals", daemon=True).start()
+
+    def handler(signum, frame):
+        before = previous[signum]
+        if os.getpid() != me:  # a forked child that inherited the handler: as if never installed
+            if callable(before):
+                before(signum, frame)
+            return
+        if callable(before) or before == signal.SIG_IGN:
+            os.write(write_end, bytes([signum]))
+            if before is signal.default_int_handler:
+                before(signum, frame)  # KeyboardInterrupt, in the main thread
+        else:  # SIG_DFL: end as the signal would, the children first, or they would outlive this process
+            for child in psutil.Process(me).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.send_signal(signum)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(me, signum)
+
     for number in signals:
-        previous = signal.getsignal(number)
-
-        def handler(signum, frame, previous=previous):
-            if os.getpid() == me:  # not in a forked child that inherited the handler
-                for child in psutil.Process(me).children(recursive=True):
-                    with contextlib.suppress(psutil.Error):
-                        child.send_signal(signum)
-            if previous is signal.default_int_handler:
-                previous(signum, frame)
-            elif callable(previous):
-                threading.Thread(target=previous, args=(signum, frame), name=f"on {signal.Signals(signum).name}",
-                                 daemon=True).start()
-            elif previous != signal.SIG_IGN:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-
         signal.signal(number, handler)
