@@ -25,11 +25,17 @@ import threading
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def signal_descendants(pid: int, signum: int) -> None:
+    import psutil
+
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.send_signal(signum)
+
+
 def pass_on_stop_signals(signals=STOP_SIGNALS) -> None:
     """From now on, a stop signal this process receives goes to all its descendant processes
     first, and then to the handler that was installed before (call this after that one is)."""
-    import psutil
-
     me = os.getpid()
     previous = {int(number): signal.getsignal(number) for number in signals}
     read_end, write_end = os.pipe()
@@ -37,9 +43,7 @@ def pass_on_stop_signals(signals=STOP_SIGNALS) -> None:
     def pass_on() -> None:
         while True:
             signum = os.read(read_end, 1)[0]
-            for child in psutil.Process(me).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.send_signal(signum)
+            signal_descendants(me, signum)
             handler = previous[signum]
             if callable(handler) and handler is not signal.default_int_handler:
                 handler(signum, None)
@@ -57,9 +61,7 @@ def pass_on_stop_signals(signals=STOP_SIGNALS) -> None:
             if before is signal.default_int_handler:
                 before(signum, frame)  # KeyboardInterrupt, in the main thread
         else:  # SIG_DFL: end as the signal would, the children first, or they would outlive this process
-            for child in psutil.Process(me).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    child.send_signal(signum)
+            signal_descendants(me, signum)
             signal.signal(signum, signal.SIG_DFL)
             os.kill(me, signum)
 
