@@ -36,6 +36,8 @@ def signal_descendants(pid: int, signum: int) -> None:
 def pass_on_stop_signals(signals=STOP_SIGNALS) -> None:
     """From now on, a stop signal this process receives goes to all its descendant processes
     first, and then to the handler that was installed before (call this after that one is)."""
+    import psutil  # noqa: F401 - imported now, not first inside a signal handler
+
     me = os.getpid()
     previous = {int(number): signal.getsignal(number) for number in signals}
     read_end, write_end = os.pipe()
