@@ -21,6 +21,7 @@ import toyflow
 from conftest import make_toy_mirror, write_gz
 
 from headcount.config import MIRROR_ENV
+from headcount.io import sha256_file
 
 MARK = "@@ command"
 
@@ -153,9 +154,10 @@ def test_a_yaml_error_in_the_config_names_file_line_and_column(commands):
 
 
 @pytest.mark.workflow
-def test_a_fixed_mirror_file_is_copied_again_and_a_bad_checksum_fails_at_once(tmp_path):
-    """One run of three fetches: a copy older than its mirror file, a checksum that does not
-    match (with --retries 2 given), a mirror file of random bytes named .gz."""
+def test_a_fixed_mirror_file_is_copied_again_a_pinned_one_is_not_and_a_bad_checksum_fails_at_once(tmp_path):
+    """One run of four fetches: a copy older than its mirror file, a checksum that does not
+    match (with --retries 2 given), a mirror file of random bytes named .gz, and a copy older than
+    its mirror file whose checksum the config pins (left alone)."""
     workdir = toyflow.copy_workflow(tmp_path / "wf")
     mirror = make_toy_mirror(tmp_path)
     config = toyflow.smoke_config(mirror)
@@ -169,13 +171,22 @@ def test_a_fixed_mirror_file_is_copied_again_and_a_bad_checksum_fails_at_once(tm
     earlier = (mirror / "toy/val.en.gz").stat().st_mtime - 10
     os.utime(stale, (earlier, earlier))
     (mirror / "toy/test_2016_flickr.en.gz").write_bytes(bytes(range(7, 207)))
+    # A copy whose checksum the config pins, older than its mirror file (a remounted mirror): the
+    # date says nothing where the bytes are pinned, so it is not copied again.
+    pinned = workdir / "resources/data/toy/train.de.gz"
+    pinned.parent.mkdir(parents=True, exist_ok=True)
+    pinned.write_bytes((mirror / "toy/train.de.gz").read_bytes())
+    config["sources"]["toy/train.de.gz"]["sha256"] = sha256_file(pinned)
+    toyflow.write_config(smoke, config)
+    os.utime(pinned, (earlier, earlier))
 
     targets = ["resources/data/toy/val.en.gz", "resources/data/toy/val.de.gz",
-               "resources/data/toy/test_2016_flickr.en.gz"]
+               "resources/data/toy/test_2016_flickr.en.gz", "resources/data/toy/train.de.gz"]
     result = toyflow.snakemake("--cores", "1", "--keep-going", "--retries", "2", *targets, "--configfile", smoke,
                                cwd=workdir, snakefile=workdir / "Snakefile", timeout=300)
     assert result.returncode != 0
     assert gzip.decompress(stale.read_bytes()) == b"the fixed line\n"
+    assert pinned.stat().st_mtime == earlier and not (workdir / "resources/logs/fetch/toy/train.de.gz.log").exists()
 
     # No job is tried again, although --retries 2 was given (a retry rewrites the job's log).
     assert "Trying to restart job" not in result.stdout + result.stderr

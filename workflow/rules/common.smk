@@ -59,8 +59,14 @@ if MIRROR:
 
 def mirror_file(wildcards):
     """The mirror's file that a fetch copies, as the fetch's input: a fixed file in the mirror
-    (newer than its copy) is then copied again, and what was built from it redone."""
-    return [f"{MIRROR}/{wildcards.source}"] if MIRROR else []
+    (newer than its copy) is then copied again, and what was built from it redone. Where the config
+    pins a sha256 the copy's bytes are fixed by it, so the mirror file's date says nothing (a
+    remounted or re-copied mirror is newer without being different): only a changed sha256, a
+    change of params, copies it again."""
+    if not MIRROR:
+        return []
+    path = f"{MIRROR}/{wildcards.source}"
+    return [ancient(path)] if config["sources"][wildcards.source].get("sha256") else [path]
 
 
 wildcard_constraints:
