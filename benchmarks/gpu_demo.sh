@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The demo DAG (config/demo.yaml, `make demo`'s targets) end to end on a lent GPU (the device tool):
+# does every rule run with `device: auto` on CUDA, and how long does the whole DAG take there.
+# The GPU image lacks Snakemake and some of its dependencies: they travel as cp312 wheels in
+# .smkwhl (carried; the list is in benchmarks/RESULTS.md, "The demo DAG on a GPU"). CORES jobs at
+# once share the one GPU. Under $OUT: the Snakemake log, the stage times, planted vs found, and each
+# training's device and precision (from its log).
+set -u
+OUT=${OUT:-/tmp/gpu-demo-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .smkwhl/*.whl || exit
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  echo "cores: $(nproc)"
+  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+  python3 -m snakemake --version
+} 2>&1 | tee "$OUT/machine.txt"
+rm -rf results/demo results/demo_seed2
+start=$(date +%s)
+timeout "${DEADLINE:-420}" python3 -m snakemake --configfile config/demo.yaml --cores "${CORES:-16}" \
+  --rerun-incomplete -- all results/demo/prune/all/lambda_0.3/physical/model.pt > "$OUT/snakemake.log" 2>&1
+echo "snakemake rc=$? wall_s=$(( $(date +%s) - start ))" | tee -a "$OUT/machine.txt"
+tail -3 "$OUT/snakemake.log"
+python3 benchmarks/stage_times.py results/demo > "$OUT/stage_times.txt" 2>&1
+cp results/demo/control/planted_vs_found.md "$OUT/" 2>/dev/null
+grep -rh -E "training on|trained [0-9]+ steps" results/demo*/logs > "$OUT/devices.txt" 2>&1
+grep "training on" "$OUT/devices.txt" | cut -c23- | cut -d";" -f1 | sort | uniq -c
