@@ -66,7 +66,9 @@ def mirror_file(wildcards):
     if not MIRROR:
         return []
     path = f"{MIRROR}/{wildcards.source}"
-    return [ancient(path)] if config["sources"][wildcards.source].get("sha256") else [path]
+    return (
+        [ancient(path)] if config["sources"][wildcards.source].get("sha256") else [path]
+    )
 
 
 wildcard_constraints:
