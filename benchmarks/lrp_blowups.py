@@ -20,18 +20,12 @@ from pathlib import Path
 
 import torch
 
+from headcount.analysis.correlations import spearman
 from headcount.analysis.importance import dev_batches
 from headcount.analysis.relevance import sub_batches
 from headcount.io import read_lines
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.lrp import step_relevance
-
-
-def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Spearman's rho without ties handling (head shares are continuous)."""
-    ra, rb = (x.argsort().argsort().double() for x in (a, b))
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
 
 
 def add(sums: dict, key: tuple, shares: torch.Tensor, mask: torch.Tensor) -> None:
@@ -90,8 +84,8 @@ def main() -> None:
         all_ = sums["all"][key] / max(counts["all"][key], 1)
         cons = sums["conserved"][key] / max(counts["conserved"][key], 1)
         attn = sums["attnlrp"][key] / max(n_steps, 1)
-        rho_c = spearman(all_, cons) if counts["conserved"][key] else float("nan")
-        rho_a = spearman(all_, attn)
+        rho_c = spearman(all_.numpy(), cons.numpy()) if counts["conserved"][key] else float("nan")
+        rho_a = spearman(all_.numpy(), attn.numpy())
         share = counts["conserved"][key] / max(counts["all"][key], 1)
         print(f"| {key[0]} | {key[1] + 1} | {share:.2f} | {rho_c:.2f} | {float((all_ - cons).abs().max()):.3f} | "
               f"{rho_a:.2f} | {int(all_.argmax()) + 1} / {int(cons.argmax()) + 1} / {int(attn.argmax()) + 1} |")
