@@ -45,7 +45,7 @@ browser:
 	else echo "browser: no chromium/chromedriver and no root apt-get; the atlas's browser tests will skip"; fi
 
 test: setup browser lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 lint: setup
 	$(BIN)/ruff check src tests workflow/scripts benchmarks tools
@@ -64,7 +64,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST)/bin/python -m pip install --quiet torch==2.13.0
 	$(LATEST)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e '.[workflow,dev]'
-	$(LATEST)/bin/python -m pytest -q
+	$(LATEST)/bin/python -m pytest -q -n auto --maxprocesses 4
 
 lock:
 	test -x $(LATEST)/bin/python || { echo "lock: run make test-latest first"; exit 2; }

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models and a tiny synthetic parallel corpus the tests make themselves."""
 
 import gzip
+import importlib.util
 import random
 import subprocess
 import sys
@@ -18,6 +19,41 @@ import toyflow  # noqa: E402
 from headcount.models.transformer import ModelConfig, Transformer  # noqa: E402
 
 torch.set_num_threads(1)  # tests are small; keep the second core for the workflow tests' jobs
+
+
+# `make test` runs two pytest-xdist workers. Each test file goes to one worker whole (its module
+# fixtures are built once), and the files whose tests read the smoke run go to one worker
+# together, so that its two-minute run happens once. xdist's own `xdist_group` cannot say this:
+# its loadgroup mode does not group on pytest 9.2 (pytest-xdist issue 1386).
+SMOKE_RUN_FILES = {"test_atlas.py", "test_rerun.py", "test_workflow.py"}
+
+
+def pytest_collection_modifyitems(items):
+    """A test that reads the smoke run outside SMOKE_RUN_FILES would rerun it on the other worker."""
+    stray = [item.nodeid for item in items
+             if "smoke_run" in getattr(item, "fixturenames", ()) and item.path.name not in SMOKE_RUN_FILES]
+    if stray:
+        raise pytest.UsageError(f"{', '.join(stray)} read(s) the smoke run: add the file to SMOKE_RUN_FILES in "
+                                "tests/conftest.py so that pytest-xdist keeps it on the smoke run's worker")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a worker takes: a test file, or all of the smoke run's files together."""
+    path = nodeid.split("::", 1)[0]
+    return "smoke_run" if Path(path).name in SMOKE_RUN_FILES else path
+
+
+if importlib.util.find_spec("xdist"):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        if config.getvalue("dist") == "load":  # -n without --dist; an explicit --dist is left alone
+            return ByFile(config, log)
+
 
 # A toy language pair: each source word has one target word; the target reverses adjective-noun
 # order, so a model must look beyond the aligned position to translate.

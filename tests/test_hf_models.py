@@ -1040,7 +1040,7 @@ def test_lrp_matches_explicit_per_neuron_lrp(family, rule, record_property):
             np.testing.assert_allclose(fast_heads[kind], heads[kind], rtol=1e-6, atol=1e-9)
             worst = max(worst, float(np.abs(np.array(fast_heads[kind]) - np.array(heads[kind])).max()))
         assert fast_total == pytest.approx(total, rel=1e-6, abs=1e-9)
-        worst = max(worst, abs(fast_total - total))
+        worst = max(worst, float(abs(fast_total - total)))
     record_property("max_abs_error", worst)
     print(f"LRP {family} {rule}: max abs error against the explicit LRP {worst:.2e}")
 
