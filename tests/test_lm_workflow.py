@@ -4,14 +4,13 @@ tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pr
 physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_toy_mirror, toy_corpus
-from toyflow import CORES, copy_workflow, shipped_config, smoke_config, snakemake, write_config
+from toyflow import copy_workflow, run_to, shipped_config, smoke_config, snakemake, write_config
 
 pytest.importorskip("transformers")
 
@@ -42,19 +41,9 @@ def lm_config(mirror, model_dir) -> dict:
 def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     mirror = make_toy_mirror(tmp_path)
     model_dir = TRAINED_GPT2
-    workdir = copy_workflow(tmp_path / "wf")
-    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
     # A pruned model's perplexity is the baseline's rule on another model, and the pruning table and
     # the ranked curve only read files: test_the_pruning_table_* runs them in-process, in seconds.
-    targets = [f"results/toy/{name}" for name in (
-        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
-        "prune/all/lambda_2/physical/model.pt")]
-    start = time.perf_counter()
-    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
-                       snakefile=workdir / "Snakefile", timeout=600)
-    print(f"language-model workflow: {time.perf_counter() - start:.0f} s")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    results = workdir / "results/toy"
+    results = run_to(tmp_path, lm_config(mirror, model_dir), "all", "language-model")
 
     # No subwords, no training, no translation: the model and its one tokenizer were imported.
     assert not (results / "subwords").exists() and not (results / "baseline/translations").exists()

@@ -3,12 +3,11 @@ MarianMT written as an opus-mt directory (hf_models.write_tiny_marian), every st
 import run to the end offline, and the config errors a pretrained experiment can hit."""
 
 import json
-import time
 
 import pandas as pd
 import pytest
 from conftest import make_toy_mirror, toy_corpus
-from toyflow import CORES, copy_workflow, shipped_config, smoke_config, snakemake, write_config
+from toyflow import run_to, shipped_config, smoke_config, snakemake, write_config
 
 pytest.importorskip("transformers")
 
@@ -38,17 +37,7 @@ def run_every_stage(tmp_path, config: dict):
     read these files (score table, Michel curve, pruning table, plots) are the same code for every
     family and run in the smoke test; leaving them and the lambda = 0 run out halves this test.
     -> the experiment's results directory."""
-    workdir = copy_workflow(tmp_path / "wf")
-    config_path = write_config(workdir / "pretrained.yaml", config)
-    targets = [f"results/toy/{name}" for name in (
-        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
-        "prune/enc/lambda_2/physical/model.pt")]
-    start = time.perf_counter()
-    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
-                       snakefile=workdir / "Snakefile", timeout=600)
-    print(f"pretrained workflow: {time.perf_counter() - start:.0f} s")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return workdir / "results/toy"
+    return run_to(tmp_path, config, "enc", "pretrained")
 
 
 @pytest.mark.workflow

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -74,6 +75,23 @@ def copy_workflow(dest: Path) -> Path:
     for folder in ("workflow", "src", "config", "envs"):
         shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
     return dest
+
+
+def run_to(tmp_path: Path, config: dict, setting: str, label: str) -> Path:
+    """The stages particular to an imported model, in a fresh copy of the workflow: the baseline's
+    test scores, head scores, roles, and the lambda = 2 pruning run of `setting` to its physical
+    export. -> the experiment's results directory."""
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / f"{label}.yaml", config)
+    targets = [f"results/toy/{name}" for name in (
+        "baseline/scores/test_2016_flickr.json", "heads/scores.parquet", "syntax/roles.csv",
+        f"prune/{setting}/lambda_2/physical/model.pt")]
+    start = time.perf_counter()
+    result = snakemake(*targets, "--cores", CORES, "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile", timeout=600)
+    print(f"{label} workflow: {time.perf_counter() - start:.0f} s")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return workdir / "results/toy"
 
 
 def plan(workdir: Path, config: dict, *extra) -> dict[str, int]:
