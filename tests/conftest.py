@@ -21,7 +21,7 @@ from headcount.models.transformer import ModelConfig, Transformer  # noqa: E402
 torch.set_num_threads(1)  # tests are small; keep the second core for the workflow tests' jobs
 
 
-# `make test` runs two pytest-xdist workers. Each test file goes to one worker whole (its module
+# `make test` runs pytest-xdist workers (two on 2 cores). Each test file goes to one worker whole (its module
 # fixtures are built once), and the files whose tests read the smoke run go to one worker
 # together, so that its two-minute run happens once. xdist's own `xdist_group` cannot say this:
 # its loadgroup mode does not group on pytest 9.2 (pytest-xdist issue 1386).
