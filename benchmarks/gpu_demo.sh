@@ -4,7 +4,9 @@
 # The GPU image lacks Snakemake and some of its dependencies: they travel as cp312 wheels in
 # .smkwhl (carried; the list is in benchmarks/RESULTS.md, "The demo DAG on a GPU"). CORES jobs at
 # once share the one GPU. Under $OUT: the Snakemake log, the stage times, planted vs found, and each
-# training's device and precision (from its log).
+# training's device and precision (from its log). EVAL_THREADS=1 gives each job that runs a trained
+# model without training it one thread (resources.eval_threads), so that they share the GPU side by
+# side instead of queueing for all the cores.
 set -u
 OUT=${OUT:-/tmp/gpu-demo-out}
 mkdir -p "$OUT"
@@ -16,8 +18,13 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
   python3 -m snakemake --version
 } 2>&1 | tee "$OUT/machine.txt"
 rm -rf results/demo results/demo_seed2
+extra=()
+if [ -n "${EVAL_THREADS:-}" ]; then
+  printf 'defaults:\n  resources: {eval_threads: %s}\n' "$EVAL_THREADS" > /tmp/eval_threads.yaml
+  extra=(/tmp/eval_threads.yaml)
+fi
 start=$(date +%s)
-timeout "${DEADLINE:-420}" python3 -m snakemake --configfile config/demo.yaml --cores "${CORES:-16}" \
+timeout "${DEADLINE:-420}" python3 -m snakemake --configfile config/demo.yaml "${extra[@]}" --cores "${CORES:-16}" \
   --rerun-incomplete -- all results/demo/prune/all/lambda_0.3/physical/model.pt > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? wall_s=$(( $(date +%s) - start ))" | tee -a "$OUT/machine.txt"
 tail -3 "$OUT/snakemake.log"

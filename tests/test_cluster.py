@@ -184,15 +184,17 @@ def planned_threads(workdir, config) -> dict[str, set[int]]:
     return threads
 
 
-def test_train_threads_sizes_the_training_jobs_only(tmp_path, toy_mirror):
+def test_thread_keys_size_their_own_jobs(tmp_path, toy_mirror):
     config = smoke_config(toy_mirror)
     config["defaults"]["seeds"] = [1, 2]
     every_core = planned_threads(tmp_path, config)
     config["defaults"]["resources"]["train_threads"] = 1
-    one = planned_threads(tmp_path, config)
+    one_train = planned_threads(tmp_path, config)
+    config["defaults"]["resources"].update(train_threads=0, eval_threads=1)
+    one_eval = planned_threads(tmp_path, config)
     training = {"train_baseline", "prune_heads", "train_from_scratch"}
-    assert training <= set(one), set(one)
-    assert {rule: every_core[rule] for rule in training} == dict.fromkeys(training, {2})
-    assert {rule: one[rule] for rule in training} == dict.fromkeys(training, {1})
-    # Decoding and LRP keep every core: nothing runs beside them that they would wait for.
-    assert one["translate"] == one["score_heads"] == {2}
+    evaluation = {"translate", "score_heads", "head_roles", "ranked_curve"}
+    assert training | evaluation <= set(every_core) & set(one_train) & set(one_eval), set(every_core)
+    for threads, train, evaluate in ((every_core, 2, 2), (one_train, 1, 2), (one_eval, 2, 1)):
+        assert {rule: threads[rule] for rule in training} == dict.fromkeys(training, {train})
+        assert {rule: threads[rule] for rule in evaluation} == dict.fromkeys(evaluation, {evaluate})

@@ -165,15 +165,30 @@ def all_cores(wildcards):
     return workflow.resource_settings.cores or workflow.cores
 
 
+def configured_threads(wildcards, key):
+    """Threads of a job from the experiment's `resources.<key>`, or every core it is given (0)."""
+    cores = all_cores(wildcards)
+    threads = exp_config(wildcards)["resources"][key]
+    return min(threads, cores) if threads else cores
+
+
 def training_threads(wildcards):
     """Threads of a training job: `resources.train_threads`, or every core it is given (0).
 
     One thread per job lets independent training runs (seeds, the lambda grid, from-scratch runs)
     share the cores side by side, which trains more tokens per second on a small CPU than one job
     on all of them (benchmarks/RESULTS.md, "Training jobs side by side")."""
-    cores = all_cores(wildcards)
-    threads = exp_config(wildcards)["resources"]["train_threads"]
-    return min(threads, cores) if threads else cores
+    return configured_threads(wildcards, "train_threads")
+
+
+def evaluation_threads(wildcards):
+    """Threads of a job that runs a trained model without training it (decoding, head scores,
+    roles, Michel curves, perplexity): `resources.eval_threads`, or every core it is given (0).
+
+    On a GPU machine such a job leaves its cores idle; with every core reserved, the many small
+    decoding jobs after a training ran one at a time there (benchmarks/RESULTS.md, "The demo DAG
+    on a GPU, to the end")."""
+    return configured_threads(wildcards, "eval_threads")
 
 
 # The GPU type to ask a SLURM cluster for (profiles/slurm): only jobs that ask for a GPU name

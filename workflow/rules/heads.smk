@@ -26,7 +26,7 @@ rule score_heads:
         benchmark_path("score_heads")
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,
@@ -95,7 +95,7 @@ rule snapshot_statistics:
         benchmark_path("snapshot_statistics")
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

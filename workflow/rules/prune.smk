@@ -134,7 +134,7 @@ rule ranked_curve:
         benchmark_path("prune/{setting}/{method}_curve")
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

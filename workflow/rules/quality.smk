@@ -20,7 +20,7 @@ rule lm_quality:
         exp=LM_EXPERIMENTS,
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

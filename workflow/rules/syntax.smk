@@ -83,7 +83,7 @@ rule head_roles:
         benchmark_path("head_roles")
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,

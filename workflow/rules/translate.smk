@@ -21,7 +21,7 @@ rule translate:
         exp=TRANSLATION_EXPERIMENTS,
     conda:
         ENV
-    threads: all_cores
+    threads: evaluation_threads
     resources:
         gpu=gpu_count,
         gpu_model=gpu_model,
