@@ -11,7 +11,7 @@ for threads in ${ORDER:-0 1}; do
   start=$(date +%s.%N)
   .venv/bin/snakemake --configfile config/demo.yaml "/tmp/demo_eval$threads.yaml" --cores "${DEMO_CORES:-2}" \
     --rerun-incomplete --prioritize results/demo/control/planted_vs_found.md results/demo/syntax/table1.md \
-    -- all results/demo/prune/all/lambda_0.3/physical/model.pt > "/tmp/demo_eval$threads.log" 2>&1
+    -- all results/demo/prune/all/lambda_1/physical/model.pt > "/tmp/demo_eval$threads.log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   first=$(stat -c %Y results/demo/control/planted_vs_found.md 2>/dev/null || echo "$end")

@@ -25,7 +25,7 @@ if [ -n "${EVAL_THREADS:-}" ]; then
 fi
 start=$(date +%s)
 timeout "${DEADLINE:-420}" python3 -m snakemake --configfile config/demo.yaml "${extra[@]}" --cores "${CORES:-16}" \
-  --rerun-incomplete -- all results/demo/prune/all/lambda_0.3/physical/model.pt > "$OUT/snakemake.log" 2>&1
+  --rerun-incomplete -- all results/demo/prune/all/lambda_1/physical/model.pt > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? wall_s=$(( $(date +%s) - start ))" | tee -a "$OUT/machine.txt"
 tail -3 "$OUT/snakemake.log"
 python3 benchmarks/stage_times.py results/demo > "$OUT/stage_times.txt" 2>&1
