@@ -183,7 +183,8 @@ def training_threads(wildcards):
 
 def evaluation_threads(wildcards):
     """Threads of a job that runs a trained model without training it (decoding, head scores,
-    roles, Michel curves, perplexity): `resources.eval_threads`, or every core it is given (0).
+    roles, Michel curves, snapshot statistics, perplexity): `resources.eval_threads`, or every core
+    it is given (0).
 
     On a GPU machine such a job leaves its cores idle; with every core reserved, the many small
     decoding jobs after a training ran one at a time there (benchmarks/RESULTS.md, "The demo DAG
