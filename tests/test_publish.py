@@ -159,3 +159,29 @@ def test_old_numbers_beside_new_from_git_and_a_run(tmp_path):
                         "bleu_scratch change |")
     assert lines[2:] == ["| all | 0 | - | 36.9 | - | - | - | - |",
                          "| all | 0.1 | 34.68 | 35 | +0.32 | 35.42 | 35.1 | -0.32 |"]
+
+
+def test_verdicts_old_beside_new_matched_on_the_finding(tmp_path):
+    import subprocess
+
+    import pandas as pd
+
+    repo = tmp_path / "repo"
+    (repo / "docs/tables").mkdir(parents=True)
+    (repo / "docs/tables/pruning_claims.md").write_text(
+        "### x: the paper's pruning findings\n\n| finding (Voita et al., 2019) | this run | verdict |\n|---|---|---|\n"
+        "| Heads go. | 3 of 4 | **holds** (3 of 4 significant) |\n"
+        "| Layers matter. | 1 of 4 | **not resolved** (1 of 4 significant) |\n\nRules (...). **not** a row\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    old = compare_published.old_verdicts("HEAD", repo=repo)
+    assert old == {"Heads go.": "holds", "Layers matter.": "not resolved"}
+    assert compare_published.old_verdicts("HEAD", "nowhere.md", repo) is None
+    new = pd.DataFrame({"name": ["a", "c"], "paper": ["Heads go.", "Seeds agree."], "measured": ["", ""],
+                        "verdict": ["not resolved", "holds"], "basis": ["1 of 4 significant", float("nan")]})
+    lines = compare_published.compare_verdicts(old, new).splitlines()
+    assert lines[2:] == ["| Heads go. | holds | not resolved | 1 of 4 significant |",
+                         "| Layers matter. | not resolved | - | - |",
+                         "| Seeds agree. | - | holds | - |"]

@@ -7,6 +7,8 @@ republication puts in docs/results.md when a fix moved a published number.
 The old tables are read from git (docs/tables/ at --old), the new ones from the run's folder.
 Each table is joined on its key columns; a row only one side has shows "-" on the other, and each
 number gets its change (new - old). A table missing on either side is named and skipped.
+The pruning findings' verdicts come last, old (docs/tables/pruning_claims.md) beside new
+(prune/claims.tsv), matched on the paper's finding.
 """
 
 from __future__ import annotations
@@ -35,6 +37,33 @@ def old_table(rev: str, name: str, repo: Path = REPO) -> pd.DataFrame | None:
     shown = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:docs/tables/{name}"], capture_output=True,
                            text=True)
     return pd.read_csv(io.StringIO(shown.stdout), sep="\t") if shown.returncode == 0 else None
+
+
+def old_verdicts(rev: str, name: str = "pruning_claims.md", repo: Path = REPO) -> dict[str, str] | None:
+    """finding -> verdict of a claims table (claims_markdown's layout) as committed at `rev`: the bold
+    part of each row's last cell; None where that commit has no such file."""
+    shown = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:docs/tables/{name}"], capture_output=True,
+                           text=True)
+    if shown.returncode:
+        return None
+    verdicts = {}
+    for line in shown.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[-1].startswith("**"):
+            verdicts[cells[0]] = cells[-1].split("**")[1]
+    return verdicts
+
+
+def compare_verdicts(old: dict[str, str], new: pd.DataFrame) -> str:
+    """A markdown table: each finding (the paper's words) with its verdict before and after and the
+    new basis; a finding only one side has shows "-" on the other."""
+    lines = ["| finding | verdict old | verdict new | basis new |", "|---|---|---|---|"]
+    new_rows = {row.paper: row for row in new.itertuples()}
+    for finding in list(old) + [f for f in new_rows if f not in old]:
+        row = new_rows.get(finding)
+        basis = "-" if row is None or pd.isna(row.basis) else row.basis
+        lines.append(f"| {finding} | {old.get(finding, '-')} | {'-' if row is None else row.verdict} | {basis} |")
+    return "\n".join(lines)
 
 
 def _cell(value) -> str:
@@ -73,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"### {title} ({published} at {args.old} against {path})\n")
         print(compare(old, pd.read_csv(path, sep="\t"), keys, values) + "\n")
+    old, path = old_verdicts(args.old), args.results / "prune" / "claims.tsv"
+    if old is None or not path.is_file():
+        print(f"verdicts: skipped ({'no docs/tables/pruning_claims.md at ' + args.old if old is None else path} "
+              "missing)\n")
+    else:
+        print(f"### verdicts (pruning_claims.md at {args.old} against {path})\n")
+        print(compare_verdicts(old, pd.read_csv(path, sep="\t")) + "\n")
     return 0
 
 
