@@ -6,7 +6,8 @@
 # once share the one GPU. Under $OUT: the Snakemake log, the stage times, planted vs found, and each
 # training's device and precision (from its log). EVAL_THREADS=1 gives each job that runs a trained
 # model without training it one thread (resources.eval_threads), so that they share the GPU side by
-# side instead of queueing for all the cores.
+# side instead of queueing for all the cores. DEADLINE (560 s) keeps the call inside one device
+# call's 600 s; the 88-job demo of 2026-11-26 needed 541 s for 83 jobs with every core per job.
 set -u
 OUT=${OUT:-/tmp/gpu-demo-out}
 mkdir -p "$OUT"
@@ -24,7 +25,7 @@ if [ -n "${EVAL_THREADS:-}" ]; then
   extra=(/tmp/eval_threads.yaml)
 fi
 start=$(date +%s)
-timeout "${DEADLINE:-420}" python3 -m snakemake --configfile config/demo.yaml "${extra[@]}" --cores "${CORES:-16}" \
+timeout "${DEADLINE:-560}" python3 -m snakemake --configfile config/demo.yaml "${extra[@]}" --cores "${CORES:-16}" \
   --rerun-incomplete -- all results/demo/prune/all/lambda_1/physical/model.pt > "$OUT/snakemake.log" 2>&1
 echo "snakemake rc=$? wall_s=$(( $(date +%s) - start ))" | tee -a "$OUT/machine.txt"
 tail -3 "$OUT/snakemake.log"
