@@ -236,6 +236,57 @@ def test_physically_pruned_model_computes_the_same_as_the_masked_one(tiny_model)
     assert attention_flops(tiny_model, 7, 5) == sum(int(masks[k].sum()) * per_head[k] for k in masks)
 
 
+def test_training_only_the_kept_heads_is_masked_training(tiny_model):
+    """removal.computing_kept_heads (a twin's training): Adam steps on the physically pruned model
+    give the weights that the same steps on the masked model give, the masked heads left at their
+    initial weights, and the full layout and mask come back."""
+    import copy
+    from dataclasses import replace
+
+    from headcount.models.transformer import Transformer
+    from headcount.pruning.removal import computing_kept_heads
+
+    masks = {"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0]]),  # a layer with no head left
+             "dec_self": torch.tensor([[1.0, 1, 1, 1], [0, 1, 0, 0]]),
+             "dec_enc": torch.tensor([[0.0, 0, 1, 0], [1, 1, 0, 1]])}
+    torch.manual_seed(0)
+    masked = Transformer(replace(tiny_model.cfg, dropout=0.0, attn_dropout=0.0))  # no random stream to differ
+    masked.set_head_mask(masks)
+    pruned, initial = copy.deepcopy(masked), copy.deepcopy(masked)
+
+    def adam_steps(model):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        model.train()
+        for seed in range(4):
+            src, tgt = random_batch(model, seed=seed)
+            logits, _ = model(src, tgt)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.roll(-1, 1).reshape(-1))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    adam_steps(masked)
+    with computing_kept_heads(pruned):
+        assert [m.n_heads for m in pruned.attention_modules()["enc_self"]] == [2, 0]
+        adam_steps(pruned)
+    assert [m.n_heads for m in pruned.attention_modules()["enc_self"]] == [4, 4]
+    for kind, mask in pruned.head_mask().items():
+        assert torch.equal(mask, masks[kind])
+    got, expected, start = pruned.state_dict(), masked.state_dict(), initial.state_dict()
+    assert got.keys() == expected.keys()
+    for name in expected:
+        if name.endswith("k_proj.bias"):
+            # Softmax ignores a shift shared by all keys, so W^K's bias gets only rounding noise
+            # as gradient, which Adam scales up to full steps: different noise, different values.
+            continue
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+    dead = slice(1 * 4, 2 * 4)  # head 1 of encoder layer 0: masked, so never trained
+    assert torch.equal(got["encoder_layers.0.self_attn.q_proj.weight"][dead],
+                       start["encoder_layers.0.self_attn.q_proj.weight"][dead])
+    assert not torch.equal(got["encoder_layers.0.self_attn.q_proj.weight"][:4],
+                           start["encoder_layers.0.self_attn.q_proj.weight"][:4])
+
+
 Q0 = "encoder_layers.0.self_attn.q_proj.weight"  # a weight every setting trains
 
 

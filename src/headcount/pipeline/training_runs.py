@@ -4,6 +4,7 @@ twin of a pruned model (its head mask, random initialisation). What train_baseli
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import torch
 
@@ -14,6 +15,7 @@ from headcount.models.loading import load_model
 from headcount.models.seq2seq import Seq2SeqWithHeads
 from headcount.models.transformer import ModelConfig, Transformer
 from headcount.provenance import provenance
+from headcount.pruning.removal import computing_kept_heads
 from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
@@ -52,6 +54,7 @@ def train_translation_model(
         masks = load_model(head_mask_from).head_mask()
         model.set_head_mask({kind: (mask > 0).float() for kind, mask in masks.items()})
         fingerprint["head_mask"] = {kind: mask.tolist() for kind, mask in model.head_mask().items()}
+        fingerprint["computed_heads"] = "kept"
         log("retained heads: " + ", ".join(f"{k} {int(m.sum())}/{m.numel()}" for k, m in model.head_mask().items()))
 
     lr_at = None  # the baseline's Noam
@@ -65,8 +68,12 @@ def train_translation_model(
     def dev_bleu(model: Seq2SeqWithHeads, dev: DevSet) -> float:
         return greedy_dev_bleu(model, dev, tgt_seg, cfg.dev_bleu_sentences, lowercase)
 
-    summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
-                    run_fingerprint=fingerprint, lr_at=lr_at, log=log)
+    # A twin computes only its kept heads (the same function, less time a step, removal.
+    # computing_kept_heads); its checkpoints hold that smaller layout, as the fingerprint says.
+    heads = computing_kept_heads(model) if head_mask_from is not None else nullcontext()
+    with heads:
+        summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
+                        run_fingerprint=fingerprint, lr_at=lr_at, log=log)
     model.to("cpu")
     model.save(model_out, {"train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
     summary = {**summary, "lr_schedule": "noam" if schedule is None else "pruned",
