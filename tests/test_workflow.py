@@ -282,8 +282,10 @@ def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_re
 
     reached = 0
     for signum in (signal.SIGTERM, signal.SIGINT):
-        process = subprocess.Popen(command(long_run), cwd=workdir, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+        output = workdir / f"snakemake_{signum.name}.txt"  # for the failure message
+        with open(output, "w") as sink:
+            process = subprocess.Popen(command(long_run), cwd=workdir, stdout=sink, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
         deadline = time.time() + 300
         while last_step() < reached + 20 and process.poll() is None and time.time() < deadline:
             time.sleep(0.2)
@@ -296,7 +298,9 @@ def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_re
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            pytest.fail(f"snakemake still running 60 s after {signum.name}")
+            job_log = (workdir / "results/toy/logs/train_baseline.log").read_text()
+            pytest.fail(f"snakemake still running 60 s after {signum.name}; its output:\n{output.read_text()[-3000:]}"
+                        f"\njob log:\n{job_log[-1500:]}")
         print(f"{signum.name}: snakemake exited after {time.time() - sent:.1f} s")
         assert returncode != 0
         assert not any(job.is_running() and job.status() != psutil.STATUS_ZOMBIE for job in jobs)
