@@ -68,8 +68,9 @@ def train_translation_model(
     def dev_bleu(model: Seq2SeqWithHeads, dev: DevSet) -> float:
         return greedy_dev_bleu(model, dev, tgt_seg, cfg.dev_bleu_sentences, lowercase)
 
-    # A twin computes only its kept heads (the same function, less time a step, removal.
-    # computing_kept_heads); its checkpoints hold that smaller layout, as the fingerprint says.
+    # A twin computes only its kept heads (the same function in less time a step; see
+    # pruning.removal.computing_kept_heads). Its checkpoints hold that smaller layout, as the
+    # fingerprint says.
     heads = computing_kept_heads(model) if head_mask_from is not None else nullcontext()
     with heads:
         summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,

@@ -32,7 +32,7 @@ def computing_kept_heads(model: Seq2SeqWithHeads) -> Iterator[Seq2SeqWithHeads]:
     For training a from-scratch twin: a masked head gets no gradient, and Adam (no weight decay)
     leaves a parameter without gradient unchanged, so masked training would leave those heads at
     their initial weights too. The same function is trained at less cost (a twin keeping 22 of 144
-    heads took 35% less time a step, benchmarks/RESULTS.md); the attention dropout draws fewer
+    heads took 36% less time a step, benchmarks/RESULTS.md); the attention dropout draws fewer
     random numbers, so the run is an equally valid one, not the masked run bit for bit.
     headcount's own Transformer only: it reads the modules' q/k/v/out projections."""
     saved = []  # (module, its mask, its full-size projections)
