@@ -11,7 +11,7 @@ _spec.loader.exec_module(publish_results)
 
 def _fake_runs(root: Path) -> dict[str, Path]:
     runs = {"main": root / "results" / "exp", "control": root / "results" / "control",
-            "toolkits": root / "results" / "compare" / "toolkits"}
+            "seeds": root / "results" / "exp", "toolkits": root / "results" / "compare" / "toolkits"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
@@ -49,7 +49,8 @@ def test_the_toolkits_comparison_is_published_only_when_asked_for_and_then_alone
     assert toolkits == {"tables/toolkits_comparison.md", "tables/toolkits_comparison.tsv"}
     docs = tmp_path / "docs"
     (runs["toolkits"] / "comparison.md").unlink()  # the toolkits' run is not done: the main run publishes all the same
-    assert publish_results.publish({"main": runs["main"], "control": runs["control"]}, docs, log=lambda _: None) == 0
+    main_run = {run: runs[run] for run in ("main", "control", "seeds")}
+    assert publish_results.publish(main_run, docs, log=lambda _: None) == 0
     assert not any((docs / name).exists() for name in toolkits)
     lines = []  # asked for alone, a missing file of its own publishes nothing
     assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lines.append) == 2
@@ -64,6 +65,32 @@ def test_the_toolkits_comparison_is_published_only_when_asked_for_and_then_alone
     # the page's other tables keep their published files; the comparison is spliced in
     page = (docs / "results.md").read_text()
     assert "main:prune/table2.md\n" in page and "toolkits:comparison.md\n<!-- end tables/toolkits_comparison.md" in page
+
+
+def test_seed_1_and_the_control_publish_while_the_seeds_train(tmp_path):
+    runs = _fake_runs(tmp_path)
+    seeds = {name for name, (run, _) in publish_results.PUBLISHED.items() if run == "seeds"}
+    assert {"tables/seed_spread.md", "tables/seed_claims.md"} <= seeds
+    assert all(inside.startswith("seeds/") for run, inside in publish_results.PUBLISHED.values() if run == "seeds")
+    docs = tmp_path / "docs"
+    (docs / "tables").mkdir(parents=True)
+    (docs / "tables" / "seed_spread.md").write_text("the seeds of an older run\n")
+    (runs["seeds"] / "seeds" / "claims.md").unlink()  # the seeds' grids still train
+    (docs / "results.md").write_text(PAGE)
+    lines = []  # with the seeds, a missing file of theirs publishes nothing
+    assert publish_results.publish(runs, docs, log=lines.append) == 2
+    assert any("seeds/claims.md" in line for line in lines)
+    without = {run: runs[run] for run in ("main", "control")}
+    assert publish_results.publish(without, docs, log=lambda _: None) == 0
+    assert (docs / "tables" / "table2.md").read_text() == "main:prune/table2.md"
+    assert (docs / "tables" / "seed_spread.md").read_text() == "the seeds of an older run\n"
+    assert not (docs / "tables" / "seed_claims.md").exists()
+    page = (docs / "results.md").read_text()  # the page keeps the seeds' published table
+    assert "seed_spread.md -->\nthe seeds of an older run\n<!-- end" in page and "main:prune/table2.md" in page
+    args = ["--results", str(runs["main"]), "--control", str(runs["control"]), "--docs", str(docs)]
+    assert publish_results.main(args) == 2  # the command line: the seeds are wanted unless left out
+    assert publish_results.main(args + ["--without-seeds"]) == 0
+    assert (docs / "tables" / "seed_spread.md").read_text() == "the seeds of an older run\n"
 
 
 def test_every_published_file_in_docs_comes_from_a_run():
@@ -94,7 +121,7 @@ def test_marked_tables_on_the_pages_are_replaced_by_the_runs(tmp_path):
     assert publish_results.publish(runs, docs, log=lambda _: None) == 0
     spread = "<!-- published tables/seed_spread.md -->\n"
     expected = PAGE.replace("| an older run's table |\n", "main:prune/table2.md\n").replace(
-        spread, spread + "main:seeds/spread.md\n")
+        spread, spread + "seeds:seeds/spread.md\n")
     assert (docs / "results.md").read_text() == expected
     assert (tmp_path / "README.md").read_text() == "intro\n" + expected
     lines = []  # a second run changes nothing
@@ -185,3 +212,26 @@ def test_verdicts_old_beside_new_matched_on_the_finding(tmp_path):
     assert lines[2:] == ["| Heads go. | holds | not resolved | 1 of 4 significant |",
                          "| Layers matter. | not resolved | - | - |",
                          "| Seeds agree. | - | holds | - |"]
+
+
+def test_old_beside_new_reads_each_table_where_the_publisher_copies_it_from(tmp_path):
+    """compare_published's old file and new file are the pair publish_results copies, so a
+    comparison never sets one run's table beside another's."""
+    for title, (published, run, produced, _, _) in compare_published.TABLES.items():
+        assert publish_results.PUBLISHED[f"tables/{published}"] == (run, produced), title
+    import subprocess
+
+    repo = tmp_path / "repo"  # a comma-separated table (the control's) is read as such from git
+    (repo / "docs/tables").mkdir(parents=True)
+    (repo / "docs/tables/control_planted_vs_found.csv").write_text("function,layer,head,rate\nnsubj,2,1,0.648\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    old = compare_published.old_table("HEAD", "control_planted_vs_found.csv", repo)
+    assert old.to_dict("records") == [{"function": "nsubj", "layer": 2, "head": 1, "rate": 0.648}]
+    new = tmp_path / "planted_vs_found.csv"
+    new.write_text("function,layer,head,rate\nnsubj,2,1,0.7\n")
+    lines = compare_published.compare(old, compare_published.read_table(new), ["function", "layer", "head"],
+                                      ["rate"]).splitlines()
+    assert lines[2:] == ["| nsubj | 2 | 1 | 0.648 | 0.7 | +0.05 |"]

@@ -2,9 +2,12 @@
 """The published numbers of an older commit beside a new run's, as markdown tables: what a
 republication puts in docs/results.md when a fix moved a published number.
 
-    .venv/bin/python tools/compare_published.py --old HEAD --results results/multi30k_en_de
+    .venv/bin/python tools/compare_published.py --old HEAD --results results/multi30k_en_de \
+        --control results/control
 
-The old tables are read from git (docs/tables/ at --old), the new ones from the run's folder.
+The old tables are read from git (docs/tables/ at --old), the new ones from the run's folders: the
+main run's (--results, which also holds the tables made from every seed, "seeds") and the positive
+control's (--control).
 Each table is joined on its key columns; a row only one side has shows "-" on the other, and each
 number gets its change (new - old). A table missing on either side is named and skipped.
 The pruning findings' verdicts come last, old (docs/tables/pruning_claims.md) beside new
@@ -23,20 +26,35 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 
-# name -> (file under docs/tables/, file in the run's results folder, key columns, value columns)
+# name -> (file under docs/tables/, which run, file in that run's results folder, key columns, value columns)
 TABLES = {
-    "baseline": ("baseline_scores.tsv", "baseline/scores.tsv", ["split"], ["bleu", "chrf"]),
-    "pruning": ("pruning.tsv", "prune/pruning.tsv", ["setting", "lam"],
+    "baseline": ("baseline_scores.tsv", "main", "baseline/scores.tsv", ["split"], ["bleu", "chrf"]),
+    "pruning": ("pruning.tsv", "main", "prune/pruning.tsv", ["setting", "lam"],
                 ["retained_enc_self", "retained_dec_self", "retained_dec_enc", "bleu", "bleu_scratch"]),
-    "correlations": ("head_correlations.tsv", "heads/correlations.tsv", ["type", "layer", "score"], ["spearman"]),
+    "correlations": ("head_correlations.tsv", "main", "heads/correlations.tsv", ["type", "layer", "score"],
+                     ["spearman"]),
+    "seeds": ("seed_spread.tsv", "seeds", "seeds/spread.tsv", ["experiment", "system"],
+              ["seed_1", "seed_2", "seed_3", "mean", "sd"]),
+    "control, planted functions": ("control_planted_vs_found.csv", "control", "control/planted_vs_found.csv",
+                                   ["function", "layer", "head"], ["rate", "closes_at_all", "closes_at_enc"]),
+    "control, heads kept by layer": ("control_layer_survival.tsv", "control", "prune/layer_survival.tsv",
+                                     ["setting", "lam", "type", "layer", "role"], ["heads", "kept"]),
 }
+
+
+def read_table(text_or_path) -> pd.DataFrame:
+    """A published table, comma- or tab-separated by its name (a path) or its header (text)."""
+    if isinstance(text_or_path, Path):
+        return pd.read_csv(text_or_path, sep="," if text_or_path.suffix == ".csv" else "\t")
+    header = text_or_path.split("\n", 1)[0]
+    return pd.read_csv(io.StringIO(text_or_path), sep="\t" if "\t" in header else ",")
 
 
 def old_table(rev: str, name: str, repo: Path = REPO) -> pd.DataFrame | None:
     """docs/tables/<name> as committed at `rev`, or None where that commit has no such file."""
     shown = subprocess.run(["git", "-C", str(repo), "show", f"{rev}:docs/tables/{name}"], capture_output=True,
                            text=True)
-    return pd.read_csv(io.StringIO(shown.stdout), sep="\t") if shown.returncode == 0 else None
+    return read_table(shown.stdout) if shown.returncode == 0 else None
 
 
 def old_verdicts(rev: str, name: str = "pruning_claims.md", repo: Path = REPO) -> dict[str, str] | None:
@@ -93,15 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--old", default="HEAD", help="the commit whose docs/tables/ holds the old numbers")
     parser.add_argument("--results", type=Path, default=REPO / "results" / "multi30k_en_de")
+    parser.add_argument("--control", type=Path, default=REPO / "results" / "control")
     args = parser.parse_args(argv)
-    for title, (published, produced, keys, values) in TABLES.items():
-        old, path = old_table(args.old, published), args.results / produced
+    runs = {"main": args.results, "seeds": args.results, "control": args.control}
+    for title, (published, run, produced, keys, values) in TABLES.items():
+        old, path = old_table(args.old, published), runs[run] / produced
         if old is None or not path.is_file():
             print(f"{title}: skipped ({'no docs/tables/' + published + ' at ' + args.old if old is None else path} "
                   f"missing)\n")
             continue
         print(f"### {title} ({published} at {args.old} against {path})\n")
-        print(compare(old, pd.read_csv(path, sep="\t"), keys, values) + "\n")
+        print(compare(old, read_table(path), keys, values) + "\n")
     old, path = old_verdicts(args.old), args.results / "prune" / "claims.tsv"
     if old is None or not path.is_file():
         print(f"verdicts: skipped ({'no docs/tables/pruning_claims.md at ' + args.old if old is None else path} "

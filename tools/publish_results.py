@@ -5,11 +5,16 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py                      # results/multi30k_en_de, results/control
     .venv/bin/python tools/publish_results.py --dry-run            # what would change
     .venv/bin/python tools/publish_results.py --toolkits           # results/compare/toolkits alone
+    .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
 toolkits' comparison (config/toolkits.yaml, a run of its own) is published only with --toolkits,
-and then alone: the main run's files are neither needed nor touched.
+and then alone: the main run's files are neither needed nor touched. With --without-seeds the
+tables made from the other seeds (seeds/ in the main run's folder) are neither needed nor touched:
+they keep their published files, so seed 1 and the control can be published while the seeds'
+grids still train. The pages then show seed 1 of one run beside seeds of another, and their prose
+must say so until the seeds are published too.
 
 A markdown table the run writes is also shown inside docs/results.md and README.md between two
 marker lines, and publishing replaces what lies between them with the published file:
@@ -52,9 +57,10 @@ PUBLISHED = {
     # every ranked method's curves (headcount.pruning.methods): tables/michel.enc.tsv, ...
     **{f"tables/{method}.{setting}.tsv": ("main", f"prune/{setting}/{method}.tsv")
        for method in ranked_methods() for setting in SETTINGS},
-    "tables/seed_spread.tsv": ("main", "seeds/spread.tsv"),
-    "tables/seed_spread.md": ("main", "seeds/spread.md"),
-    "tables/seed_claims.md": ("main", "seeds/claims.md"),  # each finding's verdict on every seed
+    # made from every seed's run: "seeds" is the main run's folder too, left out by --without-seeds
+    "tables/seed_spread.tsv": ("seeds", "seeds/spread.tsv"),
+    "tables/seed_spread.md": ("seeds", "seeds/spread.md"),
+    "tables/seed_claims.md": ("seeds", "seeds/claims.md"),  # each finding's verdict on every seed
     "tables/control_head_roles.csv": ("control", "syntax/roles.csv"),
     "tables/control_head_scores.csv": ("control", "heads/scores.csv"),
     "tables/control_layer_survival.tsv": ("control", "prune/layer_survival.tsv"),
@@ -178,10 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--toolkits", type=Path, nargs="?", const=REPO / "results" / "compare" / "toolkits",
                         help="publish the toolkits' comparison alone, from this folder (default "
                              "results/compare/toolkits)")
+    parser.add_argument("--without-seeds", action="store_true",
+                        help="leave the tables made from the other seeds as published (their grids still train)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
-    runs = {"toolkits": args.toolkits} if args.toolkits else {"main": args.results, "control": args.control}
+    if args.toolkits:
+        runs = {"toolkits": args.toolkits}
+    else:
+        runs = {"main": args.results, "control": args.control}
+        if not args.without_seeds:
+            runs["seeds"] = args.results
     try:
         return publish(runs, args.docs, args.dry_run)
     except MarkerError as error:
