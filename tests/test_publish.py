@@ -162,18 +162,25 @@ compare_published = importlib.util.module_from_spec(_spec_compare)
 _spec_compare.loader.exec_module(compare_published)
 
 
-def test_old_numbers_beside_new_from_git_and_a_run(tmp_path):
+def _committed_tables(tmp_path: Path, tables: dict[str, str]) -> Path:
+    """A git repository whose HEAD holds docs/tables/<name> with each text: an older publication."""
     import subprocess
-
-    import pandas as pd
 
     repo = tmp_path / "repo"
     (repo / "docs/tables").mkdir(parents=True)
-    (repo / "docs/tables/pruning.tsv").write_text("setting\tlam\tbleu\tbleu_scratch\nall\t0.1\t34.68\t35.42\n")
+    for name, text in tables.items():
+        (repo / "docs/tables" / name).write_text(text)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    return repo
+
+
+def test_old_numbers_beside_new_from_git_and_a_run(tmp_path):
+    import pandas as pd
+
+    repo = _committed_tables(tmp_path, {"pruning.tsv": "setting\tlam\tbleu\tbleu_scratch\nall\t0.1\t34.68\t35.42\n"})
     (repo / "docs/tables/pruning.tsv").write_text("changed in the work tree, not at HEAD\n")
     old = compare_published.old_table("HEAD", "pruning.tsv", repo)
     assert old.to_dict("records") == [{"setting": "all", "lam": 0.1, "bleu": 34.68, "bleu_scratch": 35.42}]
@@ -189,20 +196,12 @@ def test_old_numbers_beside_new_from_git_and_a_run(tmp_path):
 
 
 def test_verdicts_old_beside_new_matched_on_the_finding(tmp_path):
-    import subprocess
-
     import pandas as pd
 
-    repo = tmp_path / "repo"
-    (repo / "docs/tables").mkdir(parents=True)
-    (repo / "docs/tables/pruning_claims.md").write_text(
+    repo = _committed_tables(tmp_path, {"pruning_claims.md": (
         "### x: the paper's pruning findings\n\n| finding (Voita et al., 2019) | this run | verdict |\n|---|---|---|\n"
         "| Heads go. | 3 of 4 | **holds** (3 of 4 significant) |\n"
-        "| Layers matter. | 1 of 4 | **not resolved** (1 of 4 significant) |\n\nRules (...). **not** a row\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+        "| Layers matter. | 1 of 4 | **not resolved** (1 of 4 significant) |\n\nRules (...). **not** a row\n")})
     old = compare_published.old_verdicts("HEAD", repo=repo)
     assert old == {"Heads go.": "holds", "Layers matter.": "not resolved"}
     assert compare_published.old_verdicts("HEAD", "nowhere.md", repo) is None
@@ -219,15 +218,8 @@ def test_old_beside_new_reads_each_table_where_the_publisher_copies_it_from(tmp_
     comparison never sets one run's table beside another's."""
     for title, (published, run, produced, _, _) in compare_published.TABLES.items():
         assert publish_results.PUBLISHED[f"tables/{published}"] == (run, produced), title
-    import subprocess
-
-    repo = tmp_path / "repo"  # a comma-separated table (the control's) is read as such from git
-    (repo / "docs/tables").mkdir(parents=True)
-    (repo / "docs/tables/control_planted_vs_found.csv").write_text("function,layer,head,rate\nnsubj,2,1,0.648\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "old"], check=True)
+    # a comma-separated table (the control's) is read as such from git
+    repo = _committed_tables(tmp_path, {"control_planted_vs_found.csv": "function,layer,head,rate\nnsubj,2,1,0.648\n"})
     old = compare_published.old_table("HEAD", "control_planted_vs_found.csv", repo)
     assert old.to_dict("records") == [{"function": "nsubj", "layer": 2, "head": 1, "rate": 0.648}]
     new = tmp_path / "planted_vs_found.csv"
