@@ -227,3 +227,20 @@ def test_old_beside_new_reads_each_table_where_the_publisher_copies_it_from(tmp_
     lines = compare_published.compare(old, compare_published.read_table(new), ["function", "layer", "head"],
                                       ["rate"]).splitlines()
     assert lines[2:] == ["| nsubj | 2 | 1 | 0.648 | 0.7 | +0.05 |"]
+
+
+def test_the_controls_verdicts_are_printed_after_the_experiments(tmp_path, capsys):
+    import pandas as pd
+
+    runs = {"main": tmp_path / "exp", "control": tmp_path / "control"}
+    for run, verdict in (("main", "holds"), ("control", "does not hold")):
+        (runs[run] / "prune").mkdir(parents=True)
+        pd.DataFrame({"name": ["a"], "paper": [f"Heads go ({run})."], "measured": [""], "verdict": [verdict],
+                      "basis": ["1 of 1"]}).to_csv(runs[run] / "prune" / "claims.tsv", sep="\t", index=False)
+    assert compare_published.main(["--old", "HEAD", "--results", str(runs["main"]),
+                                   "--control", str(runs["control"])]) == 0
+    printed = capsys.readouterr().out
+    main_at, control_at = printed.index("### verdicts ("), printed.index("### control verdicts (")
+    assert main_at < control_at
+    assert "| Heads go (main). | - | holds | 1 of 1 |" in printed[main_at:control_at]
+    assert "| Heads go (control). | - | does not hold | 1 of 1 |" in printed[control_at:]

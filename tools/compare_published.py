@@ -11,7 +11,8 @@ control's (--control).
 Each table is joined on its key columns; a row only one side has shows "-" on the other, and each
 number gets its change (new - old). A table missing on either side is named and skipped.
 The pruning findings' verdicts come last, old (docs/tables/pruning_claims.md) beside new
-(prune/claims.tsv), matched on the paper's finding.
+(prune/claims.tsv), matched on the paper's finding; then the control's, new only where none was
+published.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ TABLES = {
     "control, heads kept by layer": ("control_layer_survival.tsv", "control", "prune/layer_survival.tsv",
                                      ["setting", "lam", "type", "layer", "role"], ["heads", "kept"]),
 }
+
+# the pruning findings' verdicts: name -> (claims table under docs/tables/, which run); the control's
+# verdicts were never published as a file, so its old column reads "-"
+VERDICTS = {"verdicts": ("pruning_claims.md", "main"), "control verdicts": ("control_pruning_claims.md", "control")}
 
 
 def read_table(text_or_path) -> pd.DataFrame:
@@ -122,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"### {title} ({published} at {args.old} against {path})\n")
         print(compare(old, read_table(path), keys, values) + "\n")
-    old, path = old_verdicts(args.old), args.results / "prune" / "claims.tsv"
-    if old is None or not path.is_file():
-        print(f"verdicts: skipped ({'no docs/tables/pruning_claims.md at ' + args.old if old is None else path} "
-              "missing)\n")
-    else:
-        print(f"### verdicts (pruning_claims.md at {args.old} against {path})\n")
-        print(compare_verdicts(old, pd.read_csv(path, sep="\t")) + "\n")
+    for title, (published, run) in VERDICTS.items():
+        old, path = old_verdicts(args.old, published), runs[run] / "prune" / "claims.tsv"
+        if not path.is_file():
+            print(f"{title}: skipped ({path} missing)\n")
+            continue
+        print(f"### {title} ({published} at {args.old}" + (", not published there" if old is None else "")
+              + f", against {path})\n")
+        print(compare_verdicts(old or {}, pd.read_csv(path, sep="\t")) + "\n")
     return 0
 
 
