@@ -192,7 +192,7 @@ def test_thread_keys_size_their_own_jobs(tmp_path, toy_mirror):
     one_train = planned_threads(tmp_path, config)
     config["defaults"]["resources"].update(train_threads=0, eval_threads=1)
     one_eval = planned_threads(tmp_path, config)
-    training = {"train_baseline", "prune_heads", "train_from_scratch"}
+    training = {"train_baseline", "prune_heads", "train_from_scratch", "train_subwords"}  # BPE learning too
     evaluation = {"translate", "score_heads", "head_roles", "ranked_curve"}
     assert training | evaluation <= set(every_core) & set(one_train) & set(one_eval), set(every_core)
     for threads, train, evaluate in ((every_core, 2, 2), (one_train, 1, 2), (one_eval, 2, 1)):

@@ -109,7 +109,9 @@ rule prepare_evaluation_data:
 
 
 rule train_subwords:
-    """Learn one language's BPE model on the cleaned training text."""
+    """Learn one language's BPE model on the cleaned training text. Threads as a training job's:
+    a fixed 2 starved it behind single-thread training jobs (it starts only when both cores are
+    free, and the scheduler keeps filling each freed core); the pieces are the same on 1 or 2."""
     input:
         "results/{exp}/data/cleaned.{side}.txt",
     output:
@@ -118,7 +120,7 @@ rule train_subwords:
         log_path("train_subwords_{side}"),
     conda:
         ENV
-    threads: 2
+    threads: training_threads
     resources:
         mem_mb=4000,
         runtime=60,
