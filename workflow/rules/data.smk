@@ -111,7 +111,8 @@ rule prepare_evaluation_data:
 rule train_subwords:
     """Learn one language's BPE model on the cleaned training text. Threads as a training job's:
     a fixed 2 starved it behind single-thread training jobs (it starts only when both cores are
-    free, and the scheduler keeps filling each freed core); the pieces are the same on 1 or 2."""
+    free, and the scheduler keeps filling each freed core); the pieces are the same on 1 or 2.
+    """
     input:
         "results/{exp}/data/cleaned.{side}.txt",
     output:
