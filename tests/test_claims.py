@@ -196,6 +196,14 @@ def test_prunable_claims_need_no_loss_within_the_papers_margin():
     assert heads_prunable(_table(run("enc", 13, -0.1, 0.3)), "enc").verdict == NOT_SHOWN  # more than a quarter
     claim = heads_prunable(_table(run("enc", 12, -0.2, 0.5), run("enc", 6, -2.0, -1.0)), "enc")
     assert claim.verdict == HOLDS and "12 of 48" in claim.measured
+    # a loss with fewer heads than the paper ever kept (4 of 48, 26 of 144) does not refute it
+    claim = heads_prunable(_table(run("enc", 3, -2.0, -1.0), run("enc", 0, -3.0, -2.0)), "enc")
+    assert claim.verdict == NOT_RESOLVED and "no run in the paper's range, 4-12 of 48 heads" in claim.basis
+    assert heads_prunable(_table(run("enc", 4, -2.0, -1.0), run("enc", 2, -3.0, -2.0)), "enc").verdict == FAILS
+    claim = heads_prunable(_table(run("enc", 8, -0.9, 0.2), run("enc", 2, -3.0, -2.0)), "enc")
+    assert claim.verdict == NOT_RESOLVED and "±0.55 BLEU" in claim.basis  # the run in range decides
+    assert heads_prunable(_table(run("all", 25, -2.0, -1.0)), "all").verdict == NOT_RESOLVED
+    assert heads_prunable(_table(run("all", 26, -2.0, -1.0)), "all").verdict == FAILS
     # all types: a quarter of the 144 heads in all, margin 0.70 (the paper's largest all-types cost)
     assert heads_prunable(_table(run("all", 36, -0.6, 0.3)), "all").verdict == HOLDS
     assert heads_prunable(_table(run("all", 36, -0.9, 0.3)), "all").verdict == NOT_RESOLVED
