@@ -119,7 +119,9 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     pruning["bleu_signature"] = baseline["bleu_signature"]
     pruning = pruning.sort_values(["setting", "lam"], kind="stable")
     with atomic_path(out["table"]) as tmp:
-        pruning.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
+        # ten significant digits: the verdicts recomputed from this table (tools/republish_claims.py)
+        # must round as the run's own did, and 4 digits turned -1.6254 into -1.625, printed -1.62
+        pruning.to_csv(tmp, sep="\t", index=False, float_format="%.10g")
 
     table2 = pruning[pruning["setting"].isin(["baseline", "all"])]
     order = (table2["setting"] != "baseline").astype(int) * (2 - table2["control"].astype(bool).astype(int))
