@@ -218,6 +218,8 @@ def test_old_beside_new_reads_each_table_where_the_publisher_copies_it_from(tmp_
     comparison never sets one run's table beside another's."""
     for title, (published, run, produced, _, _) in compare_published.TABLES.items():
         assert publish_results.PUBLISHED[f"tables/{published}"] == (run, produced), title
+    for title, (published, run) in compare_published.VERDICTS.items():  # the claims tables too
+        assert publish_results.PUBLISHED[f"tables/{published}"] == (run, "prune/claims.md"), title
     # a comma-separated table (the control's) is read as such from git
     repo = _committed_tables(tmp_path, {"control_planted_vs_found.csv": "function,layer,head,rate\nnsubj,2,1,0.648\n"})
     old = compare_published.old_table("HEAD", "control_planted_vs_found.csv", repo)

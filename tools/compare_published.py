@@ -43,7 +43,7 @@ TABLES = {
 }
 
 # the pruning findings' verdicts: name -> (claims table under docs/tables/, which run); the control's
-# verdicts were never published as a file, so its old column reads "-"
+# were first published as a file on 2026-11-26, so against an older commit its old column reads "-"
 VERDICTS = {"verdicts": ("pruning_claims.md", "main"), "control verdicts": ("control_pruning_claims.md", "control")}
 
 

@@ -67,6 +67,10 @@ PUBLISHED = {
     "tables/control_table1.md": ("control", "syntax/table1.md"),
     "tables/control_planted_vs_found.csv": ("control", "control/planted_vs_found.csv"),
     "tables/control_planted_vs_found.md": ("control", "control/planted_vs_found.md"),
+    # the control's own pruning tables and verdicts, which the page's account of the control quotes
+    "tables/control_pruning_claims.md": ("control", "prune/claims.md"),
+    "tables/control_pruning_enc.md": ("control", "prune/encoder.md"),
+    "tables/control_table2.md": ("control", "prune/table2.md"),
     "figures/confidence.enc_self.png": ("main", "heads/figures/heatmaps/confidence.enc_self.png"),
     "figures/lrp.enc_self.png": ("main", "heads/figures/heatmaps/lrp.enc_self.png"),
     "figures/delta_loss.enc_self.png": ("main", "heads/figures/heatmaps/delta_loss.enc_self.png"),
