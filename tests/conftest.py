@@ -63,6 +63,14 @@ LEXICON = dict(zip(SRC_WORDS, TGT_WORDS))
 NOUNS, ADJECTIVES = SRC_WORDS[:10], SRC_WORDS[10:]
 
 
+def load_script(path: Path, name: str | None = None):
+    """A script of the repository (benchmarks/, tools/), which is no package, as a module."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def toy_pair(rng: random.Random) -> tuple[str, str]:
     src, tgt = [], []
     for _ in range(rng.randint(1, 4)):

@@ -1,12 +1,11 @@
 """tools/publish_results.py: all of a run's published files, or none."""
 
-import importlib.util
 from pathlib import Path
 
+from conftest import load_script
+
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("publish_results", REPO / "tools" / "publish_results.py")
-publish_results = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(publish_results)
+publish_results = load_script(REPO / "tools" / "publish_results.py")
 
 
 def _fake_runs(root: Path) -> dict[str, Path]:
@@ -157,9 +156,7 @@ def test_the_pages_show_the_published_tables():
         assert publish_results.splice(page, text, tables) == text, f"{page}: run tools/publish_results.py"
 
 
-_spec_compare = importlib.util.spec_from_file_location("compare_published", REPO / "tools" / "compare_published.py")
-compare_published = importlib.util.module_from_spec(_spec_compare)
-_spec_compare.loader.exec_module(compare_published)
+compare_published = load_script(REPO / "tools" / "compare_published.py")
 
 
 def _committed_tables(tmp_path: Path, tables: dict[str, str]) -> Path:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs/results.md"
@@ -188,12 +189,7 @@ def test_quoted_numbers_reads_signs_ranges_and_leaves_out_code_and_links():
 def test_the_published_claims_are_the_rules_on_the_published_tables():
     """docs/tables/pruning_claims.md is what headcount.report.claims gives on docs/tables (a change
     of rules must republish it: tools/republish_claims.py)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("republish_claims", REPO / "tools/republish_claims.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    expected = module.claims_from_tables(REPO / "docs/tables")
+    expected = load_script(REPO / "tools/republish_claims.py").claims_from_tables(REPO / "docs/tables")
     assert (REPO / "docs/tables/pruning_claims.md").read_text() == expected, "run tools/republish_claims.py"
 
 

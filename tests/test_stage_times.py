@@ -1,11 +1,11 @@
 """benchmarks/stage_times.py: a resumed training job counts every attempt's CPU time, and several
 experiments' folders add up to one DAG."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stage_times.py"
 HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
@@ -13,10 +13,7 @@ HEADER = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load
 
 @pytest.fixture(scope="module")
 def stage_times():
-    spec = importlib.util.spec_from_file_location("stage_times", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def bench(exp: Path, job: str, wall: float, cpu: float) -> None:

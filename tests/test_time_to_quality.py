@@ -1,20 +1,17 @@
 """benchmarks/time_to_quality.py's arithmetic: threshold crossings and paired differences over seeds."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "time_to_quality.py"
 
 
 @pytest.fixture(scope="module")
 def ttq():
-    spec = importlib.util.spec_from_file_location("time_to_quality", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def write_scores(run: Path, test_bleu: dict[int, float]) -> None:
@@ -78,9 +75,7 @@ def test_fairseq_trains_where_it_is_told_and_with_the_environment_it_is_given(tt
     assert on_gpu[on_gpu.index("--fairseq-venv") + 1] == "/tmp/fairseq-env" and "--fairseq-venv" not in on_cpu
 
     tools = SCRIPT.parents[1] / "tools"
-    reference = importlib.util.spec_from_file_location("fairseq_reference", tools / "fairseq_reference.py")
-    tool = importlib.util.module_from_spec(reference)
-    reference.loader.exec_module(tool)
+    tool = load_script(tools / "fairseq_reference.py")
     commands = []
     monkeypatch.setattr(tool, "run", lambda cmd, **kw: commands.append([str(c) for c in cmd]))
     for device in ("cpu", "cuda"):
