@@ -206,10 +206,35 @@ def sample_sentence(lexicon: Lexicon, rng: random.Random) -> Sentence:
     return sentence
 
 
+def listing_order(lexicon: Lexicon, sentence: Sentence) -> list[int]:
+    """The source words' indices in the order the target lists them (module docstring): by the
+    class each word is listed by, source order within a class."""
+    words = sentence.words
+    verb = next(i for i, w in enumerate(words) if w.pos == "VERB")
+    subject = next(i for i, w in enumerate(words) if w.relation == "nsubj")
+
+    def key(i: int) -> int:
+        """The class a word is listed by: the subject its own, an adjective its noun's, the verb
+        its subject's, the object and the adverbs the verb's (one partner each, so one head can
+        fetch it)."""
+        w = words[i]
+        if w.relation == "nsubj":
+            return lexicon.agreement_class(w.form)
+        if w.pos == "ADJ":
+            return lexicon.agreement_class(words[w.head - 1].form)
+        if w.pos == "VERB":
+            return lexicon.agreement_class(words[subject].form)
+        return lexicon.verb_class[words[verb].form]  # the object and the adverbs
+
+    # To find the next word the decoder needs each word's class at the word itself, so the
+    # encoder must bring it there, from the word's own two pieces and from its syntactic partner.
+    return sorted(range(len(words)), key=lambda i: (key(i), i))
+
+
 def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
-    """The target words of a parsed source sentence (module docstring); a word is its stem and its
-    morphemes, separated by spaces (each morpheme is one token, so a tiny model learns them
-    separately)."""
+    """The target words of a parsed source sentence (module docstring), in `listing_order`; a word
+    is its stem and its morphemes, separated by spaces (each morpheme is one token, so a tiny model
+    learns them separately)."""
     words = sentence.words
     name = next((w.form for w in words if w.pos == "PROPN"), None)
     register = 0 if name is None else 1 + lexicon.name_class(name)
@@ -232,24 +257,7 @@ def translate(lexicon: Lexicon, sentence: Sentence) -> list[str]:
             agreement = []
         return " ".join([lexicon.stem[w.form][register], *(MORPHEME + m for m in agreement)])
 
-    def key(i: int) -> int:
-        """The class a word is listed by: the subject its own, an adjective its noun's, the verb
-        its subject's, the object and the adverbs the verb's (one partner each, so one head can
-        fetch it)."""
-        w = words[i]
-        if w.relation == "nsubj":
-            return lexicon.agreement_class(w.form)
-        if w.pos == "ADJ":
-            return lexicon.agreement_class(words[w.head - 1].form)
-        if w.pos == "VERB":
-            return lexicon.agreement_class(words[subject].form)
-        return lexicon.verb_class[words[verb].form]  # the object and the adverbs
-
-    # The target lists the words by that class, source order within a class: to find the next
-    # word the decoder needs each word's class at the word itself, so the encoder must bring it
-    # there, from the word's own two pieces and from its syntactic partner.
-    order = sorted(range(len(words)), key=lambda i: (key(i), i))
-    return [form(i) for i in order]
+    return [form(i) for i in listing_order(lexicon, sentence)]
 
 
 def generate(grammar: Grammar, seed: int, sizes: dict[str, int]) -> Iterator[tuple[str, list[Sentence]]]:
