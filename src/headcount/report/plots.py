@@ -158,9 +158,9 @@ def bleu_vs_heads(pruning: pd.DataFrame, curves: pd.DataFrame, baseline_bleu: fl
                 ax.plot(curve[x], curve["bleu"], fmt, color=colour, label=f"{METHODS[method].legend}, no retraining")
         ax.errorbar(runs[x], runs["bleu"], yerr=_difference_bars(runs, "d_baseline"), fmt="o-",
                     color="#1f77b4", capsize=2, label="Hard Concrete (L0), pruned")
-        for row in runs.itertuples():
-            ax.annotate(f"λ={row.lam:g}", (getattr(row, x), row.bleu), textcoords="offset points", xytext=(3, 4),
-                        fontsize=7)
+        for n, row in enumerate(runs.itertuples()):  # above and below in turn: neighbours can sit close
+            ax.annotate(f"λ={row.lam:g}", (getattr(row, x), row.bleu), textcoords="offset points",
+                        xytext=(3, 4) if n % 2 == 0 else (3, -10), fontsize=7)
         if "bleu_scratch" in runs and runs["bleu_scratch"].notna().any():
             done = runs[runs["bleu_scratch"].notna()]
             ax.errorbar(done[x], done["bleu_scratch"], yerr=_difference_bars(done, "d_scratch_baseline"), fmt="^:",
