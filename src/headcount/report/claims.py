@@ -220,15 +220,17 @@ def role_strata(rows: pd.DataFrame) -> list[tuple[int, int, int, int]]:
 # The checks
 
 # setting -> (name, the paper's finding, the pruning table's column of heads counted, the margin's source,
-# the fewest heads the paper kept, as a share of the setting's heads)
+# the fewest heads the paper kept, of how many)
 PRUNABLE = {
     "enc": ("encoder heads prunable", "Most encoder heads can be pruned for little BLEU (encoder only): 10 of 48 "
             "kept cost 0.15 BLEU on WMT, 4 of 48 cost 0.25 on OpenSubtitles.", "retained_enc_self",
-            "the paper's largest encoder-only cost", 4 / 48),
+            "the paper's largest encoder-only cost", (4, 48)),
     "all": ("most heads prunable", "Table 2: with all attention types gated, 36 and 26 of 144 heads kept cost 0.54 "
             "and 0.70 BLEU on WMT, 28 kept cost 0.13 on OpenSubtitles.", "retained_total",
-            "the paper's largest all-types cost", 26 / 144),
+            "the paper's largest all-types cost", (26, 144)),
 }
+PAPER_FEWEST = ", ".join(f"{kept} of {of} {'encoder heads' if s == 'enc' else 'in all'}"
+                         for s, (*_, (kept, of)) in PRUNABLE.items())
 
 
 def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
@@ -262,7 +264,7 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
         fewest = free.sort_values(column).iloc[0]
         return Claim(name, paper, f"fewest heads kept with no loss beyond {margin:.2f} BLEU against the {reference}: "
                      f"{int(fewest[column])} of {total} (lambda {fewest['lam']:g}). {against}", HOLDS, stated)
-    fewest = ceil(paper_fewest * total - 1e-9)
+    fewest = ceil(paper_fewest[0] / paper_fewest[1] * total - 1e-9)
     span = f"{fewest}-{int(total // 4)} of {total}"
     testable = sparse[sparse[column] >= fewest]
     if testable.empty:
@@ -492,7 +494,7 @@ def claims_markdown(experiment: str, claims: list[Claim]) -> str:
               f"the heads or fewer shows no loss beyond the margin: the whole 95% paired-bootstrap interval of "
               f"pruned - control (the baseline where there is no control) above -margin, the margin being the "
               f"paper's own largest cost, {margins}; it does not hold when every such run that keeps at least "
-              f"the paper's fewest heads (4 of 48 encoder heads, 26 of 144 in all) shows a loss beyond it, and "
+              f"the paper's fewest heads ({PAPER_FEWEST}) shows a loss beyond it, and "
               f"is {NOT_RESOLVED} otherwise, at the resolution of half the interval's width. A "
               f"directional finding holds when more than half of the runs show it at p < {ALPHA} (one-sided, "
               f"against as many heads kept at random) and none the opposite; \"{MIXED}\" when runs show both, "
