@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import headcount.report.claims as claims_module
 from headcount.report.claims import (
     FAILS,
     HOLDS,
@@ -19,13 +20,14 @@ from headcount.report.claims import (
     Claim,
     claims_markdown,
     claims_over_seeds_markdown,
-    claims_table,
     decoder_layers,
     heads_prunable,
     hypergeometric_upper_tail,
     mean_layer_tails,
+    on_lambdas,
     over_seeds_verdict,
     pruned_beats_scratch,
+    shared_lambdas,
     specialised_heads_last,
     types_order,
     within_layer_test,
@@ -317,22 +319,40 @@ def test_over_seeds_counts_each_verdict_most_frequent_first():
     assert over_seeds_verdict([FAILS, HOLDS]) == "holds in 1 of 2 seeds; does not hold in 1 of 2 seeds"
 
 
-def test_the_table_over_seeds_reads_each_seeds_claims_table_back(tmp_path):
-    """Each seed's verdict in its column, from the claims.tsv its pruning report wrote (read back as
-    the rule reads it), and the count; a finding one seed lacks reads as not shown."""
-    def seed(verdicts):
-        claims = [Claim(name, f"paper says {name}", "measured", v, "basis")
-                  for name, v in zip(("a", "b", "c"), verdicts) if v is not None]
-        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.tsv"
-        claims_table(claims).to_csv(path, sep="\t", index=False)
-        return pd.read_csv(path, sep="\t", keep_default_na=False)
+def _grid(enc, all_):
+    """A pruning (or layer-survival) table's setting and lambda columns: the baseline, then each run."""
+    return pd.DataFrame([{"setting": "baseline", "lam": float("nan")}, *({"setting": "enc", "lam": lam} for lam in enc),
+                         *({"setting": "all", "lam": lam} for lam in all_)])
 
-    tables = {1: seed([HOLDS, NOT_RESOLVED, MIXED]), 2: seed([HOLDS, HOLDS, None]), 3: seed([HOLDS, FAILS, MIXED])}
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in
-            claims_over_seeds_markdown("toy", tables).splitlines() if line.startswith("| paper says")}
-    assert rows["paper says a"] == "| paper says a | holds | holds | holds | **holds in 3 of 3 seeds** |"
-    assert rows["paper says b"].endswith(
-        "| not resolved | holds | does not hold | **holds in 1 of 3 seeds; does not hold in 1 of 3 seeds; "
-        "not resolved in 1 of 3 seeds** |")
-    assert rows["paper says c"].endswith(f"| mixed | {NOT_SHOWN} | mixed | **mixed in 2 of 3 seeds; "
-                                         f"{NOT_SHOWN} in 1 of 3 seeds** |")
+
+def test_the_lambdas_every_seed_ran_and_the_rows_of_them():
+    seed1 = _grid([0, 0.03, 0.07, 0.1], [0, 0.1, 0.1 + 0.2, 0.5])  # 0.30000000000000004, as arithmetic gives it
+    seed2 = _grid([0, 0.03, 0.1], [0, 0.3, 0.5])
+    lambdas = shared_lambdas([seed1, seed2])
+    assert lambdas == {"all": [0, 0.3, 0.5], "enc": [0, 0.03, 0.1]}
+    kept = on_lambdas(seed1, lambdas)
+    assert kept["setting"].tolist() == ["baseline", "enc", "enc", "enc", "all", "all", "all"]
+    assert kept["lam"].tolist()[1:] == [0, 0.03, 0.1, 0, 0.1 + 0.2, 0.5]
+
+
+def test_seeds_are_judged_on_the_lambdas_all_ran_with_their_own_grid_beside(monkeypatch):
+    """Seed 1 runs more lambdas than the others: counting its verdict on its own grid would count
+    unlike with unlike. A stand-in rule makes finding x fail on any all-types lambda outside 0 and
+    0.5, so only the judging on shared lambdas gives seed 1 "holds"."""
+    seen = []
+
+    def rule(pruning, layers, control):
+        seen.append((len(pruning), len(layers), control))
+        extra = set(pruning.loc[pruning["setting"] == "all", "lam"]) - {0, 0.5}
+        return [Claim("x", "paper x", "m", FAILS if extra else HOLDS), Claim("y", "paper y", "m", NOT_RESOLVED)]
+
+    monkeypatch.setattr(claims_module, "pruning_claims", rule)
+    seed1, seed2 = _grid([0, 0.1], [0, 0.1, 0.5]), _grid([0, 0.1], [0, 0.5])
+    text = claims_over_seeds_markdown("toy", {1: (seed1, seed1), 2: (seed2, seed2)}, control_layers="control")
+    assert "| paper x | holds (own grid: does not hold) | holds | **holds in 2 of 2 seeds** |" in text
+    assert "| paper y | not resolved | not resolved | **not resolved in 2 of 2 seeds** |" in text
+    assert "(all: 0, 0.5; enc: 0, 0.1)" in text
+    # judged twice per seed, on shared and own lambdas, pruning and layer tables cut alike, the control kept
+    assert sorted(seen) == [(5, 5, "control"), (5, 5, "control"), (5, 5, "control"), (6, 6, "control")]
+
+

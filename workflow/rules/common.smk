@@ -394,6 +394,25 @@ def seed_spread_inputs(wildcards):
     }
 
 
+def claims_over_seeds_inputs(wildcards):
+    """Each seed's pruning table and heads kept per layer, from which the seeds' verdicts are
+    judged on the lambdas all seeds ran, and the positive control's heads kept per layer.
+    """
+    runs = [
+        seed_experiment(wildcards.exp, s) for s in EXPERIMENTS[wildcards.exp]["seeds"]
+    ]
+    control = EXPERIMENTS[wildcards.exp].get("positive_control")
+    return {
+        "pruning": [f"results/{run}/prune/pruning.tsv" for run in runs],
+        "layers": [f"results/{run}/prune/layer_survival.tsv" for run in runs],
+        **(
+            {"control_layers": f"results/{control}/prune/layer_survival.tsv"}
+            if control
+            else {}
+        ),
+    }
+
+
 def final_outputs(exp):
     """What `rule all` builds for one experiment."""
     syntax = ["roles.csv", "table1.md", "function_map.png", "relative_positions.png"]

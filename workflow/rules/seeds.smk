@@ -69,10 +69,7 @@ rule seed_spread:
 rule claims_over_seeds:
     """The paper's pruning findings on every seed's run, and how many seeds agree on each."""
     input:
-        claims=lambda w: [
-            f"results/{seed_experiment(w.exp, s)}/prune/claims.tsv"
-            for s in EXPERIMENTS[w.exp]["seeds"]
-        ],
+        unpack(claims_over_seeds_inputs),
     output:
         report(
             "results/{exp}/seeds/claims.md",

@@ -4,10 +4,16 @@ from _common import job
 from headcount.io import atomic_path
 from headcount.report.claims import claims_over_seeds_markdown
 
+
+def read(path):
+    return pd.read_csv(path, sep="\t")
+
+
 with job(snakemake) as log:
-    tables = {seed: pd.read_csv(path, sep="\t", keep_default_na=False)
-              for seed, path in zip(snakemake.params.seeds, snakemake.input.claims)}
-    text = claims_over_seeds_markdown(snakemake.params.experiment, tables)
+    runs = {seed: (read(pruning), read(layers)) for seed, pruning, layers
+            in zip(snakemake.params.seeds, snakemake.input.pruning, snakemake.input.layers)}
+    control = snakemake.input.get("control_layers")
+    text = claims_over_seeds_markdown(snakemake.params.experiment, runs, read(control) if control else None)
     with atomic_path(snakemake.output[0]) as tmp:
         tmp.write_text(text, encoding="utf-8")
     log(text)

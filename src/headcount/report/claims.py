@@ -513,7 +513,7 @@ CLAIM_COLUMNS = ["name", "paper", "measured", "verdict", "basis"]
 
 
 def claims_table(claims: list[Claim]) -> pd.DataFrame:
-    """One row per claim (claims.tsv beside claims.md): what the seeds' table reads back."""
+    """One row per claim (claims.tsv beside claims.md): the verdicts, machine-readable."""
     return pd.DataFrame([{c: getattr(claim, c) for c in CLAIM_COLUMNS} for claim in claims], columns=CLAIM_COLUMNS)
 
 
@@ -526,20 +526,46 @@ def over_seeds_verdict(verdicts: list[str]) -> str:
     return "; ".join(f"{v} in {counts[v]} of {len(verdicts)} seeds" for v in ranked)
 
 
-def claims_over_seeds_markdown(experiment: str, tables: dict[int, pd.DataFrame]) -> str:
-    """Each finding's verdict on every seed's run (each seed's own pruning grid and rules), and how
-    many seeds agree: a finding holds over seeds only as far as the count says."""
-    seeds = sorted(tables)
-    first = tables[seeds[0]]
+def shared_lambdas(prunings: Iterable[pd.DataFrame]) -> dict[str, list[float]]:
+    """Per pruning setting, the lambdas that every seed's pruning table holds (seed 1 runs the full
+    grid, the other seeds `seed_lambdas`). Rounded, so that a lambda read back from two tables
+    matches."""
+    grids = [{setting: {round(float(lam), 10) for lam in rows["lam"]}
+              for setting, rows in table[table["setting"] != "baseline"].groupby("setting")}
+             for table in prunings]
+    settings = set.intersection(*(set(g) for g in grids))
+    return {s: sorted(set.intersection(*(g[s] for g in grids))) for s in sorted(settings)}
+
+
+def on_lambdas(table: pd.DataFrame, lambdas: dict[str, list[float]]) -> pd.DataFrame:
+    """The rows of a pruning or layer-survival table whose setting ran one of `lambdas`; rows of
+    other settings (the baseline) stay."""
+    keep = [setting not in lambdas or round(float(lam), 10) in lambdas[setting]
+            for setting, lam in zip(table["setting"], table["lam"])]
+    return table[keep]
+
+
+def claims_over_seeds_markdown(experiment: str, runs: dict[int, tuple[pd.DataFrame, pd.DataFrame]],
+                               control_layers: pd.DataFrame | None = None) -> str:
+    """Each finding's verdict on every seed, judged on the lambdas all seeds ran so that the seeds
+    are counted alike, with a seed's verdict on its own grid beside it where that differs, and how
+    many seeds agree: a finding holds over seeds only as far as the count says. `runs`: seed ->
+    (its pruning table, its layer-survival table), as pruning_report writes them."""
+    seeds = sorted(runs)
+    lambdas = shared_lambdas(pruning for pruning, _ in runs.values())
+    shared = {s: pruning_claims(on_lambdas(runs[s][0], lambdas), on_lambdas(runs[s][1], lambdas), control_layers)
+              for s in seeds}
+    own = {s: {c.name: c.verdict for c in pruning_claims(*runs[s], control_layers)} for s in seeds}
     lines = [f"### {experiment}: the paper's pruning findings over {len(seeds)} seeds", "",
              "| finding (Voita et al., 2019) | " + " | ".join(f"seed {s}" for s in seeds) + " | over seeds |",
              "|---|" + "---|" * (len(seeds) + 1)]
-    for name, paper in zip(first["name"], first["paper"]):
-        verdicts = []
-        for s in seeds:
-            row = tables[s][tables[s]["name"] == name]
-            verdicts.append(str(row["verdict"].iloc[0]) if len(row) else NOT_SHOWN)
-        lines.append(f"| {paper} | " + " | ".join(verdicts) + f" | **{over_seeds_verdict(verdicts)}** |")
-    lines += ["", "Each seed's verdict is its own run's (results/<seed's experiment>/prune/claims.md, the rules of "
-              "headcount.report.claims, on the lambdas that seed ran); the last column counts them."]
+    for i, claim in enumerate(shared[seeds[0]]):
+        verdicts = [shared[s][i].verdict for s in seeds]
+        cells = [v if own[s][claim.name] == v else f"{v} (own grid: {own[s][claim.name]})"
+                 for s, v in zip(seeds, verdicts)]
+        lines.append(f"| {claim.paper} | " + " | ".join(cells) + f" | **{over_seeds_verdict(verdicts)}** |")
+    grid = "; ".join(f"{setting}: " + ", ".join(f"{lam:g}" for lam in lams) for setting, lams in lambdas.items())
+    lines += ["", f"Each seed's verdict by the rules of headcount.report.claims on the lambdas every seed ran "
+              f"({grid}), so that the last column counts like with like; in brackets, where it differs, "
+              "the verdict on that seed's own grid (results/<seed's experiment>/prune/claims.md)."]
     return "\n".join(lines) + "\n"
