@@ -401,16 +401,22 @@ def claims_over_seeds_inputs(wildcards):
     runs = [
         seed_experiment(wildcards.exp, s) for s in EXPERIMENTS[wildcards.exp]["seeds"]
     ]
-    control = EXPERIMENTS[wildcards.exp].get("positive_control")
     return {
         "pruning": [f"results/{run}/prune/pruning.tsv" for run in runs],
         "layers": [f"results/{run}/prune/layer_survival.tsv" for run in runs],
-        **(
-            {"control_layers": f"results/{control}/prune/layer_survival.tsv"}
-            if control
-            else {}
-        ),
+        **control_layers_input(wildcards.exp),
     }
+
+
+def control_layers_input(exp):
+    """The positive control's heads kept per layer, evidence for "specialised heads last", where
+    the experiment names a control."""
+    control = EXPERIMENTS[exp].get("positive_control")
+    return (
+        {"control_layers": f"results/{control}/prune/layer_survival.tsv"}
+        if control
+        else {}
+    )
 
 
 def final_outputs(exp):
@@ -501,11 +507,7 @@ def pruning_report_inputs(wildcards):
         ],
         "roles": f"results/{exp}/syntax/roles.csv",
         # the positive control's heads kept per layer, evidence for "specialised heads last"
-        **(
-            {"control_layers": f"results/{control}/prune/layer_survival.tsv"}
-            if (control := EXPERIMENTS[exp].get("positive_control"))
-            else {}
-        ),
+        **control_layers_input(exp),
         # for the paired bootstrap intervals and the matched budgets
         "references": f"results/{exp}/data/{split}.tgt.txt",
         "baseline_translations": f"results/{exp}/baseline/translations/{split}.txt",

@@ -67,7 +67,8 @@ rule seed_spread:
 
 
 rule claims_over_seeds:
-    """The paper's pruning findings on every seed's run, and how many seeds agree on each."""
+    """The paper's pruning findings on every seed's run, judged on the lambdas all seeds ran, and
+    how many seeds agree on each."""
     input:
         unpack(claims_over_seeds_inputs),
     output:
