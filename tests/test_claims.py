@@ -27,6 +27,7 @@ from headcount.report.claims import (
     on_lambdas,
     over_seeds_verdict,
     pruned_beats_scratch,
+    runs_over_seeds_markdown,
     shared_lambdas,
     specialised_heads_last,
     types_order,
@@ -356,3 +357,20 @@ def test_seeds_are_judged_on_the_lambdas_all_ran_with_their_own_grid_beside(monk
     assert sorted(seen) == [(5, 5, "control"), (5, 5, "control"), (5, 5, "control"), (6, 6, "control")]
 
 
+def test_the_runs_over_seeds_are_each_seeds_own_numbers_on_the_shared_lambdas():
+    def seed(shift, extra_lambda=None):
+        rows = [_row("baseline", float("nan"), 48, 48, 48)]
+        for lam, enc in [(0, 48), (0.1, 10 + shift), *([(extra_lambda, 3)] if extra_lambda else [])]:
+            rows.append(_row("enc", lam, enc, 48, 48, d_control=-0.5 - shift, d_control_low=-1.25 - shift,
+                             d_control_high=0.25 - shift))
+        rows.append(_row("all", 0.5, 5 + shift, 10, 20, d_control=-2, d_control_low=-3, d_control_high=-1,
+                         d_pruned_scratch=0.1 * shift, d_pruned_scratch_low=-1, d_pruned_scratch_high=1))
+        return pd.DataFrame(rows)
+
+    text = runs_over_seeds_markdown({2: seed(1), 1: seed(0, extra_lambda=0.3)})
+    assert "| enc | 0.1 | 10/48 kept, -0.50 [-1.25, +0.25] | 11/48 kept, -1.50 [-2.25, -0.75] |" in text
+    assert "| all | 0.5 | 35/144 kept, -2.00 [-3.00, -1.00] | 36/144 kept, -2.00 [-3.00, -1.00] |" in text
+    assert "| all | 0.5 | +0.00 [-1.00, +1.00] | +0.10 [-1.00, +1.00] |" in text  # the twins' table
+    assert "| enc | 0.3 |" not in text and "| enc | 0 |" not in text  # seed 1's alone, and the control itself
+    # no twin in any seed: no twins' table
+    assert "from scratch" not in runs_over_seeds_markdown({1: seed(0).drop(columns=["d_pruned_scratch_low"])})

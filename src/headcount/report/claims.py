@@ -569,3 +569,41 @@ def claims_over_seeds_markdown(experiment: str, runs: dict[int, tuple[pd.DataFra
               f"({grid}), so that the last column counts like with like; in brackets, where it differs, "
               "the verdict on that seed's own grid (results/<seed's experiment>/prune/claims.md)."]
     return "\n".join(lines) + "\n"
+
+
+def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
+    """The runs behind the verdicts over seeds, on the lambdas every seed ran: for each seed its heads
+    kept and pruned - control, then, where twins were trained, pruned - from scratch, each with that
+    seed's 95% paired-bootstrap interval."""
+    seeds = sorted(prunings)
+    lambdas = shared_lambdas(prunings.values())
+    header = ["| setting | lambda | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+              "|---|---|" + "---|" * len(seeds)]
+
+    def run(seed: int, setting: str, lam: float) -> pd.Series:
+        rows = _pruned_runs(prunings[seed], setting)
+        return rows[[round(float(x), 10) == lam for x in rows["lam"]]].iloc[0]
+
+    def difference(row: pd.Series, diff: str) -> str:
+        if pd.isna(row.get(f"{diff}_low")):
+            return "-"
+        return f"{row[diff]:+.2f} [{row[f'{diff}_low']:+.2f}, {row[f'{diff}_high']:+.2f}]"
+
+    against_control, against_scratch = [], []
+    for setting in (s for s in PRUNABLE if s in lambdas):
+        column = PRUNABLE[setting][2]
+        for lam in (lam for lam in lambdas[setting] if lam != 0):
+            rows = {s: run(s, setting, lam) for s in seeds}
+            against_control.append(f"| {setting} | {lam:g} | " + " | ".join(
+                f"{int(rows[s][column])}/{int(_baseline(prunings[s])[column])} kept, "
+                f"{difference(rows[s], 'd_control')}" for s in seeds) + " |")
+            if any(not pd.isna(r.get("d_pruned_scratch_low")) for r in rows.values()):
+                against_scratch.append(f"| {setting} | {lam:g} | " + " | ".join(
+                    difference(rows[s], "d_pruned_scratch") for s in seeds) + " |")
+    lines = ["#### Heads kept and pruned - control, by seed", "", *header, *against_control]
+    if against_scratch:
+        lines += ["", "#### Pruned - from scratch, by seed", "", *header, *against_scratch]
+    lines += ["", "BLEU differences on the test set the pruning report scores, each with its seed's 95% "
+              "paired-bootstrap interval; heads kept: of the encoder's self-attention heads (enc), of all heads "
+              "(all)."]
+    return "\n".join(lines) + "\n"
