@@ -100,6 +100,18 @@ def stage_table(jobs: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def experiment_table(jobs: pd.DataFrame) -> str:
+    """Each experiment's CPU time by stage with the CPU time a job, the figure to set against another
+    run with other jobs in it (a DAG's total moves with its job list; a job's cost with the defaults)."""
+    lines = ["| experiment | stage | jobs | CPU time (min) | CPU time a job (min) |", "|---|---|---|---|---|"]
+    for name, group in jobs.groupby("experiment", sort=False):
+        stages = group.groupby("stage")["cpu_seconds"].agg(["count", "sum"]).sort_values("sum", ascending=False)
+        lines += [f"| {name} | {stage} | {int(r['count'])} | {r['sum'] / 60:.1f} | {r['sum'] / 60 / r['count']:.1f} |"
+                  for stage, r in stages.iterrows()]
+        lines.append(f"| {name} | **all** | {len(group)} | {group['cpu_seconds'].sum() / 60:.1f} | |")
+    return "\n".join(lines)
+
+
 def training_time(summary: dict) -> str:
     """One training run's steps and time, every attempt counted where the record has them."""
     if "train_seconds_all" in summary:
@@ -116,10 +128,7 @@ def main(exp_dirs: list[str]) -> None:
     print(stage_table(jobs))
     added = (jobs["cpu_seconds"] - jobs["benchmark_cpu_seconds"]).sum() / 60
     print(f"\nCPU time of earlier attempts, from the training records: {added:.1f} min of the total.")
-    if len(folders) > 1:
-        print("\n| experiment | jobs | CPU time (min) |\n|---|---|---|")
-        for name, group in jobs.groupby("experiment", sort=False):
-            print(f"| {name} | {len(group)} | {group['cpu_seconds'].sum() / 60:.1f} |")
+    print("\n" + experiment_table(jobs))
     print()
     for folder in folders:
         for path in sorted([*folder.rglob("training.json"), *folder.rglob("gates.json")]):

@@ -51,3 +51,12 @@ def test_a_resumed_training_job_counts_every_attempt_and_folders_add_up(stage_ti
     table = stage_times.stage_table(both)
     assert "| baseline training | 2 | 3.8 | 8.2 | 100 |" in table  # (400 + 90) s of CPU; 230 s of wall
     assert table.splitlines()[-1] == f"| **all benchmarked jobs** | 5 | 5.5 | {(400 + 90 + 30 + 6 + 90) / 60:.1f} | |"
+    by_experiment = stage_times.experiment_table(both).splitlines()
+    assert f"| exp | baseline training | 1 | {400 / 60:.1f} | {400 / 60:.1f} |" in by_experiment
+    assert f"| exp_seed2 | baseline training | 1 | {90 / 60:.1f} | {90 / 60:.1f} |" in by_experiment
+    assert f"| exp | **all** | 4 | {(400 + 90 + 30 + 6) / 60:.1f} | |" in by_experiment
+    third = tmp_path / "exp_seed3"  # two jobs of one stage: a job's CPU time is their mean
+    bench(third, "baseline/translate_test_2016_flickr", 700, 600)
+    bench(third, "baseline/translate_test_2017_flickr", 400, 300)
+    assert "| exp_seed3 | translation (beam search) | 2 | 15.0 | 7.5 |" in stage_times.experiment_table(
+        stage_times.job_times(third))
