@@ -372,5 +372,7 @@ def test_the_runs_over_seeds_are_each_seeds_own_numbers_on_the_shared_lambdas():
     assert "| all | 0.5 | 35/144 kept, -2.00 [-3.00, -1.00] | 36/144 kept, -2.00 [-3.00, -1.00] |" in text
     assert "| all | 0.5 | +0.00 [-1.00, +1.00] | +0.10 [-1.00, +1.00] |" in text  # the twins' table
     assert "| enc | 0.3 |" not in text and "| enc | 0 |" not in text  # seed 1's alone, and the control itself
+    assert runs_over_seeds_markdown({1: seed(0), 2: _table(_row("enc", 0, 48, 48, 48))}).startswith(
+        "No lambda besides the lambda = 0 controls ran on every seed")
     # no twin in any seed: no twins' table
     assert "from scratch" not in runs_over_seeds_markdown({1: seed(0).drop(columns=["d_pruned_scratch_low"])})

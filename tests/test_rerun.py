@@ -127,7 +127,8 @@ def test_a_second_seed_runs_on_the_main_runs_data_with_its_own_seed(done, tmp_pa
     assert "| seed 1 | seed 2 | over seeds |" in claims
     findings = [line for line in claims.splitlines() if line.startswith("| ") and "of 2 seeds" in line]
     assert len(findings) == len(pd.read_csv(main / "prune/claims.tsv", sep="\t")), claims
-    assert "#### Heads kept and pruned - control, by seed" in claims, claims  # the runs under the verdicts
+    # the runs under the verdicts: the toy's seed 2 runs the controls alone, so none besides them
+    assert "No lambda besides the lambda = 0 controls ran on every seed" in claims, claims
 
 
 def test_scripts_take_settings_from_params_not_the_config():

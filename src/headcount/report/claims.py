@@ -600,6 +600,8 @@ def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
             if any(not pd.isna(r.get("d_pruned_scratch_low")) for r in rows.values()):
                 against_scratch.append(f"| {setting} | {lam:g} | " + " | ".join(
                     difference(rows[s], "d_pruned_scratch") for s in seeds) + " |")
+    if not against_control:
+        return "No lambda besides the lambda = 0 controls ran on every seed (`seed_lambdas`).\n"
     lines = ["#### Heads kept and pruned - control, by seed", "", *header, *against_control]
     if against_scratch:
         lines += ["", "#### Pruned - from scratch, by seed", "", *header, *against_scratch]
