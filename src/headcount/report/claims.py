@@ -526,11 +526,17 @@ def over_seeds_verdict(verdicts: list[str]) -> str:
     return "; ".join(f"{v} in {counts[v]} of {len(verdicts)} seeds" for v in ranked)
 
 
+def _lambda_key(lam: float) -> float:
+    """A lambda as the seeds' tables are matched on: rounded, so that one read back from two tables
+    (or reached by arithmetic) compares equal."""
+    return round(float(lam), 10)
+
+
 def shared_lambdas(prunings: Iterable[pd.DataFrame]) -> dict[str, list[float]]:
     """Per pruning setting, the lambdas that every seed's pruning table holds (seed 1 runs the full
     grid, the other seeds `seed_lambdas`). Rounded, so that a lambda read back from two tables
     matches."""
-    grids = [{setting: {round(float(lam), 10) for lam in rows["lam"]}
+    grids = [{setting: {_lambda_key(lam) for lam in rows["lam"]}
               for setting, rows in table[table["setting"] != "baseline"].groupby("setting")}
              for table in prunings]
     settings = set.intersection(*(set(g) for g in grids))
@@ -540,7 +546,7 @@ def shared_lambdas(prunings: Iterable[pd.DataFrame]) -> dict[str, list[float]]:
 def on_lambdas(table: pd.DataFrame, lambdas: dict[str, list[float]]) -> pd.DataFrame:
     """The rows of a pruning or layer-survival table whose setting ran one of `lambdas`; rows of
     other settings (the baseline) stay."""
-    keep = [setting not in lambdas or round(float(lam), 10) in lambdas[setting]
+    keep = [setting not in lambdas or _lambda_key(lam) in lambdas[setting]
             for setting, lam in zip(table["setting"], table["lam"])]
     return table[keep]
 
@@ -581,8 +587,7 @@ def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
               "|---|---|" + "---|" * len(seeds)]
 
     def run(seed: int, setting: str, lam: float) -> pd.Series:
-        rows = _pruned_runs(prunings[seed], setting)
-        return rows[[round(float(x), 10) == lam for x in rows["lam"]]].iloc[0]
+        return _pruned_runs(on_lambdas(prunings[seed], {setting: [lam]}), setting).iloc[0]
 
     def difference(row: pd.Series, diff: str) -> str:
         if pd.isna(row.get(f"{diff}_low")):
