@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import statistics
@@ -46,6 +45,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "src"))
+
+from headcount.report.seed_statistics import t_interval, welch_interval  # noqa: E402
 
 EXP = REPO / "results" / "multi30k_en_de"
 THRESHOLDS = (30.0, 34.0, 36.0)
@@ -227,18 +228,6 @@ def positional(runs: Path, updates: int, sentences: int = 500) -> str:
 # Report
 
 
-# Student's t, 0.975 quantile, by degrees of freedom (scipy is not a dependency; a table suffices for seeds).
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
-
-
-def t_interval(values: list[float]) -> tuple[float, float | None]:
-    """(mean, half-width of its 95% t-interval over seeds); no half-width for one seed."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None
-    return mean, T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-
-
 def interval(values: list[float]) -> str:
     """mean [95% t-interval] over seeds; the mean alone for one seed."""
     mean, half = t_interval(values)
@@ -325,21 +314,6 @@ def signed_interval(values: list[float], form: str = "{:+.2f}") -> str:
     if half is None:
         return form.format(mean) + " (1 seed)"
     return f"{form.format(mean)} [{form.format(mean - half)}, {form.format(mean + half)}] ({len(values)})"
-
-
-def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float] | None:
-    """mean(a) - mean(b) with its 95% Welch interval (unpaired: two toolkits' seeds do not pair),
-    the Welch-Satterthwaite degrees of freedom rounded down (the wider interval); None with fewer
-    than two values a side."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    difference = statistics.fmean(a) - statistics.fmean(b)
-    if va + vb == 0:
-        return difference, difference, difference
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = T975.get(max(1, int(df)), 1.96) * math.sqrt(va + vb)
-    return difference, difference - half, difference + half
 
 
 def against_fairseq(runs: Path, reference: str = "fairseq") -> str:

@@ -368,9 +368,19 @@ def test_the_runs_over_seeds_are_each_seeds_own_numbers_on_the_shared_lambdas():
         return pd.DataFrame(rows)
 
     text = runs_over_seeds_markdown({2: seed(1), 1: seed(0, extra_lambda=0.3)})
-    assert "| enc | 0.1 | 10/48 kept, -0.50 [-1.25, +0.25] | 11/48 kept, -1.50 [-2.25, -0.75] |" in text
-    assert "| all | 0.5 | 35/144 kept, -2.00 [-3.00, -1.00] | 36/144 kept, -2.00 [-3.00, -1.00] |" in text
-    assert "| all | 0.5 | +0.00 [-1.00, +1.00] | +0.10 [-1.00, +1.00] |" in text  # the twins' table
+    # the mean over seeds: -0.5 and -1.5, sd 1/sqrt(2), t(0.975, 1 df) 12.706, half-width 12.706 / 2 = 6.353
+    assert ("| enc | 0.1 | 10/48 kept, -0.50 [-1.25, +0.25] | 11/48 kept, -1.50 [-2.25, -0.75] "
+            "| -1.00 [-7.35, +5.35] |") in text
+    assert ("| all | 0.5 | 35/144 kept, -2.00 [-3.00, -1.00] | 36/144 kept, -2.00 [-3.00, -1.00] "
+            "| -2.00 [-2.00, -2.00] |") in text
+    # the twins' table: 0 and 0.1, half-width 12.706 * 0.05 = 0.635
+    assert "| all | 0.5 | +0.00 [-1.00, +1.00] | +0.10 [-1.00, +1.00] | +0.05 [-0.59, +0.69] |" in text
+    # a seed without a twin at a lambda: no mean over the others
+    no_twin = seed(2)
+    no_twin.loc[no_twin["setting"] == "all", "d_pruned_scratch_low"] = float("nan")
+    assert "| all | 0.5 | +0.00 [-1.00, +1.00] | +0.10 [-1.00, +1.00] | - | - |" in runs_over_seeds_markdown(
+        {1: seed(0), 2: seed(1), 3: no_twin})
+    assert "mean over seeds" not in runs_over_seeds_markdown({1: seed(0)})  # one seed: nothing to pool
     assert "| enc | 0.3 |" not in text and "| enc | 0 |" not in text  # seed 1's alone, and the control itself
     assert runs_over_seeds_markdown({1: seed(0), 2: _table(_row("enc", 0, 48, 48, 48))}).startswith(
         "No lambda besides the lambda = 0 controls ran on every seed")

@@ -44,14 +44,6 @@ def test_the_paired_report_subtracts_each_seed_from_the_same_seed_of_the_default
     assert cells[5] == "-35 [-226, +156] (2)"
 
 
-def test_welch_interval_matches_the_hand_computation(ttq):
-    # means 2 and 6; standard errors^2 1/3 and 4/3; Welch-Satterthwaite df 2.94, rounded down to 2
-    # (t = 4.303); half-width 4.303 * sqrt(5/3) = 5.555
-    difference, low, high = ttq.welch_interval([1.0, 2.0, 3.0], [4.0, 6.0, 8.0])
-    assert (difference, low, high) == pytest.approx((-4.0, -9.555, 1.555), abs=1e-3)
-    assert ttq.welch_interval([1.0], [2.0, 3.0]) is None
-
-
 def test_a_run_stopped_early_is_compared_on_the_checkpoints_every_run_has(ttq, tmp_path):
     """Seed 2 of the default stopped at 1,200 updates: the mean from 800 compares both arms at 800 and
     1,200 only, not seed 2's early checkpoints against the other's later, higher ones."""

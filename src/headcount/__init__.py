@@ -15,7 +15,8 @@ no two modules import each other, even through others (tests/test_layers.py chec
   correlations, roles, specialisation statistics;
 - pruning/: methods (the settings and the registry of pruning methods), hard_concrete, ranked,
   removal;
-- report/: plots, claims, pruning_report, positive_control;
+- report/: plots, claims (with seed_statistics, intervals over seeds), pruning_report,
+  positive_control;
 - pipeline/: the stage drivers the workflow's scripts call.
 
 Two cuts differ from the first sketch: the LRP rules live in models/ (every family's

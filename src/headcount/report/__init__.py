@@ -1,4 +1,5 @@
-"""Reports: figures, the paper's claims checked, the pruning report, the positive control's report."""
+"""Reports: figures, the paper's claims checked (and intervals over seeds), the pruning report, the
+positive control's report."""
 
 
 def head_label(layer: int, head: int) -> str:

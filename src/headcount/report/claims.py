@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.roles.registry import NO_ROLE
+from headcount.report.seed_statistics import t_interval
 
 HOLDS, FAILS, MIXED, NOT_SHOWN = "holds", "does not hold", "mixed", "not shown either way"
 NOT_RESOLVED = "not resolved"
@@ -580,11 +581,13 @@ def claims_over_seeds_markdown(experiment: str, runs: dict[int, tuple[pd.DataFra
 def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
     """The runs behind the verdicts over seeds, on the lambdas every seed ran: for each seed its heads
     kept and pruned - control, then, where twins were trained, pruned - from scratch, each with that
-    seed's 95% paired-bootstrap interval."""
+    seed's 95% paired-bootstrap interval, and with two seeds or more the seeds' mean with its 95%
+    t-interval over seeds (training noise, which no seed's own interval holds)."""
     seeds = sorted(prunings)
     lambdas = shared_lambdas(prunings.values())
-    header = ["| setting | lambda | " + " | ".join(f"seed {s}" for s in seeds) + " |",
-              "|---|---|" + "---|" * len(seeds)]
+    pooled = len(seeds) > 1
+    columns = [f"seed {s}" for s in seeds] + (["mean over seeds"] if pooled else [])
+    header = ["| setting | lambda | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
 
     def run(seed: int, setting: str, lam: float) -> pd.Series:
         return _pruned_runs(on_lambdas(prunings[seed], {setting: [lam]}), setting).iloc[0]
@@ -594,23 +597,35 @@ def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
             return "-"
         return f"{row[diff]:+.2f} [{row[f'{diff}_low']:+.2f}, {row[f'{diff}_high']:+.2f}]"
 
+    def over_seeds(rows: dict[int, pd.Series], diff: str) -> list[str]:
+        if not pooled:
+            return []
+        if any(pd.isna(row.get(f"{diff}_low")) for row in rows.values()):
+            return ["-"]  # a seed without the run: no mean that counts every seed alike
+        mean, half = t_interval([float(row[diff]) for row in rows.values()])
+        return [f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]"]
+
     against_control, against_scratch = [], []
     for setting in (s for s in PRUNABLE if s in lambdas):
         column = PRUNABLE[setting][2]
         for lam in (lam for lam in lambdas[setting] if lam != 0):
             rows = {s: run(s, setting, lam) for s in seeds}
             against_control.append(f"| {setting} | {lam:g} | " + " | ".join(
-                f"{int(rows[s][column])}/{int(_baseline(prunings[s])[column])} kept, "
-                f"{difference(rows[s], 'd_control')}" for s in seeds) + " |")
+                [f"{int(rows[s][column])}/{int(_baseline(prunings[s])[column])} kept, "
+                 f"{difference(rows[s], 'd_control')}" for s in seeds] + over_seeds(rows, "d_control")) + " |")
             if any(not pd.isna(r.get("d_pruned_scratch_low")) for r in rows.values()):
                 against_scratch.append(f"| {setting} | {lam:g} | " + " | ".join(
-                    difference(rows[s], "d_pruned_scratch") for s in seeds) + " |")
+                    [difference(rows[s], "d_pruned_scratch") for s in seeds]
+                    + over_seeds(rows, "d_pruned_scratch")) + " |")
     if not against_control:
         return "No lambda besides the lambda = 0 controls ran on every seed (`seed_lambdas`).\n"
     lines = ["#### Heads kept and pruned - control, by seed", "", *header, *against_control]
     if against_scratch:
         lines += ["", "#### Pruned - from scratch, by seed", "", *header, *against_scratch]
     lines += ["", "BLEU differences on the test set the pruning report scores, each with its seed's 95% "
-              "paired-bootstrap interval; heads kept: of the encoder's self-attention heads (enc), of all heads "
-              "(all)."]
+              "paired-bootstrap interval (test sentences resampled); heads kept: of the encoder's self-attention "
+              "heads (enc), of all heads (all)."
+              + (" Mean over seeds: the seeds' differences averaged, with a 95% Student's t interval over the "
+                 "seeds (headcount.report.seed_statistics), which spans training seeds on this one test set; "
+                 "the verdicts above count seeds and do not use it." if pooled else "")]
     return "\n".join(lines) + "\n"
