@@ -596,6 +596,9 @@ def test_seed_spread_pairs_each_seeds_control_with_its_own_baseline(tmp_path):
     row = table.set_index("system").loc["control enc - baseline"]
     assert row["mean"] == pytest.approx(statistics.mean([2.0, -0.5]))
     assert row["sd"] == pytest.approx(statistics.stdev([2.0, -0.5]))
+    # the mean's 95% t-interval over the two seeds: t(0.975, 1 df) 12.706 times sd / sqrt(2)
+    half = 12.706 * statistics.stdev([2.0, -0.5]) / 2**0.5
+    assert (row["mean_low"], row["mean_high"]) == pytest.approx((0.75 - half, 0.75 + half))
     for seed in (1, 2):
         expected = paired_bootstrap(texts["control", seed], texts["baseline", seed], refs)
         assert (row[f"seed_{seed}_low"], row[f"seed_{seed}_high"]) == pytest.approx((expected["low"], expected["high"]))
@@ -603,6 +606,7 @@ def test_seed_spread_pairs_each_seeds_control_with_its_own_baseline(tmp_path):
     line = next(x for x in (tmp_path / "spread.md").read_text().splitlines() if x.startswith("| control enc - "))
     expected = paired_bootstrap(texts["control", 2], texts["baseline", 2], refs)
     assert f"-0.50 [{expected['low']:+.2f}, {expected['high']:+.2f}]" in line.split("|")[3]
+    assert line.split("|")[4].strip() == f"0.75 [{0.75 - half:.2f}, {0.75 + half:.2f}]"
     with pytest.raises(HeadcountError, match="translations"):
         seed_spread("toy", [1, 2], ["enc"], [str(paths["baseline", 1] / "test.json")] * 2,
                     [str(paths["control", 1] / "test.json")] * 2, str(tmp_path / "x.tsv"), str(tmp_path / "x.md"),

@@ -14,6 +14,7 @@ from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import METHODS, is_control, ranked_method, ranked_methods
 from headcount.report.claims import claims_markdown, claims_table, pruning_claims
+from headcount.report.seed_statistics import t_interval
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 
 # Table 2 of Voita et al. (2019), EN-RU: (retained enc-self/dec-self/dec-enc, BLEU pruned, BLEU from scratch).
@@ -374,20 +375,26 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
         bounds = {}
         for s, result in zip(seeds, intervals.get(system, [])):
             bounds |= {f"seed_{s}_low": result["low"], f"seed_{s}_high": result["high"]}
+        mean, half = t_interval(list(values))
         rows.append({"experiment": experiment, "system": system,
                      **{f"seed_{s}": v for s, v in zip(seeds, values)}, **bounds, "seeds": len(values),
-                     "mean": series.mean(), "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
+                     "mean": series.mean(), "mean_low": mean - half if half is not None else float("nan"),
+                     "mean_high": mean + half if half is not None else float("nan"),
+                     "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
     table = pd.DataFrame(rows)
     with atomic_path(out_table) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.4g")
     signature = _read_json(baseline_scores[0]).get("bleu_signature", "")
     lines = [f"### {experiment}: BLEU across {len(seeds)} baseline seeds", "",
-             "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | sd | min | max |",
+             "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean [95% t-interval] | sd | min | max |",
              "|---|" + "---|" * (len(seeds) + 4)]
     for r in rows:
-        cells = [_seed_cell(r, s) for s in seeds] + [f"{r[k]:.2f}" for k in ("mean", "sd", "min", "max")]
+        mean = f"{r['mean']:.2f}" + ("" if pd.isna(r["mean_low"]) else f" [{r['mean_low']:.2f}, {r['mean_high']:.2f}]")
+        cells = [_seed_cell(r, s) for s in seeds] + [mean] + [f"{r[k]:.2f}" for k in ("sd", "min", "max")]
         lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
-    lines += ["", f"BLEU: sacrebleu, `{signature}`. sd: sample standard deviation across seeds. Each seed's "
+    lines += ["", f"BLEU: sacrebleu, `{signature}`. Mean with its 95% Student's t interval over the seeds "
+              f"(headcount.report.seed_statistics: training seeds on this one test set); sd: sample standard "
+              f"deviation across seeds. Each seed's "
               f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."
               + (f" Brackets: 95% interval of the seed's control - baseline from paired bootstrap resampling of "
                  f"the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a \"difference\" is one "
