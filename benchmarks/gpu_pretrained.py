@@ -4,12 +4,13 @@ on the CPU, and what do full-size pretrained models cost there, measured rather 
     python benchmarks/gpu_pretrained.py agreement [--devices cpu,cuda] [--out agreement.json]
     python benchmarks/gpu_pretrained.py cost [--device cuda] [--steps 3] [--models qwen2,gpt2,fsmt]
 
-agreement: small random models of each adapter family (GPT-2, Qwen2 with grouped-query attention,
-BERT, FSMT), fp32 on both devices with TF32 off, the same weights and inputs: the largest
-difference of the logits, of the attention maps, of the logits with half of the heads masked, of
-the LRP head relevance ("ding"), of Michel importance, of the gradients of a gated loss (Hard
-Concrete gates in eval mode, so no sampling), and for FSMT whether greedy translations agree.
-`--devices cpu,cpu` is a dry run anywhere.
+agreement: small random models of each adapter family (GPT-2, Llama and Qwen2 with grouped-query
+attention, BERT, RoBERTa; MarianMT, BART, mBART, M2M100, T5, FSMT), fp32 on both devices with TF32
+off, the same weights and inputs: the largest difference of the logits, of the attention maps, of
+the logits with half of the heads masked, of the LRP head relevance ("ding"), of Michel importance,
+of the gradients of a gated loss (Hard Concrete gates in eval mode, so no sampling), and for the
+encoder-decoders whether greedy translations agree; beside each, what scaling the weights by
+1 + 1e-6 noise does on the first device. `--devices cpu,cpu` is a dry run anywhere.
 
 cost: Qwen/Qwen2.5-0.5B, gpt2 and facebook/wmt19-en-ru at full size with random weights, built from
 their public configs (lm_cost.py, fsmt_cost.py; nothing downloaded). Timed with the device
@@ -50,19 +51,40 @@ LINES = ["a dog runs over the green grass", "two children play in the sand", "th
 def small_models(workdir: Path) -> dict:
     """family -> (adapter, kind) of small random models: the language models through the same
     loading path as a downloaded one (hf_lm_tiny writes them as save_pretrained does)."""
+    import transformers
     from transformers import FSMTForConditionalGeneration
 
     from headcount.models.hf import HFSeq2Seq
     from headcount.models.hf_lm import load_pretrained_lm
-    from headcount.models.hf_lm_tiny import write_tiny_bert, write_tiny_gpt2, write_tiny_qwen2
+    from headcount.models.hf_lm_tiny import (
+        write_tiny_bert,
+        write_tiny_gpt2,
+        write_tiny_llama,
+        write_tiny_qwen2,
+        write_tiny_roberta,
+    )
 
     torch.manual_seed(0)
     sizes = dict(d_model=64, layers=3, heads=4)
-    models = {"gpt2": load_pretrained_lm(write_tiny_gpt2(workdir / "gpt2", LINES, **sizes), offline=True),
-              "qwen2": load_pretrained_lm(write_tiny_qwen2(workdir / "qwen2", LINES, **sizes), offline=True),
-              "bert": load_pretrained_lm(write_tiny_bert(workdir / "bert", LINES, **sizes), offline=True)}
+    writers = {"gpt2": write_tiny_gpt2, "llama": write_tiny_llama, "qwen2": write_tiny_qwen2, "bert": write_tiny_bert,
+               "roberta": write_tiny_roberta}
+    models = {family: load_pretrained_lm(write(workdir / family, LINES, **sizes), offline=True)
+              for family, write in writers.items()}
     small_fsmt = dict(fsmt_cost.SMALL, d_model=64, layers=3, heads=4, ffn=256, src_vocab=512, tgt_vocab=512)
     models["fsmt"] = HFSeq2Seq(FSMTForConditionalGeneration(fsmt_cost.config(small_fsmt))).eval()
+    common = dict(vocab_size=512, d_model=64, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=64)
+    seq2seq = {
+        "marian": transformers.MarianMTModel(transformers.MarianConfig(
+            **common, pad_token_id=511, decoder_start_token_id=511, eos_token_id=0)),
+        "bart": transformers.BartForConditionalGeneration(transformers.BartConfig(**common)),
+        "mbart": transformers.MBartForConditionalGeneration(transformers.MBartConfig(**common)),
+        "m2m_100": transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**common)),
+        "t5": transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=512, d_model=64, d_kv=16, d_ff=256, num_layers=3, num_decoder_layers=3, num_heads=4,
+            relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
+    }
+    models.update({family: HFSeq2Seq(hf).eval() for family, hf in seq2seq.items()})
     return models
 
 
@@ -73,8 +95,14 @@ def inputs(model, batch: int = 6, length: int = 12, seed: int = 1) -> tuple[torc
 
     g = torch.Generator().manual_seed(seed)
     special, vocab = model.special, _vocab_size(model)
-    low = max(s for s in (special.pad, special.bos, special.eos, special.mask or 0) if s is not None) + 1
-    ids = torch.randint(low, vocab, (batch, length + 1), generator=g)
+    specials = torch.tensor([s for s in (special.pad, special.bos, special.eos, special.mask) if s is not None])
+    plain = next(i for i in range(vocab) if i not in specials)
+
+    def draw(shape):  # random ids, none of them special
+        ids = torch.randint(0, vocab, shape, generator=g)
+        return torch.where(torch.isin(ids, specials), torch.full_like(ids, plain), ids)
+
+    ids = draw((batch, length + 1))
     kind = kind_of(model).name
     if kind == "encoder_only":
         src = ids.clone()
@@ -87,7 +115,7 @@ def inputs(model, batch: int = 6, length: int = 12, seed: int = 1) -> tuple[torc
         return ids[:, :0], ids[:, :-1], ids[:, 1:]
     src = ids.clone()
     src[:, -1] = special.eos
-    tgt = torch.randint(low, vocab, (batch, length + 1), generator=g)
+    tgt = draw((batch, length + 1))
     tgt[:, 0] = special.bos
     return src, tgt[:, :-1], tgt[:, 1:]
 
