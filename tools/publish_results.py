@@ -61,6 +61,8 @@ PUBLISHED = {
     "tables/seed_spread.tsv": ("seeds", "seeds/spread.tsv"),
     "tables/seed_spread.md": ("seeds", "seeds/spread.md"),
     "tables/seed_claims.md": ("seeds", "seeds/claims.md"),  # each finding's verdict on every seed
+    "tables/seed_heads.md": ("seeds", "seeds/heads.md"),  # every seed's roles, LRP and ablation side by side
+    "tables/seed_heads.tsv": ("seeds", "seeds/heads.tsv"),
     "tables/control_head_roles.csv": ("control", "syntax/roles.csv"),
     "tables/control_head_scores.csv": ("control", "heads/scores.csv"),
     "tables/control_layer_survival.tsv": ("control", "prune/layer_survival.tsv"),

@@ -363,6 +363,11 @@ def seed_experiment(exp, seed):
     return SEED_REPLICA.format(name=exp, seed=seed)
 
 
+def seed_runs(exp):
+    """The experiment of each seed of `exp`, in the order of its `seeds`."""
+    return [seed_experiment(exp, s) for s in EXPERIMENTS[exp]["seeds"]]
+
+
 # Replicas and the experiment each copies its data, subwords and parses from (seeds.smk).
 REPLICA_OF = {
     name: exp["replica_of"]
@@ -373,7 +378,7 @@ REPLICA_OF = {
 
 def seed_spread_inputs(wildcards):
     exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
-    runs = [seed_experiment(exp, s) for s in EXPERIMENTS[exp]["seeds"]]
+    runs = seed_runs(exp)
     return {
         "baselines": [f"results/{run}/baseline/scores/{split}.json" for run in runs],
         "controls": [
@@ -398,9 +403,7 @@ def claims_over_seeds_inputs(wildcards):
     """Each seed's pruning table and heads kept per layer, from which the seeds' verdicts are
     judged on the lambdas all seeds ran, and the positive control's heads kept per layer.
     """
-    runs = [
-        seed_experiment(wildcards.exp, s) for s in EXPERIMENTS[wildcards.exp]["seeds"]
-    ]
+    runs = seed_runs(wildcards.exp)
     return {
         "pruning": [f"results/{run}/prune/pruning.tsv" for run in runs],
         "layers": [f"results/{run}/prune/layer_survival.tsv" for run in runs],
@@ -450,7 +453,11 @@ def final_outputs(exp):
             else []
         ),
         *(
-            [f"results/{exp}/seeds/spread.tsv", f"results/{exp}/seeds/claims.md"]
+            [
+                f"results/{exp}/seeds/spread.tsv",
+                f"results/{exp}/seeds/claims.md",
+                f"results/{exp}/seeds/heads.md",
+            ]
             if extra_seeds(exp)
             else []
         ),
@@ -578,7 +585,12 @@ def compared(wildcards):
 def comparison_inputs(wildcards):
     """Each compared experiment's scores, head scores and roles, and what running its model over the
     analysis sentences reads (the model, its source tokenizer, the analysis set)."""
-    exps = compared(wildcards)
+    return model_comparison_inputs(compared(wildcards))
+
+
+def model_comparison_inputs(exps):
+    """What report.model_comparison reads of each experiment in `exps` (a comparison's, or an
+    experiment's seeds)."""
 
     def each(pattern):
         return [pattern.format(exp=exp) for exp in exps]

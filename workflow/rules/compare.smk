@@ -22,6 +22,7 @@ rule compare_models:
         mem_mb=8000,
         runtime=60,
     params:
+        name=lambda w: w.name,
         experiments=compared,
         descriptions=lambda w: {
             exp: EXPERIMENTS[exp].get("description", "") for exp in compared(w)

@@ -2,8 +2,8 @@
 # <exp>_seed<s> (headcount.config.seed_replicas), on which every stage runs as on any experiment,
 # with the lambdas of `seed_lambdas`. It shares the experiment's data, subwords and parses, copied
 # here, so that the seeds differ in their seed alone. seed_spread tabulates the spread of their
-# BLEU, claims_over_seeds each finding's verdict on every seed. Adding a seed adds its jobs and
-# reruns nothing else.
+# BLEU, claims_over_seeds each finding's verdict on every seed, heads_over_seeds their heads' roles,
+# LRP and ablation side by side. Adding a seed adds its jobs and reruns nothing else.
 
 
 rule seed_shared_file:
@@ -90,3 +90,41 @@ rule claims_over_seeds:
         seeds=lambda w: EXPERIMENTS[w.exp]["seeds"],
     script:
         "../scripts/claims_over_seeds.py"
+
+
+rule heads_over_seeds:
+    """Every seed's baseline side by side, as compare_models sets models side by side: roles, the
+    largest positional share with paired bootstrap intervals, LRP concentration, single-head ablation.
+    """
+    input:
+        unpack(lambda w: model_comparison_inputs(seed_runs(w.exp))),
+    output:
+        table="results/{exp}/seeds/heads.tsv",
+        markdown=report(
+            "results/{exp}/seeds/heads.md",
+            caption="../report/heads_over_seeds.rst",
+            category="Head importance",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("seeds/heads_over_seeds"),
+    conda:
+        ENV
+    threads: all_cores
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    params:
+        name=lambda w: f"{w.exp}, seeds {', '.join(map(str, EXPERIMENTS[w.exp]['seeds']))}",
+        experiments=lambda w: seed_runs(w.exp),
+        descriptions=lambda w: {
+            run: f"training seed {seed}"
+            for seed, run in zip(EXPERIMENTS[w.exp]["seeds"], seed_runs(w.exp))
+        },
+        lowercase=lambda w: {
+            run: EXPERIMENTS[run]["subwords"]["lowercase"] for run in seed_runs(w.exp)
+        },
+        analysis_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
+        device=lambda w: exp_config(w)["training"]["device"],
+    script:
+        "../scripts/compare_models.py"

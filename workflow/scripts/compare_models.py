@@ -8,7 +8,7 @@ with job(snakemake) as log:
     runs = {name: ModelRun(i.models[k], i.src_spm[k], i.analysis_src[k], snakemake.params.lowercase[name])
             for k, name in enumerate(names)}
     compare_models(
-        name=snakemake.wildcards.name,
+        name=snakemake.params.name,
         outputs=outputs,
         runs=runs,
         max_sentences=snakemake.params.analysis_sentences,
