@@ -1,7 +1,9 @@
 """The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a small GPT-2 that
 transformers' own Trainer trained here on English text (tools/train_lm_reference.py, cached in
 tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pruning run and its
-physical export; a tiny BERT planned and imported; and the config errors of the new keys."""
+physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned
+and imported; each one's loss as the Trainer computed it, recomputed; and the config errors of the
+new keys."""
 
 import json
 from pathlib import Path
@@ -15,6 +17,7 @@ from toyflow import copy_workflow, run_to, shipped_config, smoke_config, snakema
 pytest.importorskip("transformers")
 
 TRAINED_GPT2 = Path(__file__).parent / "data" / "gpt2_multi30k"
+TRAINED_BERT = Path(__file__).parent / "data" / "bert_multi30k"
 
 
 def lm_config(mirror, model_dir) -> dict:
@@ -76,10 +79,8 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
 
 def test_a_pretrained_bert_plans_and_imports(tmp_path):
     """A masked LM shares the DAG: it plans like GPT-2, and the import rule writes what it needs."""
-    from headcount.models.hf_lm_tiny import write_tiny_bert
-
     mirror = make_toy_mirror(tmp_path)
-    model_dir = write_tiny_bert(tmp_path / "bert-toy", toy_corpus(200, seed=1)[0])
+    model_dir = TRAINED_BERT
     workdir = copy_workflow(tmp_path / "wf")
     config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
     result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, cwd=workdir,
@@ -228,3 +229,23 @@ def test_headcounts_nll_of_the_trained_gpt2_is_the_trainers_own():
     nll, tokens = sentence_nll(model, ids, ids, max_tokens=400)
     assert float(np.mean(nll / tokens)) == pytest.approx(summary["trainer_probe_loss"], abs=1e-5)
     assert summary["trainer_eval_loss"] < 4.0  # trained: far below log(1000) = 6.9 on Multi30k's dev text
+
+
+def test_headcounts_masked_nll_of_the_trained_bert_is_the_trainers_own():
+    """The masked-LM counterpart: a BERT trained by the Trainer with transformers' own masking
+    collator, then evaluated by the Trainer (one line a batch) on headcount's fixed, seeded masking
+    of sentences of our own; headcount's adapter, batching (several lines padded into one batch)
+    and perplexity code recompute that loss from the text."""
+    from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+    from headcount.training.perplexity import sentence_nll
+
+    summary = json.loads((TRAINED_BERT / "reference_summary.json").read_text())
+    model = load_pretrained_lm(TRAINED_BERT)
+    assert model.model_kind == "encoder_only"
+    ids = load_lm_tokenizer(TRAINED_BERT).encode(summary["probe_lines"])
+    nll, tokens = sentence_nll(model, ids, ids, max_tokens=400)
+    assert tokens.min() >= 1 and tokens.sum() < sum(map(len, ids))  # the masked tokens alone are scored
+    assert float(np.mean(nll / tokens)) == pytest.approx(summary["trainer_probe_loss"], abs=1e-5)
+    assert summary["trainer_eval_loss"] < 0.7 * np.log(summary["recipe"]["vocab"])  # trained, not random
+

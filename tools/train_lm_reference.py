@@ -1,20 +1,27 @@
-"""Train a small GPT-2 with transformers' own Trainer: a trained decoder-only model for the tests.
+"""Train a small GPT-2 or BERT with transformers' own Trainer: trained language models for the tests.
 
 headcount's language-model adapter (models/hf_lm.py) is tested on random models; this makes a model
 the way the transformers world makes one, on English text this project has (Multi30k's English
 side and the text of UD English-EWT's training treebank), so that the workflow's language-model
-stages run on weights that mean something (tests/test_lm_workflow.py reads it from
-tests/data/gpt2_multi30k):
+stages run on weights that mean something (tests/test_lm_workflow.py reads them from
+tests/data/gpt2_multi30k and tests/data/bert_multi30k):
 
-- a byte-level BPE tokenizer trained here (hf_lm_tiny.write_tiny_gpt2: <|endoftext|> is BOS, EOS
-  and, as for GPT-2, there is no pad token) and a GPT2LMHeadModel of the given size;
-- transformers' `Trainer` with its causal-LM collator (each line is <|endoftext|> + text, the
-  collator's labels are the inputs, the model shifts them), AdamW, a linear decay after warm-up;
+- gpt2: a byte-level BPE tokenizer trained here (hf_lm_tiny.write_tiny_gpt2: <|endoftext|> is BOS,
+  EOS and, as for GPT-2, there is no pad token) and a GPT2LMHeadModel of the given size, trained by
+  transformers' causal-LM collator (each line is <|endoftext|> + text, the collator's labels are
+  the inputs, the model shifts them);
+- bert: a lowercasing WordPiece tokenizer trained here (hf_lm_tiny.write_tiny_bert: [CLS] text
+  [SEP]) and a BertForMaskedLM, trained by transformers' masked-LM collator (15% of the tokens,
+  80% of them [MASK], 10% a random token, 10% kept); it is evaluated on headcount's own fixed,
+  seeded masking (data.batching.masked_lm_tensors), the one headcount scores masked LMs on, so that
+  the tests recompute the same loss;
+- transformers' `Trainer`, AdamW, a linear decay after warm-up;
 - `save_pretrained` of model and tokenizer into --out, and reference_summary.json: the recipe and
   the Trainer's own evaluation loss, one line a batch (so the mean of per-line mean NLL), on the
   dev lines and on PROBE_LINES, sentences of our own that the tests score again with headcount.
 
     python tools/train_lm_reference.py --out tests/data/gpt2_multi30k
+    python tools/train_lm_reference.py --family bert --lr 1e-3 --steps 3000 --out tests/data/bert_multi30k
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ def treebank_text(path: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--family", choices=["gpt2", "bert"], default="gpt2")
     ap.add_argument("--data", default=str(DATA), help="the shared data directory (multi30k/, UD_English-EWT/)")
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--d-model", type=int, default=64)
@@ -77,14 +85,19 @@ def main() -> int:
     import torch
     from transformers import (
         AutoTokenizer,
+        BertForMaskedLM,
         DataCollatorForLanguageModeling,
         GPT2LMHeadModel,
         Trainer,
         TrainingArguments,
+        default_data_collator,
         set_seed,
     )
 
-    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+    from headcount.data.batching import masked_lm_tensors
+    from headcount.models.hf_lm import special_ids_of
+    from headcount.models.hf_lm_tiny import write_tiny_bert, write_tiny_gpt2
+    from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
 
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
@@ -93,27 +106,47 @@ def main() -> int:
                    + treebank_text(data / "UD_English-EWT" / "en_ewt-ud-train.conllu.gz"))
     dev_lines = read_lines(data / "multi30k" / "val.en.gz", args.dev_lines)
     out = Path(args.out)
-    write_tiny_gpt2(out, train_lines, vocab_size=args.vocab, d_model=args.d_model, layers=args.layers,
-                    heads=args.heads, positions=128, seed=args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(out))
-    model = GPT2LMHeadModel.from_pretrained(str(out))
-    tokenizer.pad_token = tokenizer.eos_token  # the collator pads; labels at padding become -100
+    sizes = dict(vocab_size=args.vocab, d_model=args.d_model, layers=args.layers, heads=args.heads, positions=128,
+                 seed=args.seed)
+    if args.family == "gpt2":
+        write_tiny_gpt2(out, train_lines, **sizes)
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        model = GPT2LMHeadModel.from_pretrained(str(out))
+        tokenizer.pad_token = tokenizer.eos_token  # the collator pads; labels at padding become -100
 
-    def encode(lines):
-        return [{"input_ids": [tokenizer.bos_token_id] + tokenizer(line)["input_ids"][:126]} for line in lines]
+        def encode(lines):
+            return [{"input_ids": [tokenizer.bos_token_id] + tokenizer(line)["input_ids"][:126]} for line in lines]
 
-    collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        train_set, collator = encode(train_lines), DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        evaluate, eval_collator = encode, collator
+    else:
+        write_tiny_bert(out, train_lines, ffn=4 * args.d_model, **sizes)
+        tokenizer = AutoTokenizer.from_pretrained(str(out))
+        model = BertForMaskedLM.from_pretrained(str(out))
+        train_set = [{"input_ids": tokenizer(line)["input_ids"][:128]} for line in train_lines]
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=0.15)
+        special, ours = special_ids_of(model.config, tokenizer), load_lm_tokenizer(out)
+
+        def evaluate(lines):  # one line a batch, masked as headcount masks it: no padding to collate
+            rows = []
+            for ids in ours.encode(lines):
+                src, _, tgt_out = masked_lm_tensors([ids], special)
+                labels = torch.where(tgt_out[0].eq(special.pad), -100, tgt_out[0])
+                rows.append({"input_ids": src[0].tolist(), "labels": labels.tolist()})
+            return rows
+
+        eval_collator = default_data_collator
     with_work = out.with_name(out.name + ".trainer")
     targs = TrainingArguments(output_dir=str(with_work), max_steps=args.steps, per_device_train_batch_size=args.batch,
                               per_device_eval_batch_size=1, learning_rate=args.lr, warmup_steps=args.steps // 10,
                               lr_scheduler_type="linear", logging_steps=100, save_strategy="no", report_to=[],
                               seed=args.seed, use_cpu=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=targs, train_dataset=encode(train_lines), eval_dataset=encode(dev_lines),
-                      data_collator=collator)
+    trainer = Trainer(model=model, args=targs, train_dataset=train_set, data_collator=collator)
     start = time.perf_counter()
     trainer.train()
-    evaluation = trainer.evaluate()
-    probe = trainer.evaluate(eval_dataset=encode(PROBE_LINES), metric_key_prefix="probe")
+    trainer.data_collator = eval_collator
+    evaluation = trainer.evaluate(eval_dataset=evaluate(dev_lines))
+    probe = trainer.evaluate(eval_dataset=evaluate(PROBE_LINES), metric_key_prefix="probe")
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     summary = {"recipe": {k: v for k, v in vars(args).items() if k != "data"}, "train_lines": len(train_lines),
