@@ -55,6 +55,12 @@ PRESETS = {
                   "--encoder-learned-pos", "--decoder-learned-pos", "--share-all-embeddings",
                   "--layernorm-embedding", "--activation-fn", "gelu", "--no-scale-embedding",
                   "--max-source-positions", "128", "--max-target-positions", "128"],
+    # fairseq's own transformer defaults: post-LN, sinusoids, separate vocabularies and an output
+    # layer of its own, ReLU, scaled embeddings; the architecture of the WMT19 models, which
+    # transformers ports as FSMT (tests/test_fsmt_trained.py converts it to FSMT and checks that port)
+    "tiny-fsmt": ["--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+                  "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                  "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"],
     # headcount's default model (benchmarks/fairseq_side_by_side.py): 6+6, d256, 8 heads, pre-LN
     "multi30k": ["--arch", "transformer", "--encoder-layers", "6", "--decoder-layers", "6",
                  "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
