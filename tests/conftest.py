@@ -199,3 +199,32 @@ def random_batch(model: Transformer, batch: int = 3, src_len: int = 7, tgt_len: 
     tgt[:, 0] = bos
     tgt[2:, -1] = pad
     return src, tgt
+
+
+def teacher_forced(model, src: list[int], tgt: list[int], need_weights: bool = False):
+    """(per-token log-probabilities of tgt (T,), attention probabilities by type) for one sentence,
+    the decoder fed EOS first as fairseq feeds it (tests of models against fairseq's recorded outputs)."""
+    s, t = torch.tensor([src]), torch.tensor([tgt])
+    tgt_in = torch.cat([torch.tensor([[model.special.bos]]), t[:, :-1]], dim=1)
+    with torch.no_grad():
+        logits, attention = model(s, tgt_in, need_weights=need_weights)
+    return torch.log_softmax(logits.float(), dim=-1)[0].gather(1, t[0][:, None])[:, 0], attention
+
+
+def masked_loglik_against_fairseq(model, ref: dict) -> tuple[float, float]:
+    """With the heads fairseq masked (its recorded `masked_heads`) masked here too: the largest
+    per-token error against fairseq's masked log-likelihoods, and how far masking moved fairseq's
+    (so that agreement is not agreement by default). The heads are open again afterwards."""
+    masks = {kind: torch.ones(len(modules), max(m.n_heads for m in modules))
+             for kind, modules in model.attention_modules().items()}
+    for kind, layer, head in ref["masked_heads"]:
+        masks[kind][layer, head] = 0
+    model.set_head_mask(masks)
+    try:
+        pairs = list(zip(ref["sources"], ref["targets"], ref["loglik_masked"], ref["loglik"]))
+        worst = max(float((teacher_forced(model, s, t)[0] - theirs).abs().max()) for s, t, theirs, _ in pairs)
+        moved = max(float((theirs - unmasked).abs().max()) for _, _, theirs, unmasked in pairs)
+    finally:
+        model.set_head_mask({kind: torch.ones_like(m) for kind, m in masks.items()})
+    return worst, moved
+

@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_batch, randomise_norms_and_biases, tiny_config
+from conftest import (
+    masked_loglik_against_fairseq,
+    random_batch,
+    randomise_norms_and_biases,
+    teacher_forced,
+    tiny_config,
+)
 from torch import nn
 
 from headcount.io import CheckpointError
@@ -42,15 +48,6 @@ def fairseq_model(request):
     model, _ = read_fairseq(DATA / request.param / "checkpoint.pt")
     reference = torch.load(DATA / request.param / "reference.pt", weights_only=True)
     return request.param, model, reference
-
-
-def _teacher_forced(model, src: list[int], tgt: list[int], need_weights: bool = False):
-    """(per-token log-probabilities of tgt (T,), attention probabilities by type) for one sentence."""
-    s, t = torch.tensor([src]), torch.tensor([tgt])
-    tgt_in = torch.cat([torch.tensor([[model.special.bos]]), t[:, :-1]], dim=1)  # fairseq: EOS first
-    with torch.no_grad():
-        logits, attention = model(s, tgt_in, need_weights=need_weights)
-    return torch.log_softmax(logits.float(), dim=-1)[0].gather(1, t[0][:, None])[:, 0], attention
 
 
 def test_the_architecture_is_read_as_written(fairseq_model):
@@ -82,7 +79,7 @@ def test_attention_probabilities_equal_fairseqs(fairseq_model, record_property):
     _, model, ref = fairseq_model
     worst = 0.0
     for i, recorded in enumerate(ref["attention"]):
-        _, attention = _teacher_forced(model, ref["sources"][i], ref["targets"][i], need_weights=True)
+        _, attention = teacher_forced(model, ref["sources"][i], ref["targets"][i], need_weights=True)
         for kind, layers in recorded.items():
             for mine, theirs in zip(attention[kind], layers):
                 assert mine[0].shape == theirs.shape  # (H, Tq, Tk)
@@ -94,7 +91,7 @@ def test_attention_probabilities_equal_fairseqs(fairseq_model, record_property):
 
 def test_log_likelihoods_equal_fairseqs(fairseq_model, record_property):
     _, model, ref = fairseq_model
-    worst = max(float((_teacher_forced(model, s, t)[0] - theirs).abs().max())
+    worst = max(float((teacher_forced(model, s, t)[0] - theirs).abs().max())
                 for s, t, theirs in zip(ref["sources"], ref["targets"], ref["loglik"]))
     record_property("loglik_max_abs_error_per_token", worst)
     print(f"log-likelihoods: largest per-token error {worst:.2e}")
@@ -103,16 +100,7 @@ def test_log_likelihoods_equal_fairseqs(fairseq_model, record_property):
 
 def test_masked_heads_equal_fairseq_with_those_output_columns_zeroed(fairseq_model, record_property):
     _, model, ref = fairseq_model
-    masks = {kind: torch.ones(len(layers), model.cfg.n_heads) for kind, layers in model.attention_modules().items()}
-    for kind, layer, head in ref["masked_heads"]:
-        masks[kind][layer, head] = 0
-    model.set_head_mask(masks)
-    try:
-        pairs = list(zip(ref["sources"], ref["targets"], ref["loglik_masked"], ref["loglik"]))
-        worst = max(float((_teacher_forced(model, s, t)[0] - theirs).abs().max()) for s, t, theirs, _ in pairs)
-        moved = max(float((theirs - unmasked).abs().max()) for _, _, theirs, unmasked in pairs)
-    finally:
-        model.set_head_mask({kind: torch.ones_like(m) for kind, m in masks.items()})
+    worst, moved = masked_loglik_against_fairseq(model, ref)
     record_property("masked_loglik_max_abs_error_per_token", worst)
     assert moved > 1e-2  # the masked heads mattered, so agreement is not agreement by default
     assert worst < 1e-5
@@ -134,7 +122,7 @@ def test_removing_the_masked_heads_physically_gives_fairseqs_masked_outputs(fair
     pruned.set_head_mask(masks)
     remove_pruned_heads(pruned)
     assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in model.parameters())
-    worst = max(float((_teacher_forced(pruned, s, t)[0] - theirs).abs().max())
+    worst = max(float((teacher_forced(pruned, s, t)[0] - theirs).abs().max())
                 for s, t, theirs in zip(ref["sources"], ref["targets"], ref["loglik_masked"]))
     assert worst < 1e-5
 
@@ -154,7 +142,7 @@ def test_the_import_writes_a_checkpoint_and_tokenizer_the_stages_read(tmp_path, 
     assert [ids + [model.special.eos] for ids in target.encode(ref["tgt_text"])] == ref["targets"]
     assert target.decode([t[:-1] for t in ref["targets"]]) == ref["tgt_text"]
     s, t = ref["sources"][0], ref["targets"][0]
-    torch.testing.assert_close(_teacher_forced(loaded, s, t)[0], _teacher_forced(model, s, t)[0], rtol=0, atol=0)
+    torch.testing.assert_close(teacher_forced(loaded, s, t)[0], teacher_forced(model, s, t)[0], rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import masked_loglik_against_fairseq, teacher_forced
 
 from headcount.models.fairseq import load_fairseq_checkpoint, model_args
 from headcount.training.decode import greedy_search
@@ -57,15 +58,6 @@ def converted():
     return fsmt_from_fairseq(DATA / "checkpoint.pt"), torch.load(DATA / "reference.pt", weights_only=True)
 
 
-def _teacher_forced(model, src: list[int], tgt: list[int], need_weights: bool = False):
-    """(per-token log-probabilities of tgt (T,), attention probabilities by type) for one sentence."""
-    s, t = torch.tensor([src]), torch.tensor([tgt])
-    tgt_in = torch.cat([torch.tensor([[model.special.bos]]), t[:, :-1]], dim=1)  # fairseq: EOS first
-    with torch.no_grad():
-        logits, attention = model(s, tgt_in, need_weights=need_weights)
-    return torch.log_softmax(logits.float(), dim=-1)[0].gather(1, t[0][:, None])[:, 0], attention
-
-
 def test_the_converted_model_is_fsmt_with_fairseqs_ids(converted):
     model, _ = converted
     assert model.family.name == "fsmt"
@@ -87,7 +79,7 @@ def test_attention_probabilities_equal_fairseqs(converted):
     model, ref = converted
     worst = 0.0
     for i, recorded in enumerate(ref["attention"]):
-        _, attention = _teacher_forced(model, ref["sources"][i], ref["targets"][i], need_weights=True)
+        _, attention = teacher_forced(model, ref["sources"][i], ref["targets"][i], need_weights=True)
         for kind, layers in recorded.items():
             for mine, theirs in zip(attention[kind], layers, strict=True):
                 assert mine[0].shape == theirs.shape  # (H, Tq, Tk)
@@ -98,19 +90,10 @@ def test_attention_probabilities_equal_fairseqs(converted):
 
 def test_log_likelihoods_with_and_without_masked_heads_equal_fairseqs(converted):
     model, ref = converted
-    worst = max(float((_teacher_forced(model, s, t)[0] - theirs).abs().max())
+    worst = max(float((teacher_forced(model, s, t)[0] - theirs).abs().max())
                 for s, t, theirs in zip(ref["sources"], ref["targets"], ref["loglik"]))
     assert worst < 1e-5
-    masks = {kind: torch.ones(len(layers), layers[0].n_heads) for kind, layers in model.attention_modules().items()}
-    for kind, layer, head in ref["masked_heads"]:
-        masks[kind][layer, head] = 0
-    model.set_head_mask(masks)
-    try:
-        pairs = list(zip(ref["sources"], ref["targets"], ref["loglik_masked"], ref["loglik"]))
-        masked = max(float((_teacher_forced(model, s, t)[0] - theirs).abs().max()) for s, t, theirs, _ in pairs)
-        moved = max(float((theirs - unmasked).abs().max()) for _, _, theirs, unmasked in pairs)
-    finally:
-        model.set_head_mask({kind: torch.ones_like(m) for kind, m in masks.items()})
+    masked, moved = masked_loglik_against_fairseq(model, ref)
     print(f"log-likelihoods: largest error {worst:.2e}, with heads masked {masked:.2e} "
           f"(masking moved them {moved:.2f})")
     assert moved > 1e-2  # the masked heads mattered, so agreement is not agreement by default
