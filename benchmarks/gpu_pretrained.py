@@ -2,7 +2,7 @@
 on the CPU, and what do full-size pretrained models cost there, measured rather than assumed.
 
     python benchmarks/gpu_pretrained.py agreement [--devices cpu,cuda] [--out agreement.json]
-    python benchmarks/gpu_pretrained.py cost [--device cuda] [--steps 3] [--models qwen2,gpt2,fsmt]
+    python benchmarks/gpu_pretrained.py cost [--device cuda] [--steps 3] [--models qwen2,gpt2,fsmt,marian,nllb]
 
 agreement: small random models of each adapter family (GPT-2, Llama and Qwen2 with grouped-query
 attention, BERT, RoBERTa; MarianMT, BART, mBART, M2M100, T5, FSMT), fp32 on both devices with TF32
@@ -12,14 +12,16 @@ of the gradients of a gated loss (Hard Concrete gates in eval mode, so no sampli
 encoder-decoders whether greedy translations agree; beside each, what scaling the weights by
 1 + 1e-6 noise does on the first device. `--devices cpu,cpu` is a dry run anywhere.
 
-cost: Qwen/Qwen2.5-0.5B, gpt2 and facebook/wmt19-en-ru at full size with random weights, built from
-their public configs (lm_cost.py, fsmt_cost.py; nothing downloaded). Timed with the device
+cost: Qwen/Qwen2.5-0.5B, gpt2, facebook/wmt19-en-ru, Helsinki-NLP/opus-mt-en-de and
+facebook/nllb-200-distilled-600M at full size with random weights, built from their public configs
+(lm_cost.py, fsmt_cost.py, SEQ2SEQ here; nothing downloaded). Timed with the device
 synchronised, the fastest of `--steps` after a warm-up: a forward (fp32, as evaluation runs), a
 gated fine-tuning step as prune_heads takes one on CUDA (bf16 autocast, Hard Concrete gates and
 their L0 penalty, Adam), Michel importance and LRP (fp32) on a batch of 1,600 tokens, and for
 FSMT beam search; with each the peak GPU memory. The language models' stages (lm_cost.stages)
 are then costed at the measured rates: the minutes of compute each stage needs on this GPU.
-Random weights never emit EOS, so beam search runs to its length limit: an upper bound.
+The encoder-decoders' EOS is made never to win, so beam search runs to its length limit: an upper
+bound.
 """
 
 from __future__ import annotations
@@ -308,22 +310,60 @@ def cost_lm(name: str, size: dict, device: torch.device, steps: int) -> dict:
             "tflops": {k: v / 1e12 for k, v in rates.items()}, "stage_minutes": dict(stages)}
 
 
-def cost_fsmt(device: torch.device, steps: int, size: dict, length: int = 30, beam_batch: int = 32) -> dict:
-    """facebook/wmt19-en-ru at full size: a gated fine-tuning step on 1,600 target tokens, a forward,
-    and beam search (beam 4) of `beam_batch` random sentences, which runs to the length limit."""
-    from transformers import FSMTForConditionalGeneration
+# The encoder-decoders costed, at their public configs' sizes (dict keys as fsmt_cost's, whose FLOP
+# count fits any of them): wmt19_en_ru's FSMT, opus_mt_en_de's MarianMT (one vocabulary shared by
+# every embedding), nllb_en_de's M2M100 architecture. `fine_tunings` is each experiment's runs of
+# 500 steps (its prune grid), read from config/config.yaml when this was written.
+SEQ2SEQ = {
+    "fsmt": ("facebook/wmt19-en-ru", fsmt_cost.WMT19, 12),
+    "marian": ("Helsinki-NLP/opus-mt-en-de",
+               dict(d_model=512, layers=6, heads=8, ffn=2048, src_vocab=58101, tgt_vocab=58101), 12),
+    "nllb": ("facebook/nllb-200-distilled-600M",
+             dict(d_model=1024, layers=12, heads=16, ffn=4096, src_vocab=256206, tgt_vocab=256206), 12),
+}
 
+
+def seq2seq_model(family: str, size: dict):
+    """A random transformers model of the family at `size`."""
+    import transformers
+
+    if family == "fsmt":
+        return transformers.FSMTForConditionalGeneration(fsmt_cost.config(size))
+    common = dict(vocab_size=size["tgt_vocab"], d_model=size["d_model"], encoder_layers=size["layers"],
+                  decoder_layers=size["layers"], encoder_attention_heads=size["heads"],
+                  decoder_attention_heads=size["heads"], encoder_ffn_dim=size["ffn"], decoder_ffn_dim=size["ffn"],
+                  scale_embedding=True)
+    if family == "marian":
+        pad = size["tgt_vocab"] - 1
+        return transformers.MarianMTModel(transformers.MarianConfig(
+            **common, pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0, activation_function="swish"))
+    return transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(
+        **common, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2))
+
+
+def cost_seq2seq(family: str, device: torch.device, steps: int, size: dict, length: int = 30,
+                 beam_batch: int = 32) -> dict:
+    """An encoder-decoder of SEQ2SEQ: a forward, beam search (beam 4) of `beam_batch` random
+    sentences, which runs to the length limit, and a gated fine-tuning step on 1,600 target tokens."""
     from headcount.models.hf import HFSeq2Seq
     from headcount.training.decode import beam_search
 
+    name, _, fine_tunings = SEQ2SEQ[family]
     torch.manual_seed(0)
     with torch.device(device):
-        model = HFSeq2Seq(FSMTForConditionalGeneration(fsmt_cost.config(size)))
+        model = HFSeq2Seq(seq2seq_model(family, size))
     B = lm_cost.TRAIN_MAX_TOKENS // length
-    src = torch.randint(4, size["src_vocab"], (B, length), device=device)
-    tgt = torch.randint(4, size["tgt_vocab"], (B, length + 1), device=device)
-    src[:, -1] = model.special.eos
-    tgt[:, 0] = model.special.bos
+    special = model.special
+    with torch.no_grad():  # EOS never wins, so that every search runs to its length limit
+        model.hf.get_output_embeddings().weight[special.eos] = 0
+        if getattr(model.hf, "final_logits_bias", None) is not None:
+            model.hf.final_logits_bias[..., special.eos] = -1e4
+    low = max(special.pad, special.bos, special.eos) + 1 if family != "marian" else 1
+    high = size["tgt_vocab"] - (1 if family == "marian" else 0)  # Marian's pad is its last id
+    src = torch.randint(low, high, (B, length), device=device)
+    tgt = torch.randint(low, high, (B, length + 1), device=device)
+    src[:, -1] = special.eos
+    tgt[:, 0] = special.bos
     batch = (src, tgt[:, :-1], tgt[:, 1:])
     result = {}
 
@@ -343,14 +383,12 @@ def cost_fsmt(device: torch.device, steps: int, size: dict, length: int = 30, be
     flops = fsmt_cost.forward_flops(size, length, length)
     train_rate = 3 * flops * B / result["gated fine-tuning step"][0]
     search_seconds = result[f"beam search, {beam_batch} sentences"][0]
-    print(f"## facebook/wmt19-en-ru: {B} pairs of {length}+{length} tokens; fine-tuning under "
-          f"{dtype or torch.float32}\n")
+    print(f"## {name}: {B} pairs of {length}+{length} tokens; fine-tuning under {dtype or torch.float32}\n")
     print("| pass | seconds | peak GPU memory (GB) |\n|---|---|---|")
     for label, (seconds, peak) in result.items():
         print(f"| {label} | {seconds:.4f} | {peak:.1f} |")
-    print(f"\nfine-tuning {train_rate / 1e12:.1f} TFLOP/s achieved; wmt19_en_ru's 12 runs of 500 steps "
-          f"(docs/pretrained.md): "
-          f"{12 * 500 * result['gated fine-tuning step'][0] / 60:.1f} min; beam search "
+    print(f"\nfine-tuning {train_rate / 1e12:.1f} TFLOP/s achieved; {fine_tunings} runs of 500 steps: "
+          f"{fine_tunings * 500 * result['gated fine-tuning step'][0] / 60:.1f} min; beam search "
           f"{lengths[-1] / search_seconds:.0f} target tokens/s ({lengths[-1]} tokens, every sentence to its "
           f"length limit)\n", flush=True)
     return {"passes": {k: {"seconds": s, "peak_gb": p} for k, (s, p) in result.items()},
@@ -362,7 +400,7 @@ def main() -> int:
     parser.add_argument("what", choices=["agreement", "cost"])
     parser.add_argument("--devices", default="cpu,cuda", help="agreement: the two devices compared")
     parser.add_argument("--device", default="cuda", help="cost: where the models run")
-    parser.add_argument("--models", default="qwen2,gpt2,fsmt", help="cost: which full-size models")
+    parser.add_argument("--models", default="qwen2,gpt2,fsmt,marian,nllb", help="cost: which full-size models")
     parser.add_argument("--steps", type=int, default=3, help="cost: timed calls after a warm-up")
     parser.add_argument("--small", action="store_true", help="cost: lm_cost's and fsmt_cost's small stand-ins "
                         "instead of the full sizes (a dry run on a CPU)")
@@ -379,9 +417,10 @@ def main() -> int:
         device = torch.device(args.device)
         result = {}
         for name in args.models.split(","):
-            if name == "fsmt":
-                result["facebook/wmt19-en-ru"] = cost_fsmt(device, args.steps,
-                                                           fsmt_cost.SMALL if args.small else fsmt_cost.WMT19)
+            if name in SEQ2SEQ:
+                label, size, _ = SEQ2SEQ[name]
+                small = dict(fsmt_cost.SMALL, src_vocab=size["src_vocab"], tgt_vocab=size["tgt_vocab"])
+                result[label] = cost_seq2seq(name, device, args.steps, small if args.small else size)
             else:
                 label, size = {"qwen2": ("Qwen/Qwen2.5-0.5B", lm_cost.QWEN), "gpt2": ("gpt2", lm_cost.GPT2)}[name]
                 result[label] = cost_lm(label, lm_cost.SMALL[size["family"]] if args.small else size, device,
