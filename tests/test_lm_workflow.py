@@ -1,9 +1,9 @@
 """The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a small GPT-2 that
 transformers' own Trainer trained here on English text (tools/train_lm_reference.py, cached in
 tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pruning run and its
-physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned
-and imported; each one's loss as the Trainer computed it, recomputed; and the config errors of the
-new keys."""
+physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned,
+then through the same stages; each one's loss as the Trainer computed it, recomputed; and the
+config errors of the new keys."""
 
 import json
 from pathlib import Path
@@ -75,6 +75,28 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
     # 2 layers, keys and values, d 64, 2 bytes a value
     assert before == 2 * 2 * 64 * 2 and after == before * gates["retained"]["dec_self"] // 8
+
+
+@pytest.mark.workflow
+def test_a_trained_bert_runs_through_every_stage(tmp_path):
+    """The masked-LM path end to end on the BERT the Trainer trained: perplexity of a fixed masking,
+    head scores with LRP on its one attention type, roles with the sink role, a gated pruning run
+    and its physical export."""
+    mirror = make_toy_mirror(tmp_path)
+    results = run_to(tmp_path, lm_config(mirror, TRAINED_BERT), "all", "masked-lm")
+    record = json.loads((results / "baseline/training.json").read_text())
+    assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
+    scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
+    assert scores["sentences"] == 40 and 0 < scores["tokens"] < 40 * 20 and scores["perplexity"] > 1
+    heads = pd.read_parquet(results / "heads/scores.parquet")
+    assert set(heads["type"]) == {"enc_self"} and len(heads) == 2 * 4
+    assert heads.groupby("layer")["lrp"].sum().to_numpy() == pytest.approx([1.0, 1.0])
+    roles = pd.read_csv(results / "syntax/roles.csv")
+    assert len(roles) == 2 * 4 and "sink_share" in roles.columns and "induction_score" not in roles.columns
+    gates = json.loads((results / "prune/all/lambda_2/gates.json").read_text())
+    assert set(gates["retained"]) == {"enc_self"}
+    export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
+    assert sum(export["heads"]["enc_self"]) == gates["retained"]["enc_self"]
 
 
 def test_a_pretrained_bert_plans_and_imports(tmp_path):
