@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 
 TRAINED_GPT2 = Path(__file__).parent / "data" / "gpt2_multi30k"
 TRAINED_BERT = Path(__file__).parent / "data" / "bert_multi30k"
+TRAINED_QWEN2 = Path(__file__).parent / "data" / "qwen2_multi30k"
 
 
 def lm_config(mirror, model_dir) -> dict:
@@ -237,17 +238,19 @@ def test_the_score_stage_says_why_a_model_has_no_lrp():
     assert _lrp_unavailable(WithLRP()) is None
 
 
-def test_headcounts_nll_of_the_trained_gpt2_is_the_trainers_own():
+@pytest.mark.parametrize("model_dir", [TRAINED_GPT2, TRAINED_QWEN2], ids=["gpt2", "qwen2"])
+def test_headcounts_nll_of_a_trained_causal_lm_is_the_trainers_own(model_dir):
     """The Trainer's evaluation loss (one line a batch: the mean over lines of each line's mean
     NLL) on sentences of our own, recorded when it trained the model, recomputed by headcount's
-    adapter, batching and perplexity code with several lines padded into one batch."""
+    adapter, batching and perplexity code with several lines padded into one batch: GPT-2, and
+    Qwen2 (grouped-query attention, rotary positions, no BOS of its own)."""
     from headcount.models.hf_lm import load_pretrained_lm
     from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
     from headcount.training.perplexity import sentence_nll
 
-    summary = json.loads((TRAINED_GPT2 / "reference_summary.json").read_text())
-    model = load_pretrained_lm(TRAINED_GPT2)
-    ids = load_lm_tokenizer(TRAINED_GPT2).encode(summary["probe_lines"])
+    summary = json.loads((model_dir / "reference_summary.json").read_text())
+    model = load_pretrained_lm(model_dir)
+    ids = load_lm_tokenizer(model_dir).encode(summary["probe_lines"])
     nll, tokens = sentence_nll(model, ids, ids, max_tokens=400)
     assert float(np.mean(nll / tokens)) == pytest.approx(summary["trainer_probe_loss"], abs=1e-5)
     assert summary["trainer_eval_loss"] < 4.0  # trained: far below log(1000) = 6.9 on Multi30k's dev text

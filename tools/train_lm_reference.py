@@ -1,15 +1,18 @@
-"""Train a small GPT-2 or BERT with transformers' own Trainer: trained language models for the tests.
+"""Train a small GPT-2, Qwen2 or BERT with transformers' own Trainer: trained language models for the tests.
 
 headcount's language-model adapter (models/hf_lm.py) is tested on random models; this makes a model
 the way the transformers world makes one, on English text this project has (Multi30k's English
 side and the text of UD English-EWT's training treebank), so that the workflow's language-model
 stages run on weights that mean something (tests/test_lm_workflow.py reads them from
-tests/data/gpt2_multi30k and tests/data/bert_multi30k):
+tests/data/gpt2_multi30k, qwen2_multi30k and bert_multi30k):
 
 - gpt2: a byte-level BPE tokenizer trained here (hf_lm_tiny.write_tiny_gpt2: <|endoftext|> is BOS,
   EOS and, as for GPT-2, there is no pad token) and a GPT2LMHeadModel of the given size, trained by
   transformers' causal-LM collator (each line is <|endoftext|> + text, the collator's labels are
   the inputs, the model shifts them);
+- qwen2: the same with a Qwen2ForCausalLM (hf_lm_tiny.write_tiny_qwen2: byte-level BPE, no BOS, so
+  <|endoftext|> starts each line as headcount's reading does; grouped-query attention, two query
+  heads a key/value head; rotary positions; SwiGLU; RMSNorm);
 - bert: a lowercasing WordPiece tokenizer trained here (hf_lm_tiny.write_tiny_bert: [CLS] text
   [SEP]) and a BertForMaskedLM, trained by transformers' masked-LM collator (15% of the tokens,
   80% of them [MASK], 10% a random token, 10% kept); it is evaluated on headcount's own fixed,
@@ -21,7 +24,8 @@ tests/data/gpt2_multi30k and tests/data/bert_multi30k):
   dev lines and on PROBE_LINES, sentences of our own that the tests score again with headcount.
 
     python tools/train_lm_reference.py --out tests/data/gpt2_multi30k
-    python tools/train_lm_reference.py --family bert --lr 1e-3 --steps 3000 --out tests/data/bert_multi30k
+    python tools/train_lm_reference.py --family qwen2 --out tests/data/qwen2_multi30k
+    python tools/train_lm_reference.py --family bert --steps 3000 --out tests/data/bert_multi30k
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def treebank_text(path: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--family", choices=["gpt2", "bert"], default="gpt2")
+    ap.add_argument("--family", choices=["gpt2", "qwen2", "bert"], default="gpt2")
     ap.add_argument("--data", default=str(DATA), help="the shared data directory (multi30k/, UD_English-EWT/)")
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--d-model", type=int, default=64)
@@ -88,6 +92,7 @@ def main() -> int:
         BertForMaskedLM,
         DataCollatorForLanguageModeling,
         GPT2LMHeadModel,
+        Qwen2ForCausalLM,
         Trainer,
         TrainingArguments,
         default_data_collator,
@@ -96,7 +101,7 @@ def main() -> int:
 
     from headcount.data.batching import masked_lm_tensors
     from headcount.models.hf_lm import special_ids_of
-    from headcount.models.hf_lm_tiny import write_tiny_bert, write_tiny_gpt2
+    from headcount.models.hf_lm_tiny import write_tiny_bert, write_tiny_gpt2, write_tiny_qwen2
     from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
 
     torch.set_num_threads(args.threads)
@@ -108,14 +113,19 @@ def main() -> int:
     out = Path(args.out)
     sizes = dict(vocab_size=args.vocab, d_model=args.d_model, layers=args.layers, heads=args.heads, positions=128,
                  seed=args.seed)
-    if args.family == "gpt2":
-        write_tiny_gpt2(out, train_lines, **sizes)
+    if args.family in ("gpt2", "qwen2"):
+        if args.family == "gpt2":
+            write_tiny_gpt2(out, train_lines, **sizes)
+            model = GPT2LMHeadModel.from_pretrained(str(out))
+        else:
+            write_tiny_qwen2(out, train_lines, ffn=4 * args.d_model, **sizes)
+            model = Qwen2ForCausalLM.from_pretrained(str(out))
         tokenizer = AutoTokenizer.from_pretrained(str(out))
-        model = GPT2LMHeadModel.from_pretrained(str(out))
         tokenizer.pad_token = tokenizer.eos_token  # the collator pads; labels at padding become -100
+        bos = special_ids_of(model.config, tokenizer).bos  # GPT-2's <|endoftext|>; Qwen has none: its EOS
 
         def encode(lines):
-            return [{"input_ids": [tokenizer.bos_token_id] + tokenizer(line)["input_ids"][:126]} for line in lines]
+            return [{"input_ids": [bos] + tokenizer(line)["input_ids"][:126]} for line in lines]
 
         train_set, collator = encode(train_lines), DataCollatorForLanguageModeling(tokenizer, mlm=False)
         evaluate, eval_collator = encode, collator
