@@ -2,8 +2,8 @@
 transformers' own Trainer trained here on English text (tools/train_lm_reference.py, cached in
 tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pruning run and its
 physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned,
-then through the same stages; each one's loss as the Trainer computed it, recomputed; and the
-config errors of the new keys."""
+then through the same stages; each one's loss as the Trainer computed it, recomputed (and that
+of a Qwen2 trained the same way, tests/data/qwen2_multi30k); and the config errors of the new keys."""
 
 import json
 from pathlib import Path
