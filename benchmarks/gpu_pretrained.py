@@ -123,9 +123,8 @@ def inputs(model, batch: int = 6, length: int = 12, seed: int = 1) -> tuple[torc
 
 
 def _vocab_size(model) -> int:
-    hf = model.hf
-    config = hf.config
-    return getattr(config, "tgt_vocab_size", None) or hf.get_output_embeddings().weight.shape[0]
+    hf = model.hf  # FSMT names its output vocabulary tgt_vocab_size
+    return getattr(hf.config, "tgt_vocab_size", None) or hf.get_output_embeddings().weight.shape[0]
 
 
 # --------------------------------------------------------------------------------------------
