@@ -378,7 +378,7 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
         mean, half = t_interval(list(values))
         rows.append({"experiment": experiment, "system": system,
                      **{f"seed_{s}": v for s, v in zip(seeds, values)}, **bounds, "seeds": len(values),
-                     "mean": series.mean(), "mean_low": mean - half if half is not None else float("nan"),
+                     "mean": mean, "mean_low": mean - half if half is not None else float("nan"),
                      "mean_high": mean + half if half is not None else float("nan"),
                      "sd": series.std(ddof=1), "min": series.min(), "max": series.max()})
     table = pd.DataFrame(rows)
