@@ -27,6 +27,7 @@ from headcount.report.claims import (
     on_lambdas,
     over_seeds_verdict,
     pruned_beats_scratch,
+    runs_over_seeds,
     runs_over_seeds_markdown,
     shared_lambdas,
     specialised_heads_last,
@@ -386,3 +387,28 @@ def test_the_runs_over_seeds_are_each_seeds_own_numbers_on_the_shared_lambdas():
         "No lambda besides the lambda = 0 controls ran on every seed")
     # no twin in any seed: no twins' table
     assert "from scratch" not in runs_over_seeds_markdown({1: seed(0).drop(columns=["d_pruned_scratch_low"])})
+
+
+def test_the_runs_over_seeds_table_is_each_seeds_rows_on_the_shared_lambdas():
+    """The rows the markdown and the seeds' figure read: every seed's own run at each shared lambda,
+    looked up here by hand, none of a lambda one seed alone ran, no control, NaN where no twin."""
+    def seed(shift, lambdas):
+        rows = [_row("all", lam, 10 + shift, 10, 10 + int(10 * lam), d_control=-lam - shift,
+                     d_control_low=-lam - shift - 1, d_control_high=-lam - shift + 1,
+                     **({} if shift else {"d_pruned_scratch": lam, "d_pruned_scratch_low": lam - 1,
+                                          "d_pruned_scratch_high": lam + 1}))
+                for lam in lambdas]
+        return _table(*rows)
+
+    prunings = {3: seed(2, [0, 0.3, 1]), 1: seed(0, [0, 0.1, 0.3, 1])}
+    runs = runs_over_seeds(prunings)
+    assert list(zip(runs["lam"], runs["seed"])) == [(0.3, 1), (0.3, 3), (1, 1), (1, 3)]
+    for row in runs.itertuples():
+        table = prunings[row.seed]
+        own = table[(table["setting"] == "all") & (table["lam"] == row.lam)].iloc[0]
+        assert (row.kept, row.heads) == (own["retained_total"], 144)
+        assert (row.d_control, row.d_control_low, row.d_control_high) == (
+            own["d_control"], own["d_control_low"], own["d_control_high"])
+    assert runs.loc[runs["seed"] == 3, "d_pruned_scratch_low"].isna().all()  # seed 3 trained no twin
+    assert runs.loc[runs["seed"] == 1, "d_pruned_scratch"].tolist() == [0.3, 1]
+    assert runs_over_seeds({1: seed(0, [0]), 2: seed(1, [0])}).empty

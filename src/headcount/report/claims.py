@@ -578,47 +578,67 @@ def claims_over_seeds_markdown(experiment: str, runs: dict[int, tuple[pd.DataFra
     return "\n".join(lines) + "\n"
 
 
+# The differences each seed's runs carry into the tables and the figure over seeds.
+RUN_DIFFERENCES = ("d_control", "d_pruned_scratch")
+
+
+def runs_over_seeds(prunings: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    """The runs behind the verdicts over seeds, on the lambdas every seed ran (the controls left
+    out): a row per setting, lambda and seed with the heads kept (`kept` of `heads`: the encoder's
+    self-attention heads for enc, all heads for all) and each of RUN_DIFFERENCES with that seed's
+    95% paired-bootstrap interval (NaN where the seed has none: no twin). Settings in PRUNABLE's
+    order, lambdas ascending, seeds ascending."""
+    seeds = sorted(prunings)
+    lambdas = shared_lambdas(prunings.values())
+    columns = ["setting", "lam", "seed", "kept", "heads",
+               *(f"{d}{end}" for d in RUN_DIFFERENCES for end in ("", "_low", "_high"))]
+    rows = []
+    for setting in (s for s in PRUNABLE if s in lambdas):
+        column = PRUNABLE[setting][2]
+        for lam in (lam for lam in lambdas[setting] if lam != 0):
+            for seed in seeds:
+                run = _pruned_runs(on_lambdas(prunings[seed], {setting: [lam]}), setting).iloc[0]
+                rows.append({"setting": setting, "lam": lam, "seed": seed, "kept": int(run[column]),
+                             "heads": int(_baseline(prunings[seed])[column]),
+                             **{name: run.get(name, np.nan) for name in columns[5:]}})
+    return pd.DataFrame(rows, columns=columns)
+
+
 def runs_over_seeds_markdown(prunings: dict[int, pd.DataFrame]) -> str:
-    """The runs behind the verdicts over seeds, on the lambdas every seed ran: for each seed its heads
+    """The runs behind the verdicts over seeds (`runs_over_seeds`) as tables: for each seed its heads
     kept and pruned - control, then, where twins were trained, pruned - from scratch, each with that
     seed's 95% paired-bootstrap interval, and with two seeds or more the seeds' mean with its 95%
     t-interval over seeds (training noise, which no seed's own interval holds)."""
     seeds = sorted(prunings)
-    lambdas = shared_lambdas(prunings.values())
+    runs = runs_over_seeds(prunings)
+    if runs.empty:
+        return "No lambda besides the lambda = 0 controls ran on every seed (`seed_lambdas`).\n"
     pooled = len(seeds) > 1
     columns = [f"seed {s}" for s in seeds] + (["mean over seeds"] if pooled else [])
     header = ["| setting | lambda | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
 
-    def run(seed: int, setting: str, lam: float) -> pd.Series:
-        return _pruned_runs(on_lambdas(prunings[seed], {setting: [lam]}), setting).iloc[0]
-
     def difference(row: pd.Series, diff: str) -> str:
-        if pd.isna(row.get(f"{diff}_low")):
+        if pd.isna(row[f"{diff}_low"]):
             return "-"
         return f"{row[diff]:+.2f} [{row[f'{diff}_low']:+.2f}, {row[f'{diff}_high']:+.2f}]"
 
-    def over_seeds(rows: dict[int, pd.Series], diff: str) -> list[str]:
+    def over_seeds(rows: pd.DataFrame, diff: str) -> list[str]:
         if not pooled:
             return []
-        if any(pd.isna(row.get(f"{diff}_low")) for row in rows.values()):
+        if rows[f"{diff}_low"].isna().any():
             return ["-"]  # a seed without the run: no mean that counts every seed alike
-        mean, half = t_interval([float(row[diff]) for row in rows.values()])
+        mean, half = t_interval([float(v) for v in rows[diff]])
         return [f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]"]
 
     against_control, against_scratch = [], []
-    for setting in (s for s in PRUNABLE if s in lambdas):
-        column = PRUNABLE[setting][2]
-        for lam in (lam for lam in lambdas[setting] if lam != 0):
-            rows = {s: run(s, setting, lam) for s in seeds}
-            against_control.append(f"| {setting} | {lam:g} | " + " | ".join(
-                [f"{int(rows[s][column])}/{int(_baseline(prunings[s])[column])} kept, "
-                 f"{difference(rows[s], 'd_control')}" for s in seeds] + over_seeds(rows, "d_control")) + " |")
-            if any(not pd.isna(r.get("d_pruned_scratch_low")) for r in rows.values()):
-                against_scratch.append(f"| {setting} | {lam:g} | " + " | ".join(
-                    [difference(rows[s], "d_pruned_scratch") for s in seeds]
-                    + over_seeds(rows, "d_pruned_scratch")) + " |")
-    if not against_control:
-        return "No lambda besides the lambda = 0 controls ran on every seed (`seed_lambdas`).\n"
+    for (setting, lam), rows in runs.groupby(["setting", "lam"], sort=False):
+        each = [row for _, row in rows.iterrows()]
+        against_control.append(f"| {setting} | {lam:g} | " + " | ".join(
+            [f"{row['kept']}/{row['heads']} kept, {difference(row, 'd_control')}" for row in each]
+            + over_seeds(rows, "d_control")) + " |")
+        if rows["d_pruned_scratch_low"].notna().any():
+            against_scratch.append(f"| {setting} | {lam:g} | " + " | ".join(
+                [difference(row, "d_pruned_scratch") for row in each] + over_seeds(rows, "d_pruned_scratch")) + " |")
     lines = ["#### Heads kept and pruned - control, by seed", "", *header, *against_control]
     if against_scratch:
         lines += ["", "#### Pruned - from scratch, by seed", "", *header, *against_scratch]
