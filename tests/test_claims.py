@@ -389,17 +389,20 @@ def test_the_runs_over_seeds_are_each_seeds_own_numbers_on_the_shared_lambdas():
     assert "from scratch" not in runs_over_seeds_markdown({1: seed(0).drop(columns=["d_pruned_scratch_low"])})
 
 
+def _seed_grid(shift, lambdas):
+    """A seed's all-types pruning table: a twin only for seed shift 0, differences that tell seeds apart."""
+    rows = [_row("all", lam, 10 + shift, 10, 10 + int(10 * lam), d_control=-lam - shift,
+                 d_control_low=-lam - shift - 1, d_control_high=-lam - shift + 1,
+                 **({} if shift else {"d_pruned_scratch": lam, "d_pruned_scratch_low": lam - 1,
+                                      "d_pruned_scratch_high": lam + 1}))
+            for lam in lambdas]
+    return _table(*rows)
+
+
 def test_the_runs_over_seeds_table_is_each_seeds_rows_on_the_shared_lambdas():
     """The rows the markdown and the seeds' figure read: every seed's own run at each shared lambda,
     looked up here by hand, none of a lambda one seed alone ran, no control, NaN where no twin."""
-    def seed(shift, lambdas):
-        rows = [_row("all", lam, 10 + shift, 10, 10 + int(10 * lam), d_control=-lam - shift,
-                     d_control_low=-lam - shift - 1, d_control_high=-lam - shift + 1,
-                     **({} if shift else {"d_pruned_scratch": lam, "d_pruned_scratch_low": lam - 1,
-                                          "d_pruned_scratch_high": lam + 1}))
-                for lam in lambdas]
-        return _table(*rows)
-
+    seed = _seed_grid
     prunings = {3: seed(2, [0, 0.3, 1]), 1: seed(0, [0, 0.1, 0.3, 1])}
     runs = runs_over_seeds(prunings)
     assert list(zip(runs["lam"], runs["seed"])) == [(0.3, 1), (0.3, 3), (1, 1), (1, 3)]
@@ -412,3 +415,30 @@ def test_the_runs_over_seeds_table_is_each_seeds_rows_on_the_shared_lambdas():
     assert runs.loc[runs["seed"] == 3, "d_pruned_scratch_low"].isna().all()  # seed 3 trained no twin
     assert runs.loc[runs["seed"] == 1, "d_pruned_scratch"].tolist() == [0.3, 1]
     assert runs_over_seeds({1: seed(0, [0]), 2: seed(1, [0])}).empty
+
+
+def test_the_runs_over_seeds_figure_draws_each_seeds_differences(monkeypatch):
+    """Each panel's points are its seed's rows: pruned - control for every seed, pruned - from scratch
+    for the seed with twins only, with minus the paper's all-types cost drawn; no shared lambda: no panel."""
+    from headcount.report import plots
+
+    drawn = {}
+
+    def save(fig, path):
+        for ax in fig.axes:
+            drawn[ax.get_title()] = {c.get_label(): (list(c.lines[0].get_xdata()), list(c.lines[0].get_ydata()))
+                                     for c in ax.containers}
+            drawn[ax.get_title(), "levels"] = {float(line.get_ydata()[0]) for line in ax.get_lines()
+                                               if len(set(line.get_ydata())) == 1 and len(line.get_ydata()) == 2}
+
+    monkeypatch.setattr(plots, "save", save)
+    plots.runs_over_seeds_figure(runs_over_seeds({1: _seed_grid(0, [0, 0.3, 1]), 3: _seed_grid(2, [0, 0.3, 1])}),
+                                 "unused.png", "toy")
+    control = drawn["all attention types pruned: pruned - control"]
+    # heads kept: enc + dec + dec-enc, 10 + shift, 10, 10 + 10 lambda
+    assert control == {"seed 1": ([33, 40], [-0.3, -1]), "seed 3": ([35, 42], [-2.3, -3])}
+    assert drawn["all attention types pruned: pruned - control", "levels"] == {0.0, -0.70}
+    assert drawn["all attention types pruned: pruned - from scratch"] == {"seed 1": ([33, 40], [0.3, 1])}
+    drawn.clear()
+    plots.runs_over_seeds_figure(runs_over_seeds({1: _seed_grid(0, [0]), 2: _seed_grid(1, [0])}), "unused.png", "toy")
+    assert drawn == {"": {}, ("", "levels"): set()}

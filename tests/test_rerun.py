@@ -99,7 +99,8 @@ def test_adding_a_seed_adds_its_jobs_and_reruns_nothing_else(done):
     assert jobs == {"seed_shared_file": 10, "train_baseline": 1, "prune_heads": 2, "plot_gate_trajectory": 2,
                     "translate": 4, "score": 3, "score_table": 1, "score_heads": 1, "plot_head_scores": 1,
                     "head_roles": 1, "ranked_curve": 2, "pruning_report": 1, "seed_spread": 1,
-                    "claims_over_seeds": 1, "heads_over_seeds": 1, "all": 1}, jobs
+                    "claims_over_seeds": 1, "plot_runs_over_seeds": 1, "heads_over_seeds": 1,
+                    "all": 1}, jobs
     # the train_baseline and pruning_report above are the seed's: the main run's have nothing to do
     # ("--cores" ends --configfile's list of files, so that the targets read as targets)
     assert plan(workdir, seeded, "--cores", "1", "results/toy/baseline/model.pt", "results/toy/prune/pruning.tsv") == {}
@@ -129,6 +130,7 @@ def test_a_second_seed_runs_on_the_main_runs_data_with_its_own_seed(done, tmp_pa
     assert len(findings) == len(pd.read_csv(main / "prune/claims.tsv", sep="\t")), claims
     # the runs under the verdicts: the toy's seed 2 runs the controls alone, so none besides them
     assert "No lambda besides the lambda = 0 controls ran on every seed" in claims, claims
+    assert (main / "seeds/runs_over_seeds.png").read_bytes().startswith(b"\x89PNG")  # the figure says so too
     # the heads over seeds: each seed's own roles and its own BLEU, in the order of `seeds`
     heads = pd.read_csv(main / "seeds/heads.tsv", sep="\t").set_index("experiment")
     assert list(heads.index) == ["toy", "toy_seed2"], heads

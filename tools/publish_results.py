@@ -77,6 +77,7 @@ PUBLISHED = {
     "figures/lrp.enc_self.png": ("main", "heads/figures/heatmaps/lrp.enc_self.png"),
     "figures/delta_loss.enc_self.png": ("main", "heads/figures/heatmaps/delta_loss.enc_self.png"),
     "figures/specialisation.png": ("main", "heads/figures/specialisation.png"),
+    "figures/seeds_runs.png": ("seeds", "seeds/runs_over_seeds.png"),  # the runs behind seed_claims.md
     "figures/function_map.png": ("main", "syntax/function_map.png"),
     "figures/relative_positions.png": ("main", "syntax/relative_positions.png"),
     "figures/figure7_bleu_vs_heads.png": ("main", "prune/figures/figure7_bleu_vs_heads.png"),

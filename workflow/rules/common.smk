@@ -399,13 +399,18 @@ def seed_spread_inputs(wildcards):
     }
 
 
+def seed_pruning_tables(exp):
+    """Each seed's pruning table, in the order of the experiment's `seeds`."""
+    return [f"results/{run}/prune/pruning.tsv" for run in seed_runs(exp)]
+
+
 def claims_over_seeds_inputs(wildcards):
     """Each seed's pruning table and heads kept per layer, from which the seeds' verdicts are
     judged on the lambdas all seeds ran, and the positive control's heads kept per layer.
     """
     runs = seed_runs(wildcards.exp)
     return {
-        "pruning": [f"results/{run}/prune/pruning.tsv" for run in runs],
+        "pruning": seed_pruning_tables(wildcards.exp),
         "layers": [f"results/{run}/prune/layer_survival.tsv" for run in runs],
         **control_layers_input(wildcards.exp),
     }
@@ -456,6 +461,7 @@ def final_outputs(exp):
             [
                 f"results/{exp}/seeds/spread.tsv",
                 f"results/{exp}/seeds/claims.md",
+                f"results/{exp}/seeds/runs_over_seeds.png",
                 f"results/{exp}/seeds/heads.md",
             ]
             if extra_seeds(exp)

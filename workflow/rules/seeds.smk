@@ -2,8 +2,9 @@
 # <exp>_seed<s> (headcount.config.seed_replicas), on which every stage runs as on any experiment,
 # with the lambdas of `seed_lambdas`. It shares the experiment's data, subwords and parses, copied
 # here, so that the seeds differ in their seed alone. seed_spread tabulates the spread of their
-# BLEU, claims_over_seeds each finding's verdict on every seed, heads_over_seeds their heads' roles,
-# LRP and ablation side by side. Adding a seed adds its jobs and reruns nothing else.
+# BLEU, claims_over_seeds each finding's verdict on every seed (plot_runs_over_seeds draws the runs
+# behind it), heads_over_seeds their heads' roles, LRP and ablation side by side. Adding a seed adds
+# its jobs and reruns nothing else.
 
 
 rule seed_shared_file:
@@ -90,6 +91,32 @@ rule claims_over_seeds:
         seeds=lambda w: EXPERIMENTS[w.exp]["seeds"],
     script:
         "../scripts/claims_over_seeds.py"
+
+
+rule plot_runs_over_seeds:
+    """The runs behind the verdicts over seeds, drawn: each seed's pruned - control and pruned - from
+    scratch against the heads it kept, on the lambdas all seeds ran."""
+    input:
+        pruning=lambda w: seed_pruning_tables(w.exp),
+    output:
+        report(
+            "results/{exp}/seeds/runs_over_seeds.png",
+            caption="../report/runs_over_seeds.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+    log:
+        log_path("seeds/plot_runs_over_seeds"),
+    conda:
+        ENV
+    resources:
+        mem_mb=1000,
+        runtime=5,
+    params:
+        experiment=lambda w: w.exp,
+        seeds=lambda w: EXPERIMENTS[w.exp]["seeds"],
+    script:
+        "../scripts/plot_runs_over_seeds.py"
 
 
 rule heads_over_seeds:

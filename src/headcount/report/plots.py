@@ -189,6 +189,50 @@ def _difference_bars(rows: pd.DataFrame, difference: str):
     return np.vstack([below.to_numpy(dtype=float), above.to_numpy(dtype=float)])
 
 
+SEED_MARKERS = "osD^vP*X"
+
+
+def runs_over_seeds_figure(runs: pd.DataFrame, path, title: str) -> None:
+    """The runs behind the verdicts over seeds (claims.runs_over_seeds), drawn: for each setting each
+    seed's pruned - control against the heads it kept, then, where twins were trained, pruned - from
+    scratch; bars are the seed's 95% paired-bootstrap interval. The dashed line of a pruned - control
+    panel is minus the paper's largest cost (claims.NO_LOSS_MARGIN), the loss a "no loss" verdict
+    has to exclude. With no shared lambda besides the controls the figure says so."""
+    from headcount.report.claims import NO_LOSS_MARGIN, RUN_DIFFERENCES
+
+    panels = [(setting, diff) for setting in dict.fromkeys(runs["setting"]) for diff in RUN_DIFFERENCES
+              if runs.loc[runs["setting"] == setting, f"{diff}_low"].notna().any()]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.6 * max(1, len(panels)), 3.6), squeeze=False)
+    if not panels:
+        axes[0][0].axis("off")
+        axes[0][0].text(0.5, 0.5, "No lambda besides the lambda = 0 controls\nran on every seed (seed_lambdas)",
+                        ha="center", va="center")
+    seeds = sorted(runs["seed"].unique())
+    colours = plt.get_cmap("tab10")
+    for ax, (setting, diff) in zip(axes[0], panels):
+        for i, seed in enumerate(seeds):
+            rows = runs[(runs["setting"] == setting) & (runs["seed"] == seed) & runs[f"{diff}_low"].notna()]
+            if rows.empty:  # no twin of this seed's: no legend entry either
+                continue
+            rows = rows.sort_values("kept")
+            ax.errorbar(rows["kept"], rows[diff], yerr=_difference_bars(rows, diff), fmt=SEED_MARKERS[i % 8] + "-",
+                        color=colours(i % 10), lw=0.8, capsize=2, label=f"seed {seed}")
+        ax.axhline(0, color="black", lw=0.8)
+        if diff == "d_control":
+            margin = NO_LOSS_MARGIN[setting]
+            ax.axhline(-margin, color="#888888", lw=0.8, ls="--", label=f"-{margin:.2f}: the paper's largest cost")
+        what = "pruned - control" if diff == "d_control" else "pruned - from scratch"
+        heads = "encoder heads" if setting == "enc" else "heads, all types"
+        ax.set_xlabel(f"retained {heads}")
+        ax.set_ylabel(f"{what} (BLEU)")
+        ax.set_title(f"{'encoder self-attention' if setting == 'enc' else 'all attention types'} pruned: {what}",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(title + "\nbars: each seed's 95% paired bootstrap interval; lambdas every seed ran", fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
 def retained_functions(pruning: pd.DataFrame, path, title: str) -> None:
     """The paper's Figure 8: how many retained encoder heads have each function, per pruned model."""
     from headcount.analysis.roles.registry import role_colour, role_label, role_names
