@@ -12,6 +12,7 @@ import pandas as pd  # noqa: E402
 from headcount.analysis.measures import order_score  # noqa: E402
 from headcount.io import atomic_path  # noqa: E402
 from headcount.pruning.methods import METHODS, SETTINGS, ranked_methods  # noqa: E402
+from headcount.report.claims import NO_LOSS_MARGIN, RUN_DIFFERENCES  # noqa: E402
 
 TYPE_NAMES = {"enc_self": "encoder self-attention", "dec_self": "decoder self-attention",
               "dec_enc": "decoder-encoder attention"}
@@ -198,8 +199,6 @@ def runs_over_seeds_figure(runs: pd.DataFrame, path, title: str) -> None:
     scratch; bars are the seed's 95% paired-bootstrap interval. The dashed line of a pruned - control
     panel is minus the paper's largest cost (claims.NO_LOSS_MARGIN), the loss a "no loss" verdict
     has to exclude. With no shared lambda besides the controls the figure says so."""
-    from headcount.report.claims import NO_LOSS_MARGIN, RUN_DIFFERENCES
-
     panels = [(setting, diff) for setting in dict.fromkeys(runs["setting"]) for diff in RUN_DIFFERENCES
               if runs.loc[runs["setting"] == setting, f"{diff}_low"].notna().any()]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.6 * max(1, len(panels)), 3.6), squeeze=False)
