@@ -614,7 +614,24 @@ def model_comparison_inputs(exps):
     }
 
 
-def first_compared(wildcards):
-    """The first experiment's settings: the analysis size (the same for all, config.py checks) and
-    the device the comparison's job runs the models on."""
-    return EXPERIMENTS[compared(wildcards)[0]]
+def model_comparison_settings(exps):
+    """What compare_models.py takes of the settings of the experiments in `exps` (a comparison's,
+    or an experiment's seeds): each one's lowercasing (its BLEU), and the first one's analysis size
+    (the same for all, config.py checks) and device, which the job runs the models on.
+    """
+    first = EXPERIMENTS[exps[0]]
+    return {
+        "lowercase": {exp: EXPERIMENTS[exp]["subwords"]["lowercase"] for exp in exps},
+        "analysis_sentences": first["analysis"]["max_sentences"],
+        "device": first["training"]["device"],
+    }
+
+
+def model_comparison_param(name, experiments_of):
+    """The param `name` of model_comparison_settings for the experiments experiments_of(wildcards)."""
+    return lambda wildcards: model_comparison_settings(experiments_of(wildcards))[name]
+
+
+def seed_runs_of(wildcards):
+    """The experiment of each seed of the wildcards' experiment (seed_runs)."""
+    return seed_runs(wildcards.exp)

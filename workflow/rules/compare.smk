@@ -27,10 +27,8 @@ rule compare_models:
         descriptions=lambda w: {
             exp: EXPERIMENTS[exp].get("description", "") for exp in compared(w)
         },
-        lowercase=lambda w: {
-            exp: EXPERIMENTS[exp]["subwords"]["lowercase"] for exp in compared(w)
-        },
-        analysis_sentences=lambda w: first_compared(w)["analysis"]["max_sentences"],
-        device=lambda w: first_compared(w)["training"]["device"],
+        lowercase=model_comparison_param("lowercase", compared),
+        analysis_sentences=model_comparison_param("analysis_sentences", compared),
+        device=model_comparison_param("device", compared),
     script:
         "../scripts/compare_models.py"

@@ -148,10 +148,8 @@ rule heads_over_seeds:
             run: f"training seed {seed}"
             for seed, run in zip(EXPERIMENTS[w.exp]["seeds"], seed_runs(w.exp))
         },
-        lowercase=lambda w: {
-            run: EXPERIMENTS[run]["subwords"]["lowercase"] for run in seed_runs(w.exp)
-        },
-        analysis_sentences=lambda w: exp_config(w)["analysis"]["max_sentences"],
-        device=lambda w: exp_config(w)["training"]["device"],
+        lowercase=model_comparison_param("lowercase", seed_runs_of),
+        analysis_sentences=model_comparison_param("analysis_sentences", seed_runs_of),
+        device=model_comparison_param("device", seed_runs_of),
     script:
         "../scripts/compare_models.py"
