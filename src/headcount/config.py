@@ -43,8 +43,32 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
 
+# Config values that become paths, written to (source keys under resources/data/; experiment, test
+# set and comparison names under results/) or looked up inside an archive (members): configs come
+# from other people, so each has a pattern in the schema, which says here what it allows.
+NAME_RULE = ("a name of letters, digits and _ . + -, starting with a letter, digit or _ (it names folders "
+             "and files under results/)")
+PATTERN_RULES = {
+    "^[A-Za-z0-9_][A-Za-z0-9_.+-]*$": NAME_RULE,
+    "^[A-Za-z0-9_][A-Za-z0-9_.+=-]*(/[A-Za-z0-9_][A-Za-z0-9_.+=-]*)*$":
+        "a relative path of folders and a file name of letters, digits and _ . + = -, each starting with a "
+        "letter, digit or _ (no absolute path, no .., no hidden file: the file is fetched to "
+        f"{FETCHED_DIR}/<key> and read from <mirror>/<key>)",
+    "^(?!/)(?!.*(^|/)[.][.](/|$))[^\\x00-\\x1f\\\\]+$":
+        "a member's path inside the archive, not absolute and without a .. folder or backslash",
+}
+
+
 def _describe(error: jsonschema.ValidationError, prefix: tuple = ()) -> str:
     path = prefix + tuple(error.absolute_path)
+    if error.validator in ("oneOf", "anyOf"):  # a side given as {source, member}: say what the member lacks
+        rule = [e for e in error.context or () if e.validator == "pattern" and e.validator_value in PATTERN_RULES]
+        if rule:
+            return _describe(rule[0], prefix)
+    if error.validator == "pattern" and error.validator_value in PATTERN_RULES:
+        what = "the key" if "propertyNames" in error.schema_path else "the value"
+        return (f"config key '{_key(path)}': {what} {error.instance!r} is not allowed; use "
+                f"{PATTERN_RULES[error.validator_value]}")
     if error.validator == "additionalProperties":
         allowed = sorted(error.schema.get("properties", {}))
         hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
@@ -54,6 +78,42 @@ def _describe(error: jsonschema.ValidationError, prefix: tuple = ()) -> str:
     if error.validator in ("oneOf", "anyOf"):
         return f"config key '{_key(path)}': {error.instance!r} is not valid here; see config/README.md"
     return f"config key '{_key(path)}': {error.message}"
+
+
+def escapes(root: str | os.PathLike, relative: str) -> bool:
+    """Whether `root`/`relative` lands outside `root` (.. folders, an absolute path) or on it.
+    Resolved lexically, not through symbolic links: resources/data or results/ linked to another
+    disk is the user's own choice, and stays allowed."""
+    base = os.path.abspath(root)
+    target = os.path.normpath(os.path.join(base, relative))
+    return not relative or "\0" in relative or os.path.commonpath([base, target]) != base or target == base
+
+
+def _path_problems(config: dict) -> list[str]:
+    """Every config value that becomes a path, resolved: none may leave its folder. The schema's
+    patterns already refuse these; this holds if a pattern is ever loosened."""
+    named = [(("sources",), FETCHED_DIR, key) for key in config["sources"]]
+    named += [(("experiments",), "results", name) for name in config["experiments"]]
+    named += [(("compare",), f"results/{COMPARE_DIR}", name) for name in config.get("compare") or {}]
+    for name, exp in config["experiments"].items():
+        for group, where in ((exp.get("test"), "test"), ((exp.get("text") or {}).get("test"), "text.test")):
+            named += [(("experiments", name, where), f"results/{name}/data", t) for t in group or {}]
+    problems = [f"config key '{_key(key)}': the key '{value}' resolves outside {root}/; use a name without .. "
+                f"or a leading / (config/README.md)" for key, root, value in named if escapes(root, str(value))]
+    return problems + [f"config key '{_key(key)}': '{member}' resolves outside the archive; name the member by "
+                       f"its path inside it" for key, member in _members(config) if escapes("archive", member)]
+
+
+def _members(value, path=()):
+    """(key path, archive member) of every side that names one, wherever it is in the config."""
+    if isinstance(value, dict):
+        if isinstance(value.get("member"), str):
+            yield (*path, "member"), value["member"]
+        for key, inner in value.items():
+            yield from _members(inner, (*path, key))
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            yield from _members(inner, (*path, i))
 
 
 def _errors(validator, instance, prefix=()) -> list[str]:
@@ -263,7 +323,7 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
     import jsonschema  # here, not above: a job's error report reads this module's names (MIRROR_ENV)
 
     validator_cls = jsonschema.validators.validator_for(schema)
-    problems = _errors(validator_cls(schema), config)
+    problems = _errors(validator_cls(schema), config) or _path_problems(config)
     if problems:
         raise ConfigError(_report(problems))
 
