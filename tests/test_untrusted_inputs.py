@@ -2,6 +2,8 @@
 checkpoint runs code or hangs its reader, and each refusal names the key or file and the fix."""
 
 import copy
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,85 @@ def test_an_experiment_named_with_dotdot_plans_nothing(tmp_path):
     assert f"config key 'experiments': the key '{name}' is not allowed" in output
     assert "Traceback" not in output
     assert files_under(tmp_path, project) == before
+
+
+# --------------------------------------------------------------------------------------------
+# 4: a fairseq checkpoint's configuration, bounded
+
+
+@contextmanager
+def deadline(seconds: int):
+    """TimeoutError after `seconds` (a reader that never ends fails the test instead of hanging it)."""
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _fairseq_file(tmp_path: Path, cfg) -> Path:
+    import torch
+
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"model": {"w": torch.zeros(1)}, "cfg": cfg}, path)
+    return path
+
+
+def _doubling(levels: int) -> list:
+    node: list = []
+    for _ in range(levels):
+        node = [node, node]  # pickled once per level (the memo): the file stays tiny
+    return node
+
+
+def _self_containing() -> dict:
+    loop: list = [1]
+    loop.append(loop)
+    return {"model": {"arch": "transformer", "loop": loop}}
+
+
+def _namespace_cycle():
+    import argparse
+
+    args = argparse.Namespace(arch="transformer")
+    args.parent = args
+    return args
+
+
+@pytest.mark.parametrize("cfg,named", [
+    (_doubling(60), "nested more than 32 deep"),  # the reported 1.7 KB file: 2**60 lists expanded
+    ({"model": {"layers": _doubling(24)}}, "shared references"),  # within the depth bound, wide
+    (_self_containing(), "a container that holds itself (a cycle)"),
+    (_namespace_cycle(), "a container that holds itself (a cycle)"),
+])
+def test_a_fairseq_configuration_built_to_exhaust_the_reader_is_refused_at_once(tmp_path, cfg, named):
+    import time
+
+    from headcount.models.fairseq import ConfigTooLarge, load_fairseq_checkpoint
+
+    path = _fairseq_file(tmp_path, cfg)
+    assert path.stat().st_size < 20_000
+    start = time.perf_counter()
+    with pytest.raises(ConfigTooLarge) as error, deadline(10):  # unbounded, it ran until killed
+        load_fairseq_checkpoint(path)
+    assert time.perf_counter() - start < 5
+    message = str(error.value)
+    assert message.startswith(f"{path}: refused, not read: its configuration at 'cfg") and named in message
+    assert "Replace it with one from a source you trust" in message
+
+
+def test_the_bounds_leave_a_real_fairseq_configuration_alone():
+    from headcount.models.fairseq import load_fairseq_checkpoint, model_args
+
+    state = load_fairseq_checkpoint(REPO / "tests/data/fairseq/omegaconf_cfg.pt")
+    assert model_args(state)["encoder_embed_dim"] == 32
+    shared = {"lr": [0.1]}
+    assert load_fairseq_checkpoint.__module__ and len(_doubling(3)) == 2
+    from headcount.models.fairseq import plain
+
+    assert plain({"a": shared, "b": shared}) == {"a": {"lr": [0.1]}, "b": {"lr": [0.1]}}  # a few shared: fine

@@ -71,23 +71,71 @@ FAIRSEQ_TYPES = [argparse.Namespace, collections.defaultdict, dict, list, int, f
                  (_ANY, "typing.Any"), *((cls, name) for name, cls in _STAND_INS.items())]
 
 
-def plain(value):
-    """Namespace and omegaconf stand-ins -> dicts and lists, all the way down."""
-    if isinstance(value, argparse.Namespace):
-        return {k: plain(v) for k, v in vars(value).items()}
-    if isinstance(value, _Pickled):
-        name = type(value).omegaconf_name
-        content = value.state.get("_content", value.state.get("_val"))
-        if name.endswith("DictConfig"):
-            return {k: plain(v) for k, v in content.items()} if isinstance(content, dict) else content
-        if name.endswith("ListConfig"):
-            return [plain(v) for v in content] if isinstance(content, list) else content
-        return plain(content)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return None if value is _ANY or value is typing.Any else value
+# A checkpoint's configuration is read from a file someone else wrote: pickle's memo lets a tiny
+# file refer to one container from many places, so expanding it into plain dicts could take
+# exponential time and memory (a 1.7 KB file, 60 levels of shared halves) or never end (a list
+# that holds itself). A real fairseq configuration is about ten levels deep (omegaconf's nodes
+# included) with a few thousand values (its optimizer state too), far inside these bounds.
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_VALUES = 1_000_000  # values visited, each arrival through a shared reference counted
+MAX_SHARED_REFERENCES = 10_000  # arrivals at a container already expanded elsewhere
+
+
+class ConfigTooLarge(CheckpointError):
+    pass
+
+
+def plain(value, where: tuple = ()):
+    """Namespace and omegaconf stand-ins -> dicts and lists, all the way down. Refuses
+    (ConfigTooLarge, naming the key under `where`) a cycle, or more depth, values or shared
+    references than the bounds above, before it takes more time or memory than a real
+    configuration would."""
+    return _Plainer().plain(value, where, 0)
+
+
+class _Plainer:
+    def __init__(self):
+        self.values, self.shared, self.expanded, self.open = 0, 0, set(), set()
+
+    def plain(self, value, where: tuple, depth: int):
+        self.values += 1
+        if self.values > MAX_CONFIG_VALUES:
+            raise _refuse_config(where, f"more than {MAX_CONFIG_VALUES:,} values once its shared references "
+                                        f"are expanded")
+        if not isinstance(value, (argparse.Namespace, _Pickled, dict, list, tuple)):
+            return None if value is _ANY or value is typing.Any else value
+        if id(value) in self.open:
+            raise _refuse_config(where, "a container that holds itself (a cycle)")
+        if depth >= MAX_CONFIG_DEPTH:
+            raise _refuse_config(where, f"containers nested more than {MAX_CONFIG_DEPTH} deep")
+        if id(value) in self.expanded:
+            self.shared += 1
+            if self.shared > MAX_SHARED_REFERENCES:
+                raise _refuse_config(where, f"more than {MAX_SHARED_REFERENCES:,} shared references")
+        self.open.add(id(value))
+        try:
+            return self.expand(value, where, depth + 1)
+        finally:
+            self.open.discard(id(value))
+            self.expanded.add(id(value))
+
+    def expand(self, value, where: tuple, depth: int):
+        if isinstance(value, argparse.Namespace):
+            value = vars(value)
+        if isinstance(value, _Pickled):
+            state = getattr(value, "state", None)
+            if not isinstance(state, dict):
+                raise _refuse_config(where, f"an {type(value).omegaconf_name} whose pickled state is no dict")
+            return self.plain(state.get("_content", state.get("_val")), where, depth)
+        if isinstance(value, dict):
+            return {k: self.plain(v, (*where, k), depth) for k, v in value.items()}
+        return [self.plain(v, (*where, i), depth) for i, v in enumerate(value)]
+
+
+def _refuse_config(where: tuple, what: str) -> ConfigTooLarge:
+    key = ".".join(map(str, where)) or "(top level)"
+    return ConfigTooLarge(f"refused, not read: its configuration at '{key}' holds {what}, which no fairseq "
+                          f"checkpoint does (the file is damaged or was built to exhaust the reader)")
 
 
 def load_fairseq_checkpoint(path: str | os.PathLike) -> dict:
@@ -98,7 +146,10 @@ def load_fairseq_checkpoint(path: str | os.PathLike) -> dict:
                               "Replace it with one from a source you trust.")
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"{path}: not a fairseq checkpoint (no 'model' entry)")
-    return {k: (v if k == "model" else plain(v)) for k, v in state.items()}
+    try:
+        return {k: (v if k == "model" else plain(v, (k,))) for k, v in state.items()}
+    except ConfigTooLarge as error:
+        raise ConfigTooLarge(f"{path}: {error}. Replace it with one from a source you trust.") from None
 
 
 def model_args(state: dict, path: str | os.PathLike = "checkpoint") -> dict:
