@@ -205,3 +205,74 @@ def test_the_bounds_leave_a_real_fairseq_configuration_alone():
     from headcount.models.fairseq import plain
 
     assert plain({"a": shared, "b": shared}) == {"a": {"lr": [0.1]}, "b": {"lr": [0.1]}}  # a few shared: fine
+
+
+# --------------------------------------------------------------------------------------------
+# 6: resuming after the subwords were rebuilt with the same pieces
+
+
+def _train_files(tmp_path: Path) -> list[str]:
+    from conftest import toy_corpus
+
+    from headcount.data.subwords import train_bpe
+    from headcount.io import write_lines
+
+    src, tgt = toy_corpus(200, seed=1)
+    for name, lines in (("train.src.txt", src), ("train.tgt.txt", tgt), ("dev.src.txt", src[:5]),
+                        ("dev.tgt.txt", tgt[:5])):
+        write_lines(tmp_path / name, lines)
+    for side in ("src", "tgt"):
+        train_bpe(tmp_path / f"train.{side}.txt", tmp_path / f"{side}.model", vocab_size=60)
+    return [str(tmp_path / f) for f in ("train.src.txt", "train.tgt.txt", "dev.src.txt", "dev.tgt.txt",
+                                         "src.model", "tgt.model")]
+
+
+def test_subwords_rebuilt_with_the_same_pieces_resume_the_run(tmp_path):
+    from test_stages import MODEL, training
+
+    from headcount.data.subwords import pieces_fingerprint, train_bpe
+    from headcount.io import sha256_file
+    from headcount.pipeline.training_runs import train_translation_model
+
+    files = _train_files(tmp_path)
+    settings = dict(training(5), dev_bleu_sentences=0)
+
+    def run(steps: int) -> str:
+        lines: list[str] = []
+        train_translation_model(*files, MODEL, dict(settings, max_steps=steps), False, str(tmp_path / "run"),
+                                str(tmp_path / "model.pt"), str(tmp_path / "summary.json"), log=lines.append)
+        return "\n".join(lines)
+
+    run(5)
+    before = sha256_file(files[4]), pieces_fingerprint(files[4])
+    train_bpe(files[0], files[4], vocab_size=60)  # the rule train_subwords again: its model_prefix is new
+    assert sha256_file(files[4]) != before[0] and pieces_fingerprint(files[4]) == before[1]
+    log = run(10)
+    assert "resuming from" in log and "at step 5" in log and "afresh" not in log
+
+    train_bpe(files[0], files[4], vocab_size=50)  # other pieces: another run
+    assert "starting this run afresh" in run(15)
+
+
+def test_a_checkpoint_fingerprinted_by_the_files_bytes_still_resumes(tmp_path):
+    """Checkpoints written before the pieces were the subwords' identity resume once more."""
+    import torch
+    from test_stages import MODEL, training
+
+    from headcount.io import sha256_file
+    from headcount.pipeline.training_runs import train_translation_model
+    from headcount.training.loop import run_fingerprint_hash
+
+    files = _train_files(tmp_path)
+    settings = dict(training(5), dev_bleu_sentences=0)
+    out = [str(tmp_path / "run"), str(tmp_path / "model.pt"), str(tmp_path / "summary.json")]
+    train_translation_model(*files, MODEL, settings, False, *out, log=lambda m: None)
+    checkpoint = tmp_path / "run/checkpoint.pt"
+    state = torch.load(checkpoint, weights_only=True)
+    ids = {"src_spm": files[4], "tgt_spm": files[5], "train_src": files[0], "train_tgt": files[1]}
+    state["fingerprint"] = run_fingerprint_hash(state["train_config"], state["model_config"],
+                                                {key: sha256_file(path) for key, path in ids.items()})
+    torch.save(state, checkpoint)
+    lines: list[str] = []
+    train_translation_model(*files, MODEL, dict(settings, max_steps=10), False, *out, log=lines.append)
+    assert any("resuming from" in line for line in lines)

@@ -75,6 +75,24 @@ class Segmenter:
         return self.sp.decode(ids)
 
 
+def pieces_fingerprint(model_path: str | os.PathLike) -> str:
+    """A sentencepiece model's identity for resuming: its pieces, their scores and kinds, in id
+    order; what segmentation and the model's vocabulary depend on. Not the file's bytes: the
+    .model file also stores the trainer's options, among them train_bpe's random temporary
+    model_prefix, so the same pieces learned again would not resume a run's checkpoint."""
+    import hashlib
+    import json
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+
+    def kind(i: int) -> str:
+        return ("unknown" if sp.is_unknown(i) else "control" if sp.is_control(i) else "unused" if sp.is_unused(i)
+                else "byte" if sp.is_byte(i) else "normal")
+
+    pieces = [[sp.id_to_piece(i), sp.get_score(i), kind(i)] for i in range(sp.get_piece_size())]
+    return "pieces:" + hashlib.sha256(json.dumps(pieces, ensure_ascii=False).encode()).hexdigest()
+
+
 # A tokenizer directory holding a headcount model's two sentencepiece models (the import of a
 # headcount checkpoint trained by another run writes it; models.loading.open_tokenizer reads it).
 TOKENIZER_MANIFEST = "headcount_tokenizer.json"

@@ -8,7 +8,7 @@ from contextlib import nullcontext
 
 import torch
 
-from headcount.data.subwords import Segmenter
+from headcount.data.subwords import Segmenter, pieces_fingerprint
 from headcount.data.token_corpus import encode_file
 from headcount.io import HeadcountError, read_lines, sha256_file, write_json
 from headcount.models.loading import load_model
@@ -48,7 +48,8 @@ def train_translation_model(
     cfg = TrainConfig(**{**train_settings, "adam_betas": tuple(train_settings["adam_betas"])})
     torch.manual_seed(cfg.seed)
     model = Transformer(model_cfg)
-    fingerprint = {"src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm),
+    # The subwords by their pieces (a rebuilt model with the same pieces resumes the run), the text by its bytes.
+    fingerprint = {"src_spm": pieces_fingerprint(src_spm), "tgt_spm": pieces_fingerprint(tgt_spm),
                    "train_src": _file_id(train_src), "train_tgt": _file_id(train_tgt)}
     if head_mask_from is not None:
         masks = load_model(head_mask_from).head_mask()
@@ -74,7 +75,8 @@ def train_translation_model(
     heads = computing_kept_heads(model) if head_mask_from is not None else nullcontext()
     with heads:
         summary = train(model, cfg, data, dev, work_dir, dev_bleu=dev_bleu if cfg.dev_bleu_sentences else None,
-                        run_fingerprint=fingerprint, lr_at=lr_at, log=log)
+                        run_fingerprint=fingerprint, lr_at=lr_at, log=log, earlier_fingerprints=[
+                            {**fingerprint, "src_spm": _file_id(src_spm), "tgt_spm": _file_id(tgt_spm)}])
     model.to("cpu")
     model.save(model_out, {"train_config": cfg.to_dict(), "summary": summary, "provenance": provenance()})
     summary = {**summary, "lr_schedule": "noam" if schedule is None else "pruned",

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -169,6 +169,7 @@ def train(
     extra_loss: Callable[[Seq2SeqWithHeads], Tensor] | None = None,  # e.g. the L0 penalty of the gates
     extra_metrics: Callable[[Seq2SeqWithHeads], dict] | None = None,  # more fields for each log record
     run_fingerprint: dict | None = None,  # everything the run depends on; a checkpoint must match it
+    earlier_fingerprints: Sequence[dict] = (),  # the same run as older versions fingerprinted it: resumes too
     lr_at: Callable[[int], float] | None = None,  # learning rate at a 1-based step (training.schedules); default: Noam
     init_optimizer: Callable[[torch.optim.Optimizer], None] | None = None,  # e.g. load moments; fresh runs only
     log: Callable[[str], None] = print,
@@ -204,7 +205,7 @@ def train(
     torch.manual_seed(cfg.seed)
     if ckpt_path.exists():
         state = load_checkpoint(ckpt_path, map_location=device)
-        reason = resume_conflict(state, cfg, model.cfg.to_dict(), run_fingerprint)
+        reason = resume_conflict(state, cfg, model.cfg.to_dict(), run_fingerprint, earlier_fingerprints)
         if reason:
             log(f"{ckpt_path} was written with another configuration ({reason}); starting this run afresh")
         else:
@@ -400,10 +401,12 @@ def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | Non
     return config_hash({"train": train_config, "model": model_config, "run": run})
 
 
-def resume_conflict(state: dict, cfg: TrainConfig, model_config: dict, run: dict | None) -> str | None:
-    """Why a checkpoint cannot be resumed under the current settings, or None if it can."""
+def resume_conflict(state: dict, cfg: TrainConfig, model_config: dict, run: dict | None,
+                    earlier: Sequence[dict] = ()) -> str | None:
+    """Why a checkpoint cannot be resumed under the current settings, or None if it can. `earlier`:
+    the run's fingerprint in the forms older versions gave it, which its checkpoints may carry."""
     saved = state.get("train_config", {})
-    if state.get("fingerprint") != run_fingerprint_hash(saved, model_config, run):
+    if all(state.get("fingerprint") != run_fingerprint_hash(saved, model_config, r) for r in (run, *earlier)):
         return "model or data differ"
     current = cfg.to_dict()
     changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and _plain(saved.get(k)) != _plain(current[k]))
