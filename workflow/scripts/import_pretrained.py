@@ -11,5 +11,6 @@ with job(snakemake) as log:
         src_lang=snakemake.params.src_lang,
         tgt_lang=snakemake.params.tgt_lang,
         model_langs=snakemake.params.model_langs,
+        allow_weights=snakemake.params.allow_weights,
         log=log,
     )

@@ -66,6 +66,7 @@ from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
+from headcount.models.hf_source import PretrainedModelUnavailable, check_loading_report, resolve_source, unavailable
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
 
 # --------------------------------------------------------------------------------------------
@@ -649,54 +650,26 @@ def _word_end_pieces(pieces: list[str]) -> list[str]:
 # Loading pretrained models
 
 
-class PretrainedModelUnavailable(HeadcountError):
-    pass
-
-
-def _unavailable(name: str, error: Exception | None) -> PretrainedModelUnavailable:
-    base = Path(str(name)).name or "model"
-    reason = f" ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})" if error else ""
-    return PretrainedModelUnavailable(
-        f"pretrained model {name!r} cannot be loaded{reason}. If it is a hub id, this machine may have no "
-        f"access to the HuggingFace hub: on a machine with network, download it with "
-        f"`hf download {name} --local-dir models/{base}` (older huggingface_hub: `huggingface-cli download "
-        f"{name} --local-dir models/{base}`), or in Python `AutoModelForSeq2SeqLM.from_pretrained({name!r})"
-        f".save_pretrained(dir)` and the same with AutoTokenizer; copy that directory here and set "
-        f"`pretrained:` to it."
-    )
-
-
-def _resolve(name_or_dir: str | os.PathLike, offline: bool | None) -> tuple[str, bool]:
-    """-> (what to pass to from_pretrained, local_files_only)."""
-    name = str(name_or_dir)
-    path = Path(name).expanduser()
-    if path.is_dir():
-        return str(path), True
-    if name.startswith((".", "/", "~")) or path.exists():
-        raise PretrainedModelUnavailable(f"pretrained model directory {name!r} does not exist (or is not a directory)")
-    if offline is None:
-        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
-                      for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-    return name, offline
-
-
 def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
-                    dtype: torch.dtype = torch.float32) -> HFSeq2Seq:
+                    dtype: torch.dtype = torch.float32, allow_weights: dict | None = None) -> HFSeq2Seq:
     """A hub id (e.g. Helsinki-NLP/opus-mt-en-de) or a local directory -> the adapter, in eval mode.
 
     offline: True reads only local files (a directory, or the HuggingFace cache); None: True when
-    HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set.
+    HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set. A checkpoint missing weights of the model, or
+    holding weights it does not use, is refused unless `allow_weights` names them
+    (hf_source.check_loading_report).
     """
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-    name, local_only = _resolve(name_or_dir, offline)
+    source = resolve_source(name_or_dir, offline)
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(source.name, **source.kwargs)
         family_of(config)
-        hf = AutoModelForSeq2SeqLM.from_pretrained(name, local_files_only=local_only, dtype=dtype,
-                                                   attn_implementation="eager")
+        hf, report = AutoModelForSeq2SeqLM.from_pretrained(source.name, **source.kwargs, dtype=dtype,
+                                                           attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
-        raise _unavailable(str(name_or_dir), error) from None
+        raise unavailable(source, error) from None
+    check_loading_report(source.label, type(hf).__name__, report, allow_weights)
     return HFSeq2Seq(hf).eval()
 
 
@@ -706,15 +679,15 @@ def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None,
     tokenizers (mBART, M2M100, NLLB); FSMT's translates one pair (`_fsmt_sides`)."""
     from transformers import AutoTokenizer
 
-    name, local_only = _resolve(name_or_dir, offline)
+    source = resolve_source(name_or_dir, offline)
     kwargs = {k: v for k, v in (("src_lang", src_lang), ("tgt_lang", tgt_lang)) if v is not None}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source.name, **source.kwargs, **kwargs)
     except KeyError as error:
         raise HeadcountError(f"{name_or_dir}: its tokenizer has no language code {error} (asked for "
                              f"src_lang {src_lang!r}, tgt_lang {tgt_lang!r}); use the model's own codes") from None
     except (OSError, ValueError) as error:
-        raise _unavailable(str(name_or_dir), error) from None
+        raise unavailable(source, error) from None
     if _is_fsmt(tokenizer):
         return _fsmt_sides(tokenizer, str(name_or_dir), src_lang, tgt_lang)
     return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
@@ -746,12 +719,13 @@ def _fsmt_sides(tokenizer, name: str, src_lang: str | None, tgt_lang: str | None
 
 def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
                       tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
-                      src_lang: str | None = None, tgt_lang: str | None = None) -> HFSeq2Seq:
+                      src_lang: str | None = None, tgt_lang: str | None = None,
+                      allow_weights: dict | None = None) -> HFSeq2Seq:
     """What a workflow stage calls for `pretrained:`: load the model (and its tokenizer), write a
     headcount checkpoint to `model_out` (loading.load_model reads it, like a trained baseline) and
     the tokenizer's files to `tokenizer_dir` (loading.open_tokenizer reads them), so that later stages
     need neither the hub nor the original directory."""
-    model = load_pretrained(name_or_dir, offline=offline)
+    model = load_pretrained(name_or_dir, offline=offline, allow_weights=allow_weights)
     if tokenizer_dir is not None:
         source, target = load_tokenizers(name_or_dir, offline=offline, src_lang=src_lang, tgt_lang=tgt_lang)
         default = getattr(source.tokenizer, "src_lang", None)  # FSMT's names its one pair: no choice there

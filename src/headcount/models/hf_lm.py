@@ -62,8 +62,9 @@ from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import save_checkpoint
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
-from headcount.models.hf import PretrainedModelUnavailable, _cache_argument, _resolve, _unavailable
+from headcount.models.hf import _cache_argument
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
+from headcount.models.hf_source import PretrainedModelUnavailable, check_loading_report, resolve_source, unavailable
 from headcount.models.lrp import LRPNotImplemented  # noqa: F401 (part of this module's __all__: what its lrp_forward raises)
 from headcount.models.seq2seq import NotAvailableForKind, register_family
 
@@ -501,30 +502,41 @@ def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = Non
     """Whether the pretrained model's config is one of LM_FAMILIES' architectures."""
     from transformers import AutoConfig
 
-    name, local_only = _resolve(name_or_dir, offline)
+    source = resolve_source(name_or_dir, offline)
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(source.name, **source.kwargs)
     except (OSError, ValueError) as error:
-        raise _unavailable(str(name_or_dir), error) from None
+        raise unavailable(source, error) from None
     return config.model_type in LM_FAMILIES
 
 
 def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
-                       dtype: torch.dtype = torch.float32) -> HFCausalLM | HFMaskedLM:
-    """A hub id or a local directory -> the adapter of its kind, in eval mode; special ids from its
-    tokenizer where it has one."""
+                       dtype: torch.dtype = torch.float32,
+                       allow_weights: dict | None = None) -> HFCausalLM | HFMaskedLM:
+    """A hub id, a local directory or a GGUF file -> the adapter of its kind, in eval mode; special
+    ids from its tokenizer where it has one. A checkpoint missing weights of the model (e.g. a
+    sentence encoder without the masked-LM head) or holding weights it does not use is refused
+    unless `allow_weights` names them (hf_source.check_loading_report)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    name, local_only = _resolve(name_or_dir, offline)
+    source = resolve_source(name_or_dir, offline)
     try:
-        config = AutoConfig.from_pretrained(name, local_files_only=local_only)
+        config = AutoConfig.from_pretrained(source.name, **source.kwargs)
         family = lm_family_of(config)
-        hf = _auto_class(family).from_pretrained(name, local_files_only=local_only, dtype=dtype,
-                                                 attn_implementation="eager")
+        hf, report = _auto_class(family).from_pretrained(source.name, **source.kwargs, dtype=dtype,
+                                                         attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
-        raise _unavailable(str(name_or_dir), error) from None
+        raise unavailable(source, error) from None
+    check_loading_report(source.label, type(hf).__name__, report, allow_weights)
+    if source.gguf_file is not None:
+        # dequantised to plain weights: the GGUF quantisation record would stop the checkpoint's
+        # config from being rebuilt (AutoConfig.for_model) and save_pretrained from writing it
+        for config_ in (hf.config, config):
+            if hasattr(config_, "quantization_config"):
+                del config_.quantization_config
+        hf.hf_quantizer, hf.is_quantized = None, False
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(source.name, **source.kwargs)
     except (OSError, ValueError):
         tokenizer = None  # ids from the config alone
     cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
@@ -532,12 +544,12 @@ def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = No
 
 
 def import_pretrained_lm(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
-                         tokenizer_dir: str | os.PathLike | None = None,
-                         offline: bool | None = None) -> HFCausalLM | HFMaskedLM:
+                         tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
+                         allow_weights: dict | None = None) -> HFCausalLM | HFMaskedLM:
     """What a workflow stage calls for a pretrained language model: write a headcount checkpoint
     (loading.load_model reads it) and the tokenizer's files with LM_TOKENIZER_MANIFEST (so that
     loading.open_tokenizer(tokenizer_dir, "source" or "target") gives its one tokenizer)."""
-    model = load_pretrained_lm(name_or_dir, offline=offline)
+    model = load_pretrained_lm(name_or_dir, offline=offline, allow_weights=allow_weights)
     if tokenizer_dir is not None:
         tokenizer = load_lm_tokenizer(name_or_dir, offline=offline)
         Path(tokenizer_dir).mkdir(parents=True, exist_ok=True)

@@ -121,13 +121,13 @@ def _spelled(tokens: list[str], scheme: str) -> list[str]:
 def load_lm_tokenizer(name_or_dir: str | os.PathLike, offline: bool | None = None) -> LMTokenizer:
     from transformers import AutoTokenizer
 
-    from headcount.models.hf import _resolve, _unavailable  # torch: only when a tokenizer is loaded
+    from headcount.models.hf_source import resolve_source, unavailable
 
-    name, local_only = _resolve(name_or_dir, offline)
+    source = resolve_source(name_or_dir, offline)
     try:
-        return LMTokenizer(AutoTokenizer.from_pretrained(name, local_files_only=local_only))
+        return LMTokenizer(AutoTokenizer.from_pretrained(source.name, **source.kwargs))
     except (OSError, ValueError) as error:
-        raise _unavailable(str(name_or_dir), error) from None
+        raise unavailable(source, error) from None
 
 
 def open_lm_tokenizer_dir(path: str | os.PathLike) -> LMTokenizer:

@@ -87,14 +87,17 @@ def train_translation_model(
 
 
 def import_pretrained_baseline(source: str, model_out: str, summary_out: str, tokenizer_dir: str,
-                               src_lang: str, tgt_lang: str, model_langs: dict | None = None, log=print) -> dict:
+                               src_lang: str, tgt_lang: str, model_langs: dict | None = None,
+                               allow_weights: dict | None = None, log=print) -> dict:
     """A pretrained experiment's baseline: the model `source` (hub id or local directory) as a
     headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
     the pruning table counts fine-tuning steps alone). `model_langs` ({"src", "tgt"}: the model's
     own language codes, `pretrained_langs`) sets a multilingual tokenizer's languages. A causal or
     masked language model (loading.import_pretrained tells by its config) is imported the same way,
-    with its one tokenizer; its record names its `model_kind` and its language (src_lang)."""
+    with its one tokenizer; its record names its `model_kind` and its language (src_lang). A model
+    whose checkpoint lacks weights it needs, or holds unused ones, is refused unless `allow_weights`
+    ({"missing", "unexpected"}: fnmatch patterns) names them."""
     if isinstance(source, dict):  # a checkpoint another run or toolkit wrote (config.checkpoint_source)
         return _import_checkpoint_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
     from headcount.models.loading import import_pretrained
@@ -102,7 +105,8 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
 
     langs = model_langs or {}
     log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
-    model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"))
+    model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"),
+                              allow_weights=allow_weights)
     if kind_of(model).objective != "translation":  # a language model: one language, no language codes
         summary = {"pretrained": str(source), "family": model.family.name, "model_kind": model.model_kind,
                    "lang": src_lang, "model_config": json.loads(model.cfg.to_json_string()),

