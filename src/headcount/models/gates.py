@@ -14,6 +14,8 @@ Constants as in the authors' code: beta 0.33, (l, r) = (-0.1, 1.1).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -92,3 +94,40 @@ def l0_penalty(gates: list[HardConcreteGates]) -> Tensor:
     """L_C: the mean over gated layers of the expected number of open heads in the layer (the
     authors' scaling; the paper's plain sum is this times the number of gated layers)."""
     return torch.stack([g.p_open().sum() for g in gates]).mean()
+
+
+@contextmanager
+def row_head_masks(model: Seq2SeqWithHeads, masks: dict[str, Tensor]) -> Iterator[None]:
+    """A 0/1 head mask per batch row, on top of the model's own gates, while the context is open.
+
+    masks[type]: (rows, layers, H), padded with zeros beyond a physically pruned layer's heads as
+    `head_mask()` is; every forward pass inside must have exactly `rows` rows, and row r's heads are
+    multiplied by masks[type][r]. Single-head ablation uses it to run several differently masked
+    copies of one batch in one forward pass. It goes through each attention module's `head_context`
+    hook point, which every family calls on (B, H, Tq, Dh) before its gates (seq2seq.HeadSlots), so
+    no family needs code of its own; masking a head's context before W^O is what its 0/1 gate does.
+    """
+    handles = []
+
+    def hook_for(mask: Tensor):  # mask (rows, H) of one layer
+        def hook(module, inputs, ctx):
+            if ctx.shape[0] != mask.shape[0]:
+                raise ValueError(f"row_head_masks: masks for {mask.shape[0]} rows, a batch of {ctx.shape[0]}")
+            return ctx * mask[:, : ctx.shape[1], None, None].to(device=ctx.device, dtype=ctx.dtype)
+
+        return hook
+
+    modules = model.attention_modules()
+    try:
+        for kind, mask in masks.items():
+            if kind not in modules:
+                raise ValueError(f"row head masks for {kind}: this model has {sorted(modules)} only")
+            if mask.dim() != 3 or mask.shape[1] != len(modules[kind]):
+                raise ValueError(f"row head masks for {kind} have shape {tuple(mask.shape)}, expected "
+                                 f"(rows, {len(modules[kind])}, H)")
+            for layer, module in enumerate(modules[kind]):
+                handles.append(module.head_context.register_forward_hook(hook_for(mask[:, layer])))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
