@@ -89,11 +89,22 @@ def _michel(inputs: ScoringInputs):
 
 
 def _lrp(inputs: ScoringInputs):
-    from headcount.analysis.relevance import head_relevance
+    """LRP relevance; without its `lrp` column (the table's keys only) where conservation fails
+    beyond relevance.CONSERVATION_TOLERANCE at some cut: the log and the conservation table say so."""
+    from headcount.analysis.relevance import conservation_failures, head_relevance
 
     start = time.perf_counter()
     relevance = head_relevance(inputs.model, inputs.translation_batches, rule=inputs.lrp_rule, log=inputs.log)
     inputs.notes.update(lrp_conservation=relevance.conservation, lrp_seconds=time.perf_counter() - start)
+    failed = conservation_failures(relevance.conservation)
+    if failed:
+        tolerance = float(relevance.conservation["tolerance"].iloc[0])
+        reason = (f"LRP ({inputs.lrp_rule}) conservation fails beyond the tolerance (mean |total - 1| <= "
+                  f"{tolerance:.3g}) at {', '.join(failed)}: the lrp column is left out")
+        inputs.notes["lrp_dropped"] = reason
+        if inputs.log is not None:
+            inputs.log(reason)
+        return relevance.table[list(KEYS)]
     return relevance.table.drop(columns="n_steps")
 
 

@@ -27,7 +27,34 @@ class HeadRelevance:
     """Averages over all generation steps of a set."""
 
     table: pd.DataFrame  # one row per (type, layer, head): lrp (normalised, averaged), n_steps
-    conservation: pd.DataFrame  # one row per cut: mean total, mean |total - 1|, max |total - 1|
+    conservation: pd.DataFrame  # one row per cut: mean total, mean |total - 1|, max |total - 1|, within tolerance
+
+
+# LRP conservation tolerance: the largest mean |total - 1| over steps at any cut (relevance starts at
+# 1, so a relative error) at which the `lrp` score is kept. 1 / float32's machine epsilon (2^23, 8.4e6):
+# beyond it the relevance crossing a cut is 2^23 times the start, so float32 rounding of its terms
+# alone is as large as the whole relevance being explained, and the head shares above that cut
+# cannot be told from rounding. The "ding" rule's documented drift stays below it (the published
+# default model's lowest cut: 3.7e5; method.md, "LRP rules"); MiniLM's 1e15 does not.
+CONSERVATION_TOLERANCE = 2.0 ** 23
+
+
+def mark_conservation(conservation: pd.DataFrame, tolerance: float | None = None) -> pd.DataFrame:
+    """The conservation table with the tolerance (default CONSERVATION_TOLERANCE) and, per cut,
+    whether its mean |total - 1| is within it (a non-finite error is not)."""
+    tolerance = CONSERVATION_TOLERANCE if tolerance is None else tolerance
+    if conservation.empty:  # no steps: no cut to judge
+        return conservation.assign(tolerance=[], within_tolerance=[])
+    error = conservation["mean_abs_error"].astype(float)
+    return conservation.assign(tolerance=tolerance, within_tolerance=error <= tolerance)  # NaN, inf: False
+
+
+def conservation_failures(conservation: pd.DataFrame) -> list[str]:
+    """The cuts of a marked conservation table (mark_conservation) beyond its tolerance, with their errors."""
+    if conservation.empty:
+        return []
+    bad = conservation[~conservation["within_tolerance"].astype(bool)]
+    return [f"{row.cut} (mean |error| {row.mean_abs_error:.3g})" for row in bad.itertuples()]
 
 
 # LRP's own batches. Every step's backward pass runs over the whole batch, padding included, so
@@ -92,7 +119,7 @@ def head_relevance(
         for row in conservation.itertuples():
             log(f"LRP ({rule}) conservation at {row.cut}: mean total {row.mean_total:.4f}, "
                 f"mean |error| {row.mean_abs_error:.4f}, max |error| {row.max_abs_error:.4f}")
-    return HeadRelevance(pd.DataFrame(rows), conservation)
+    return HeadRelevance(pd.DataFrame(rows), mark_conservation(conservation))
 
 
 def _accumulate(result: StepRelevance, sums: dict, cut_sum: dict, n_steps: int, skip: int = 0) -> int:

@@ -33,7 +33,9 @@ def score_heads(
     both sides (its objective's batches, data.batching.objective_tensors; `translations` is that
     text, too); ablation has no delta_bleu (nothing is translated). A model whose `lrp_forward`
     is not implemented (NotImplementedError: hf_lm.LRPNotImplemented) gets no lrp column, and the
-    log and `out_conservation` say why; once it is implemented, LRP runs with the others.
+    log and `out_conservation` say why; once it is implemented, LRP runs with the others. Nor
+    does a model whose LRP relevance is not conserved within relevance.CONSERVATION_TOLERANCE at
+    some cut (measures._lrp): the log names the cut, `out_conservation` marks it (within_tolerance).
     """
     dev = pick_device(device)
     model = load_model(model_path).to(dev).eval()

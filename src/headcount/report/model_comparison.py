@@ -76,7 +76,8 @@ def model_row(outputs: ModelOutputs) -> dict:
     """One model's row of the comparison (module docstring), from its files; the positional share's
     interval comes from `positional_bootstrap`."""
     scores = _read(outputs.baseline_scores, "test scores", ["split", "bleu"], sep="\t")
-    heads = _read(outputs.head_scores, "head scores", ["type", "layer", "head", "lrp", "delta_loss", "delta_bleu"])
+    # No lrp column where LRP was not computed or failed conservation (measures._lrp): no concentration then.
+    heads = _read(outputs.head_scores, "head scores", ["type", "layer", "head", "delta_loss", "delta_bleu"])
     roles = _read(outputs.roles, "head roles", ["layer", "head", "role", "positional_offset", "positional_fraction"])
     row: dict = {"experiment": outputs.name}
     row.update({f"bleu_{r.split}": float(r.bleu) for r in scores.itertuples()})
@@ -91,12 +92,13 @@ def model_row(outputs: ModelOutputs) -> dict:
     top = roles.loc[roles["positional_fraction"].idxmax()]
     row.update(positional_share=float(top["positional_fraction"]),
                positional_head=head_label(top["layer"], top["head"]), positional_offset=int(top["positional_offset"]))
-    concentration = lrp_concentration(heads)
+    concentration = lrp_concentration(heads) if "lrp" in heads else None
     for kind in ATTENTION_TYPES:
         part = heads[heads["type"] == kind]
         if part.empty:
             continue
-        row[f"lrp_concentration_{kind}"] = float(concentration[kind].mean())
+        if concentration is not None:
+            row[f"lrp_concentration_{kind}"] = float(concentration[kind].mean())
         row[f"heads_{kind}"] = len(part)
         for column, cost, threshold in (("delta_bleu", "bleu", ABLATION_BLEU_COST),
                                         ("delta_loss", "loss", ABLATION_LOSS_COST)):
