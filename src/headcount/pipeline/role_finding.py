@@ -166,8 +166,10 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
             columns={c: f"{c}_gold" for c in columns}), on=["layer", "head"], how="left")
         roles["syntactic_text_gold"] = gold_text
         table1_gold = _with_paper_table1(reference["table1"])
-        for column in ("n", "best_layer", "best_head", "best_accuracy", "baseline_offset", "baseline_accuracy"):
-            table1[f"{column}_gold"] = table1_gold[column].to_numpy()
+        for column in ("n", "n_unanswerable", "best_layer", "best_head", "best_accuracy", "baseline_offset",
+                       "baseline_accuracy"):
+            if column in table1_gold:  # n_unanswerable: a causal model's
+                table1[f"{column}_gold"] = table1_gold[column].to_numpy()
         table1["text_gold"] = gold_text
         markdown += "\n" + table1_markdown(table1_gold, f"Cross-check: text: {gold_text}. Parser: gold trees.")
         log(f"syntactic heads on gold trees: {int(roles['is_syntactic_gold'].sum())}, on {info['parser']} parses: "
@@ -213,12 +215,31 @@ def _with_paper_table1(table1):
 
 
 def table1_markdown(table1, header: str | None = None) -> str:
-    """Table 1 as Markdown; `header` (which text, which parser) goes above it."""
+    """Table 1 as Markdown; `header` (which text, which parser) goes above it. Every row says how
+    many instances it rests on. A direction without instances has no best head and no row; a note
+    below names it. For a causal model (table1 has `n_unanswerable`) an instance counts only where a
+    related word precedes the query word, the only words its heads can attend to: its rows say how
+    many of the parses' instances that leaves, and a direction none of whose instances it can
+    answer (as v->o in English, where the object follows the verb) is left out."""
+    causal = "n_unanswerable" in table1.columns
     lines = [header, ""] if header else []
-    lines += ["| relation | direction | best head (layer, head) | accuracy | positional baseline | paper WMT | "
-              "paper OpenSubtitles |", "|---|---|---|---|---|---|---|"]
+    lines += ["| relation | direction | instances | best head (layer, head) | accuracy | positional baseline | "
+              "paper WMT | paper OpenSubtitles |", "|---|---|---|---|---|---|---|---|"]
+    left_out = []
     for r in table1.itertuples():
-        lines.append(f"| {r.relation} | {r.name} | {r.best_layer + 1}, {r.best_head + 1} | {r.best_accuracy:.0f} | "
-                     f"{r.baseline_accuracy:.0f} | {r.paper_wmt_best:.0f} / {r.paper_wmt_baseline:.0f} | "
-                     f"{r.paper_opensubs_best:.0f} / {r.paper_opensubs_baseline:.0f} |")
-    return "\n".join(lines) + "\n\nAccuracy in %; layers and heads counted from 1; paper: best / baseline (EN-RU).\n"
+        instances = f"{r.n} of {r.n + r.n_unanswerable}" if causal else f"{r.n}"
+        if r.n == 0:
+            left_out.append(f"{r.relation} {r.name} ({instances})")
+            continue
+        lines.append(f"| {r.relation} | {r.name} | {instances} | {r.best_layer + 1}, {r.best_head + 1} | "
+                     f"{r.best_accuracy:.0f} | {r.baseline_accuracy:.0f} | {r.paper_wmt_best:.0f} / "
+                     f"{r.paper_wmt_baseline:.0f} | {r.paper_opensubs_best:.0f} / {r.paper_opensubs_baseline:.0f} |")
+    notes = ["Accuracy in %; layers and heads counted from 1; paper: best / baseline (EN-RU)."]
+    if causal:
+        notes.append("A causal model's heads attend only to earlier words: an instance counts only where a related "
+                     "word precedes the query word (instances: those of all in the parses), and the baseline is "
+                     "the most frequent such offset.")
+    if left_out:
+        notes.append("No instance" + (" a causal head can answer" if causal else "") + ", so no row: "
+                     + ", ".join(left_out) + ".")
+    return "\n".join(lines) + "\n\n" + " ".join(notes) + "\n"

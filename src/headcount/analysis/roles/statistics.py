@@ -304,14 +304,18 @@ class SyntacticStats:
 
 def syntactic_table(syntactic: pd.DataFrame) -> pd.DataFrame:
     """Table 1 of the paper: per relation and direction, the best head's accuracy beside the
-    positional baseline (fractions, not percent)."""
-    cols = ["relation", "direction", "name", "n", "best_layer", "best_head", "best_accuracy",
-            "baseline_offset", "baseline_accuracy"]
+    positional baseline (fractions, not percent), over `n` instances (a causal model's: those it
+    can answer, with `n_unanswerable` beside them; SyntacticStats). A direction without instances
+    keeps its row, with best head -1 and NaN accuracies."""
+    causal = "n_unanswerable" in syntactic.columns
+    cols = ["relation", "direction", "name", "n", *(["n_unanswerable"] if causal else []), "best_layer",
+            "best_head", "best_accuracy", "baseline_offset", "baseline_accuracy"]
     rows = []
     for (rel, direction), group in syntactic.groupby(["relation", "direction"], sort=False):
         scored = group.dropna(subset=["accuracy"])
         best = scored.loc[scored["accuracy"].idxmax()] if len(scored) else group.iloc[0]
         rows.append({"relation": rel, "direction": direction, "name": best["name"], "n": int(best["n"]),
+                     **({"n_unanswerable": int(best["n_unanswerable"])} if causal else {}),
                      "best_layer": int(best["layer"]) if len(scored) else -1,
                      "best_head": int(best["head"]) if len(scored) else -1,
                      "best_accuracy": best["accuracy"], "baseline_offset": best["baseline_offset"],
