@@ -2,6 +2,9 @@
 checkpoint runs code or hangs its reader, and each refusal names the key or file and the fix."""
 
 import copy
+import json
+import os
+import re
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -276,3 +279,115 @@ def test_a_checkpoint_fingerprinted_by_the_files_bytes_still_resumes(tmp_path):
     lines: list[str] = []
     train_translation_model(*files, MODEL, dict(settings, max_steps=10), False, *out, log=lines.append)
     assert any("resuming from" in line for line in lines)
+
+
+# --------------------------------------------------------------------------------------------
+# 5: errors that point the right way: an experiment's kind against its model's, a pickled .bin
+
+
+def _config_json(directory: Path, **settings) -> str:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps(settings))
+    return str(directory)
+
+
+def test_text_on_an_encoder_decoder_directory_is_refused_when_planned(tmp_path):
+    config = shipped_config()
+    config["run"] = ["gpt2_en"]
+    config["experiments"]["gpt2_en"]["pretrained"] = _config_json(tmp_path / "marian", model_type="marian",
+                                                                 is_encoder_decoder=True)
+    message = problems(config)
+    assert ("config key 'experiments.gpt2_en.text': text (with lang) analyses a causal or masked language model, "
+            f"and pretrained '{tmp_path / 'marian'}' is an encoder-decoder model (model_type marian") in message
+    assert "replace text and lang with train/dev/test pairs and src_lang/tgt_lang" in message
+
+
+def test_a_translation_experiment_on_a_language_model_directory_is_refused_when_planned(tmp_path):
+    config = shipped_config()
+    config["run"] = ["opus_mt_en_de"]
+    config["experiments"]["opus_mt_en_de"]["pretrained"] = _config_json(tmp_path / "gpt2", model_type="gpt2")
+    message = problems(config)
+    assert (f"config key 'experiments.opus_mt_en_de.pretrained': '{tmp_path / 'gpt2'}' is a language model "
+            f"(model_type gpt2;") in message and "text: {train, dev, test} and lang" in message
+
+
+def test_a_checkpoint_of_a_translation_toolkit_is_no_language_model(tmp_path):
+    config = shipped_config()
+    config["run"] = ["gpt2_en"]
+    config["experiments"]["gpt2_en"]["pretrained"] = {"family": "fairseq", "checkpoint": "c.pt", "data": "bin"}
+    assert "config key 'experiments.gpt2_en.text': text (with lang) analyses" in problems(config)
+
+
+def test_a_hub_model_of_the_wrong_kind_is_refused_when_imported(tmp_path):
+    """Where only the import knows the kind (a hub id): the import refuses it, before any stage runs."""
+    from conftest import toy_corpus
+
+    from headcount.io import HeadcountError
+    from headcount.models.hf import write_tiny_marian
+    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+    from headcount.pipeline.training_runs import import_pretrained_baseline
+
+    src, tgt = toy_corpus(200, seed=3)
+    marian = write_tiny_marian(tmp_path / "marian", src, tgt, vocab_size=40)
+    gpt2 = write_tiny_gpt2(tmp_path / "gpt2", src)
+    out = [str(tmp_path / "out/model.pt"), str(tmp_path / "out/training.json"), str(tmp_path / "out/tokenizer")]
+    with pytest.raises(HeadcountError) as error:  # a text: experiment: src_lang = tgt_lang = lang
+        import_pretrained_baseline(str(marian), *out, src_lang="en", tgt_lang="en", log=lambda m: None)
+    assert str(error.value).startswith("this experiment's config key 'text': text (with lang) analyses a causal or "
+                                       f"masked language model, and pretrained '{marian}' is an encoder-decoder")
+    with pytest.raises(HeadcountError) as error:
+        import_pretrained_baseline(str(gpt2), *out, src_lang="en", tgt_lang="de", log=lambda m: None)
+    assert str(error.value).startswith(f"this experiment's config key 'pretrained': '{gpt2}' is a gpt2 decoder_only "
+                                       f"model and translates nothing")
+
+
+def test_perplexity_of_a_translation_model_names_the_key():
+    from headcount.io import HeadcountError
+    from headcount.pipeline import lm_quality
+
+    class Translation:
+        pass
+
+    with pytest.MonkeyPatch.context() as patch:
+        import headcount.models.loading as loading
+        import headcount.models.seq2seq as seq2seq
+
+        patch.setattr(loading, "load_model", lambda path: type("M", (), {"to": lambda s, d: s, "eval": lambda s: s})())
+        patch.setattr(seq2seq, "kind_of", lambda model: type("K", (), {"objective": "translation"})())
+        with pytest.raises(HeadcountError, match="this experiment's config key 'text' asks for a causal or masked"):
+            lm_quality.score_text("m.pt", "tok", "t.txt", "dev", 100, "o.json", "o.tsv", device="cpu")
+
+
+def test_a_pickled_pytorch_model_bin_is_refused_with_the_safe_way_forward(tmp_path):
+    """A pytorch_model.bin that pickles an object beside its tensors: refused unread (its payload
+    never runs), naming the file and how to convert it to safetensors, never weights_only=False."""
+    import torch
+    import transformers
+
+    from headcount.models.checkpoint import CheckpointError
+    from headcount.models.hf_lm import load_pretrained_lm
+
+    class Payload:
+        def __reduce__(self):
+            return (os.makedirs, (str(tmp_path / "payload-ran"),))
+
+    config = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    directory = tmp_path / "model"
+    config.save_pretrained(directory)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.save({**weights, "extra": Payload()}, directory / "pytorch_model.bin")
+    with pytest.raises(CheckpointError) as error:
+        load_pretrained_lm(directory)
+    message = str(error.value)
+    assert message.startswith(f"{directory / 'pytorch_model.bin'}: refused, not loaded: the model's weights file "
+                              f"holds a pickled Python object (os.makedirs)")
+    assert f"torch.load('{directory / 'pytorch_model.bin'}', weights_only=True)" in message
+    assert f"'{directory / 'model.safetensors'}'" in message and "weights_only=False does exactly that" in message
+    assert not (tmp_path / "payload-ran").exists()
+
+    # The message's conversion, run on the same weights as plain tensors, gives a model that loads.
+    torch.save(weights, directory / "pytorch_model.bin")
+    exec(re.search(r'python -c "(.*?)" \(', message).group(1), {})
+    (directory / "pytorch_model.bin").unlink()
+    assert type(load_pretrained_lm(directory)).__name__ == "HFCausalLM"

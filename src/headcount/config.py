@@ -7,6 +7,7 @@ runs. The workflow calls `load_experiments`; nothing here knows of Snakemake.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,6 +197,56 @@ def _lm_problems(name: str, exp: dict, partial: dict) -> list[str]:
         problems.append(f"{key}.prune.lambdas.enc': a language model has one kind of attention, so its only "
                         f"pruning setting is all; set prune.lambdas.enc: [] and give the grid as prune.lambdas.all")
     return problems
+
+
+def declared_kind(exp: dict) -> tuple[bool, str] | None:
+    """(whether it is a language model, what says so) for a pretrained model whose kind is known
+    without importing it: a fairseq or headcount checkpoint (a translation model), or a local
+    transformers directory by its config.json (is_encoder_decoder: true, else a language model);
+    None where only the import can tell (a hub id, a directory without config.json)."""
+    source = exp.get("pretrained")
+    if isinstance(source, dict):
+        return (False, f"a {source['family']} checkpoint") if "family" in source else None
+    config_file = Path(source).expanduser() / "config.json" if looks_like_directory(source) else None
+    if config_file is None or not config_file.is_file():
+        return None
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            settings = json.load(f)
+    except (OSError, ValueError):
+        return None  # the import names what is wrong with the file
+    if not isinstance(settings, dict):
+        return None
+    model_type = settings.get("model_type", "unknown")
+    if settings.get("is_encoder_decoder") is True:
+        return False, f"an encoder-decoder model (model_type {model_type}, is_encoder_decoder in {config_file})"
+    return True, f"a language model (model_type {model_type}; {config_file} has no is_encoder_decoder: true)"
+
+
+def kind_mismatch(name: str | None, source, language_model: bool, what: str) -> str:
+    """The message for an experiment (`name`; None: the one imported) whose keys ask for one kind of
+    model and whose `pretrained:` is another; `what` says what the model is."""
+    def key(sub: str) -> str:
+        return f"config key 'experiments.{name}.{sub}'" if name else f"this experiment's config key '{sub}'"
+
+    if language_model:
+        return (f"{key('text')}: text (with lang) analyses a causal or masked language model, and pretrained "
+                f"{source!r} is {what}, which translates. Set pretrained to a language model, or analyse this "
+                f"one as a translation model: replace text and lang with train/dev/test pairs and "
+                f"src_lang/tgt_lang")
+    return (f"{key('pretrained')}: {source!r} is {what} and translates nothing, and this experiment (train/dev/"
+            f"test pairs, src_lang/tgt_lang) analyses a translation model. Set pretrained to an encoder-decoder "
+            f"model, or analyse this one as a language model: replace train/dev/test and src_lang/tgt_lang with "
+            f"text: {{train, dev, test}} and lang")
+
+
+def _kind_problems(name: str, exp: dict) -> list[str]:
+    """An experiment's kind (text: a language model; pairs: a translation model) against its model's,
+    where the model says its kind without being imported (import_pretrained_baseline checks the rest)."""
+    declared = declared_kind(exp)
+    if declared is None or declared[0] == is_lm_experiment(exp):
+        return []
+    return [kind_mismatch(name, exp["pretrained"], is_lm_experiment(exp), declared[1])]
 
 
 def looks_like_directory(name: str) -> bool:
@@ -418,6 +469,7 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         # override) must not fail on a pretrained experiment it does not run.
         if is_pretrained(exp) and name in config["run"]:
             problems += _pretrained_problems(name, exp)
+            problems += _kind_problems(name, exp)
         if exp.get("pretrained_langs") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
                             f"language codes; remove it or set pretrained")

@@ -70,3 +70,37 @@ def state_step(path: Path) -> int | None:
         return int(load_checkpoint(path)["step"])
     except (CheckpointError, KeyError, TypeError, ValueError):
         return None
+
+
+def refused_pickle(model: str | os.PathLike, error: Exception) -> CheckpointError:
+    """What a transformers model whose pytorch_model.bin pickles more than tensors fails with: the
+    file, the object, and the safe way forward (safetensors). transformers reads such a file with
+    torch's weights-only unpickler, whose own message suggests weights_only=False: running the
+    file's code, the one fix never to take for a model from someone else."""
+    directory = Path(model).expanduser()
+    found = sorted(directory.glob("pytorch_model*.bin")) if directory.is_dir() else []
+    weights = ", ".join(map(str, found)) or f"the pytorch_model.bin of {str(model)!r}"
+    bin_path = str(found[0]) if len(found) == 1 else "<dir>/pytorch_model.bin"
+    out_dir = str(directory) if found else "<dir>"
+    wanted = re.search(r"GLOBAL ([\w.]+)", str(error))
+    what = wanted.group(1) if wanted else "not plain data"
+    convert = (f"import torch; from safetensors.torch import save_file; "
+               f"sd = torch.load({bin_path!r}, weights_only=True); "
+               f"save_file({{k: v.clone().contiguous() for k, v in sd.items() if isinstance(v, torch.Tensor)}}, "
+               f"{out_dir + '/model.safetensors'!r})")
+    return CheckpointError(
+        f"{weights}: refused, not loaded: the model's weights file holds a pickled Python object ({what}) beside "
+        f"its tensors, and loading it would run code from the file (torch's hint to pass weights_only=False does "
+        f"exactly that; don't). headcount reads transformers weights as safetensors, or as a pytorch_model.bin "
+        f"of plain tensors. Download the model's model.safetensors if its publisher has one (`hf download <hub id> "
+        f"--include '*.safetensors' '*.json' '*.model' '*.txt' --local-dir <dir>`), or convert the weights once, in "
+        f"an environment you trust with the file: python -c \"{convert}\" (if {what} is plain data, such as a "
+        f"numpy scalar, load inside `with torch.serialization.safe_globals([{what}]):`; "
+        f"if it is a function, the file carries code: take the weights from elsewhere), or load it there with "
+        f"from_pretrained and save it with save_pretrained(<dir>) (transformers 5 writes safetensors; older "
+        f"versions: save_pretrained(<dir>, safe_serialization=True)); then remove pytorch_model.bin from <dir>.")
+
+
+# What torch's weights-only unpickler raises, through transformers' from_pretrained, for a
+# pytorch_model.bin that pickles more than tensors: loaders turn it into refused_pickle's message.
+PickleRefusal = pickle.UnpicklingError

@@ -64,7 +64,7 @@ from torch import Tensor, nn
 
 from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
-from headcount.models.checkpoint import save_checkpoint
+from headcount.models.checkpoint import PickleRefusal, refused_pickle, save_checkpoint
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.hf_source import PretrainedModelUnavailable, check_loading_report, resolve_source, unavailable
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
@@ -669,6 +669,8 @@ def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
                                                            attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
         raise unavailable(source, error) from None
+    except PickleRefusal as error:  # a pytorch_model.bin that pickles code: refused, with the safe way forward
+        raise refused_pickle(name_or_dir, error) from None
     check_loading_report(source.label, type(hf).__name__, report, allow_weights)
     return HFSeq2Seq(hf).eval()
 

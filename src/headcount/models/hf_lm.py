@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
-from headcount.models.checkpoint import save_checkpoint
+from headcount.models.checkpoint import PickleRefusal, refused_pickle, save_checkpoint
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.hf import _cache_argument
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
@@ -527,6 +527,8 @@ def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = No
                                                          attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
         raise unavailable(source, error) from None
+    except PickleRefusal as error:  # a pytorch_model.bin that pickles code: refused, with the safe way forward
+        raise refused_pickle(name_or_dir, error) from None
     check_loading_report(source.label, type(hf).__name__, report, allow_weights)
     if source.gguf_file is not None:
         # dequantised to plain weights: the GGUF quantisation record would stop the checkpoint's

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headcount.io import atomic_path, read_lines, write_json
+from headcount.io import HeadcountError, atomic_path, read_lines, write_json
 
 # The per-sentence file beside a scores JSON: what paired bootstrap intervals read.
 NLL_COLUMNS = ("sentence", "nll", "tokens")
@@ -51,7 +51,10 @@ def score_text(model_path: str, tokenizer_path: str, text: str, split: str, max_
     model = load_model(model_path).to(dev).eval()
     kind = kind_of(model)
     if kind.objective == "translation":
-        raise ValueError(f"{model_path} is a translation model; its quality is BLEU (rule score), not perplexity")
+        # The import refuses this (training_runs.import_pretrained_baseline); a model put here by hand is not.
+        raise HeadcountError(f"{model_path}: a translation model, and perplexity is a language model's quality: "
+                             f"this experiment's config key 'text' asks for a causal or masked language model. Set "
+                             f"pretrained to one, or analyse this model with train/dev/test and src_lang/tgt_lang")
     lines = read_lines(text)
     nll, tokens = text_nll(model, open_tokenizer(tokenizer_path, "source"), lines, max_tokens)
     record = quality_record(split, nll, tokens, kind.name)

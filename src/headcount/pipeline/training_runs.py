@@ -107,7 +107,17 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
     model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"),
                               allow_weights=allow_weights)
-    if kind_of(model).objective != "translation":  # a language model: one language, no language codes
+    # What the experiment asked for, where its config.json could not tell before the import
+    # (config.declared_kind): config.load_experiments gives a text: experiment src_lang = tgt_lang =
+    # its lang, and refuses a translation experiment whose two languages are one.
+    wanted_lm, is_lm = src_lang == tgt_lang, kind_of(model).objective != "translation"
+    if wanted_lm != is_lm:
+        from headcount.config import kind_mismatch
+
+        what = (f"a {model.family.name} {getattr(model, 'model_kind', 'language')} model" if is_lm
+                else f"an encoder-decoder model ({model.family.name})")
+        raise HeadcountError(kind_mismatch(None, source, wanted_lm, what))
+    if is_lm:  # a language model: one language, no language codes
         summary = {"pretrained": str(source), "family": model.family.name, "model_kind": model.model_kind,
                    "lang": src_lang, "model_config": json.loads(model.cfg.to_json_string()),
                    "heads": model.head_counts(), "parameters": sum(p.numel() for p in model.parameters()),
