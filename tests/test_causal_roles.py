@@ -239,7 +239,9 @@ def test_syntactic_statistics_of_a_decoder_only_model_run_on_its_causal_maps():
 
 def test_roles_of_a_decoder_only_model_and_their_precedence():
     assert role_names("decoder_only") == ["positional", "syntactic", "rare", "induction", "sink", "none"]
-    assert role_precedence("decoder_only") == ("induction", "rare", "syntactic", "positional", "sink")
+    assert role_precedence("decoder_only") == ("induction", "rare", "syntactic", "sink", "positional")
+    assert role_precedence("encoder_only") == ("rare", "syntactic", "sink", "positional")
+    assert role_precedence() == ("rare", "syntactic", "positional")  # an encoder-decoder's, as before
     assert role_names("encoder_only") == ["positional", "syntactic", "rare", "sink", "none"]
     assert role_names() == ["positional", "syntactic", "rare", "none"]  # an encoder-decoder's, as before
     model, segmenter = planted_model(), PieceSegmenter()
@@ -249,8 +251,8 @@ def test_roles_of_a_decoder_only_model_and_their_precedence():
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"], kind="decoder_only",
                          statistics={"induction": induction, "sink": stats["sink"]}).set_index("head")
     # head 1 (induction) looks at itself on text without repeats: positional too, induction first;
-    # head 3 (0.6 on BOS, the rest on the previous token) is a sink and positional: positional first
-    assert roles["role"].tolist() == ["positional", "induction", "sink", "positional"]
+    # head 3 (0.6 on BOS, the rest on the previous token) is a sink and positional: sink first
+    assert roles["role"].tolist() == ["positional", "induction", "sink", "sink"]
     assert roles["is_positional"].tolist() == [True, True, False, True]
     assert roles["is_sink"].tolist() == [False, False, True, True]
     assert roles.loc[1, "statistic"] == roles.loc[1, "induction_score"]
@@ -262,6 +264,29 @@ def test_roles_of_a_decoder_only_model_and_their_precedence():
     with pytest.raises(ValueError, match="induction"):
         assign_roles(stats["positional"], stats["syntactic"], stats["rare"], kind="decoder_only",
                      statistics={"sink": stats["sink"]})
+
+
+def test_sink_outranks_positional_but_not_the_conditional_roles():
+    """Five heads on hand-made tables, each qualifying for the sink (share >= 0.5) and one more
+    role but the last: 0 positional (SmolLM2's 14.3: 0.94 on BOS) -> sink; 1 syntactic -> syntactic;
+    2 rare-token -> rare; 3 induction -> induction; 4 positional with 0.3 on BOS -> positional."""
+    heads = range(5)
+    positional = pd.DataFrame({"layer": 0, "head": heads, "offset": -1,
+                               "fraction": [0.95, 0.2, 0.2, 0.2, 0.95]})
+    syntactic = pd.DataFrame({"relation": "obj", "direction": "head->dep", "name": "v->o", "layer": 0, "head": heads,
+                              "accuracy": [0.3, 0.9, 0.3, 0.3, 0.3], "n": 50, "baseline_offset": -1,
+                              "baseline_accuracy": 0.4})
+    rare = pd.DataFrame({"layer": 0, "head": heads, "rate_rarest": 0.1, "rate_two_rarest": [0.1, 0.1, 0.8, 0.1, 0.1],
+                         "n_sentences": 40})
+    induction = pd.DataFrame({"layer": 0, "head": heads, "induction_score": [0.0, 0.0, 0.0, 0.45, 0.0],
+                              "duplicate_score": 0.0, "previous_score": 0.0, "shifted_induction_score": 0.0})
+    sink = pd.DataFrame({"layer": 0, "head": heads, "sink_share": [0.94, 0.6, 0.7, 0.5, 0.3]})
+    roles = assign_roles(positional, syntactic, rare, kind="decoder_only",
+                         statistics={"induction": induction, "sink": sink})
+    assert roles["role"].tolist() == ["sink", "syntactic", "rare", "induction", "positional"]
+    assert roles["is_positional"].tolist() == [True, False, False, False, True]  # the flag stays
+    assert roles["is_sink"].tolist() == [True, True, True, True, False]
+    assert roles.loc[0, "statistic"] == 0.94  # the sink share is the number behind head 0's role
 
 
 def test_find_head_roles_on_a_decoder_only_model(tmp_path, monkeypatch):
@@ -284,7 +309,7 @@ def test_find_head_roles_on_a_decoder_only_model(tmp_path, monkeypatch):
     roles, _ = role_finding.find_head_roles("model.pt", "spm", str(tmp_path / "parses.parquet"),
                                             str(tmp_path / "train.txt"), False, settings, out,
                                             analysis_src=str(tmp_path / "dev.txt"), log=quiet)
-    assert roles["role"].tolist() == ["positional", "induction", "sink", "positional"]
+    assert roles["role"].tolist() == ["positional", "induction", "sink", "sink"]
     assert pd.read_csv(out["induction"])["induction_score"].gt(0.5).tolist() == [False, True, False, False]
     assert pd.read_csv(out["sink"])["sink_share"].ge(0.5).tolist() == [False, False, True, True]
     assert "n_unanswerable" in pd.read_csv(out["syntactic"]).columns

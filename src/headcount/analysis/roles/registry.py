@@ -141,7 +141,7 @@ def _rare(table: pd.DataFrame, rules: dict) -> pd.Series:
 
 
 register_role(Role(
-    "positional", "positional", "#7b3fa0", 2, _positional_columns, _positional,
+    "positional", "positional", "#7b3fa0", 3, _positional_columns, _positional,
     lambda rules: "positional_fraction_paper" if rules["positional_share"] == "all" else "positional_fraction",
     qualifies_paper=_positional_paper))
 register_role(Role(
@@ -180,16 +180,23 @@ register_role(Role(
 # the text's queries (the sink's own query, which in a causal model sees only itself, left out).
 # Threshold 0.5: most of what the head adds to the residual stream is the sink's value, a near no-op,
 # so the head does little else; looser cuts (Gu et al. 2024, "When attention sink emerges", count a
-# head at a mean share of 0.3) keep heads that split between the sink and a real function. Last in
-# precedence: a head whose attention beyond the sink is positional, syntactic or rare-token (those
-# statistics leave the sink out) gets that role, and `sink` names the heads that do nothing else.
-# Not computed for encoder-decoder models, whose roles stay those of Voita et al. (2019); their EOS
-# share is in SinkStats' table all the same.
+# head at a mean share of 0.3) keep heads that split between the sink and a real function.
+# Precedence: above positional, below induction, rare-token and syntactic. The positional,
+# syntactic and rare-token statistics take argmaxes with the sink left out (as Voita et al. leave
+# out EOS), so they say where the rest of a head's attention peaks, not how much of it there is.
+# Syntactic and rare-token roles are conditional functions, scored only on the words (or
+# sentences) where they apply: a head that attends to the sink elsewhere and to the object of a
+# verb from the verb is doing what Clark et al. (2019) describe, [SEP]/[CLS] as the no-op a head
+# takes where its function does not apply, so those roles outrank the sink. The positional role
+# is scored over every query, so a head with most of its mass on the sink puts a minority of it
+# at the offset on a typical query (SmolLM2-135M's head 14.3: 94% on BOS, argmax beyond it at one
+# offset): its output is the sink's value with a trace of the neighbour's, a sink head. Induction
+# is measured as attention mass, not an argmax, and stays first.
 SINK_THRESHOLD = 0.5
 
 
 register_role(Role(
-    "sink", "attention sink", "#8c564b", 3,
+    "sink", "attention sink", "#8c564b", 2,
     lambda statistics, rules: statistics["sink"][["layer", "head", "sink_share"]],
     lambda table, rules: table["sink_share"].fillna(0) >= rules["sink_threshold"],
     lambda rules: "sink_share", kinds=("decoder_only", "encoder_only"), needs=("sink",),
@@ -224,8 +231,8 @@ def assign_roles(positional: pd.DataFrame, syntactic: pd.DataFrame, rare: pd.Dat
     and more specific ones (a head that beats the positional baseline by 10 points is doing more
     than attending to a fixed offset), and the flags is_positional / is_syntactic / is_rare keep
     every qualification. `statistic` is the number behind the role (two-rarest rate, accuracy
-    margin, or fraction). Decoder-only models add induction (first) and sink (last), encoder-only
-    ones sink: see their Roles for why there.
+    margin, or fraction). Decoder-only models add induction (first) and sink (before positional),
+    encoder-only ones sink: see their Roles for why there.
 
     The paper's reading is kept beside the project's wherever they differ: is_positional_paper
     (share over all queries), is_rare_paper (plain "> rare_threshold", no margin), and role_paper,
