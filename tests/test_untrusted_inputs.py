@@ -4,6 +4,7 @@ checkpoint runs code or hangs its reader, and each refusal names the key or file
 import copy
 import json
 import os
+import random
 import re
 import signal
 from contextlib import contextmanager
@@ -391,3 +392,138 @@ def test_a_pickled_pytorch_model_bin_is_refused_with_the_safe_way_forward(tmp_pa
     exec(re.search(r'python -c "(.*?)" \(', message).group(1), {})
     (directory / "pytorch_model.bin").unlink()
     assert type(load_pretrained_lm(directory)).__name__ == "HFCausalLM"
+
+
+# --------------------------------------------------------------------------------------------
+# Fuzz: random and adversarial values in every path-like slot of a config
+
+
+ADVERSARIAL = ["../x", "../../../x/escape", "/etc/passwd", "/tmp", "~/x", "~", "..", ".", "", "a/../../b", "a/./b",
+               "a//b", "a/", "/", "a\x00b", "a\nb", "C:\\x", "\\\\server\\share", "..\\..\\x", "%2e%2e/x",
+               "x" * 300, "ü/../x", "a b", "-rf", "${HOME}", "{exp}", "*", "results", "resources/data", ".snakemake",
+               "toy/../toy/val.en.gz", 7, None, [], {}, ["../x"], {"../x": 1},
+               "toy_2", "A9", "a_b.c-d+e", "toy/sub/val.en.gz"]  # the last few are allowed
+ALPHABET = "ab./\\~_-+=:\x00 {}$*ü"
+
+
+SLOTS = ("source key", "experiment name", "test set name", "compare name", "member", "side source", "run entry",
+         "treebank", "positive control", "column")
+
+
+def _random_value(rng: random.Random):
+    if rng.random() < 0.6:
+        return rng.choice(ADVERSARIAL)
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 12)))
+
+
+def _rename(mapping: dict, old, new) -> None:
+    """Rename a key in place, keeping the order (and the value)."""
+    items = list(mapping.items())
+    mapping.clear()
+    mapping.update((new if k == old else k, v) for k, v in items)
+
+
+def _mutate(config: dict, rng: random.Random, slots=SLOTS) -> str:
+    """Put an adversarial value in one path-like slot of the toy config (the slots a first mutation
+    left in place); -> which."""
+    name = next(iter(config["experiments"]))
+    exp = config["experiments"][name]
+    value = _random_value(rng)
+    key = value if isinstance(value, str) else str(value)
+    slot = rng.choice(slots)
+    pairs = [*exp["train"], exp["dev"], *exp["test"].values()]
+    if slot == "source key":
+        old = rng.choice(sorted(config["sources"]))
+        _rename(config["sources"], old, key)
+        for pair in pairs if rng.random() < 0.7 else []:  # the sides that read it follow the new key
+            for lang in ("src", "tgt"):
+                if pair[lang] == old:
+                    pair[lang] = key
+    elif slot == "experiment name":
+        _rename(config["experiments"], name, key)
+        config["run"] = [key]
+    elif slot == "test set name":
+        _rename(exp["test"], next(iter(exp["test"])), key)
+    elif slot == "compare name":
+        config["compare"] = {key: [name, name]}
+    elif slot == "member":
+        exp["dev"]["src"] = {"source": exp["dev"]["src"], "member": value}
+    elif slot == "side source":
+        exp["train"][0]["tgt"] = value
+    elif slot == "run entry":
+        config["run"] = [value]
+    elif slot == "treebank":
+        config["defaults"]["roles"]["treebanks"] = [value]
+    elif slot == "positive control":
+        exp["positive_control"] = value
+    else:
+        exp["dev"]["tgt"] = {"source": exp["dev"]["tgt"], "column": value}
+    return f"{slot} = {value!r}"
+
+
+def _stays_inside(experiments: dict, config: dict) -> None:
+    for name in experiments:
+        assert not escapes("results", name), name
+    for key in config["sources"]:
+        assert not escapes("resources/data", key), key
+
+
+def test_fuzzed_configs_end_in_a_named_error_or_stay_inside_the_project(tmp_path):
+    """Seeded, bounded: every mutated config either loads, with every path inside the project, or
+    is refused with the config's own error (each problem naming its key), never another exception."""
+    rng = random.Random(59)
+    base = smoke_config(tmp_path / "mirror")
+    base.pop("compare", None)
+    base["experiments"] = {"toy": base["experiments"]["toy"]}
+    outcomes = {"loaded": 0, "refused": 0}
+    for _ in range(150):
+        config = copy.deepcopy(base)
+        what = _mutate(config, rng)
+        if rng.random() < 0.3:
+            what += "; " + _mutate(config, rng)
+        try:
+            experiments = load_experiments(config, SCHEMA)
+        except ConfigError as error:
+            outcomes["refused"] += 1
+            assert "config key '" in str(error), (what, str(error))
+            continue
+        except Exception as error:  # pragma: no cover - what the test is for
+            raise AssertionError(f"{what}: {type(error).__name__}: {error}") from error
+        outcomes["loaded"] += 1
+        _stays_inside(experiments, config)
+    assert outcomes["refused"] > 50 and outcomes["loaded"] >= 5, outcomes  # both paths exercised
+
+
+def _planned_paths(output: str) -> list[str]:
+    """Every output and log file a dry run's job listing names."""
+    paths = []
+    for line in output.splitlines():
+        field, _, listed = line.strip().partition(": ")
+        if field in ("output", "log") and listed:
+            paths += [p.strip() for p in listed.split(", ")]
+    return paths
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzzed_configs_in_a_dry_run_plan_nothing_outside_and_show_no_traceback(tmp_path, seed):
+    """A handful of fuzzed configs (the slots that name written files: source keys, experiment and
+    test set names) through `snakemake -n` in a project of their own: the run plans only files
+    inside the project, or fails with the configuration's message; nothing is written beside it."""
+    from conftest import make_toy_mirror
+
+    rng = random.Random(1000 + seed)
+    project = tmp_path / "a/b/project"
+    project.mkdir(parents=True)
+    config = smoke_config(make_toy_mirror(tmp_path))
+    what = _mutate(config, rng, slots=("source key", "experiment name", "test set name"))
+    before = files_under(tmp_path, project)
+    result = snakemake("-n", "--cores", "1", "--configfile", write_config(project / "fuzz.yaml", config),
+                       cwd=project, timeout=120)
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, (what, output[-3000:])
+    assert result.returncode == 0 or "the configuration is invalid" in output or "data mirror" in output, \
+        (what, output[-3000:])
+    planned = _planned_paths(output)
+    assert result.returncode != 0 or planned, output[-2000:]
+    assert not [p for p in planned if escapes(project, p)], what
+    assert files_under(tmp_path, project) == before, what
