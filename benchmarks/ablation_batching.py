@@ -1,5 +1,6 @@
 """Single-head ablation, one head per dev pass (the old loop) against several heads per forward pass
-(importance.head_ablation's heads_per_pass), on a random Llama-shaped causal LM with grouped-query
+(importance.head_ablation's heads_per_pass; also at 1 head per pass, which separates batching from
+forming logits at target positions only), on a random Llama-shaped causal LM with grouped-query
 attention: wall time of the whole ablation, both sides alternating in one process, each keeping its
 fastest run, and the largest difference of their delta_loss.
 
@@ -62,21 +63,25 @@ def main() -> None:
     texts = [[rng.randrange(3, SIZE["vocab"]) for _ in range(rng.randint(8, 24))] for _ in range(args.sentences)]
     print(f"machine: {platform.machine()}, {platform.processor() or 'cpu'}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads; model {SIZE}, {args.sentences} sentences")
-    print("| dev batches (max_tokens) | batches | heads | one at a time (s) | batched (s) | ratio | max diff |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| dev batches (max_tokens) | batches | heads | one at a time (s) | 1 head per pass (s) | "
+          f"{HEADS_PER_PASS} per pass (s) | ratio | max diff |")
+    print("|---|---|---|---|---|---|---|---|")
     for max_tokens in (2000, 250):
         batches = dev_batches(texts, texts, max_tokens, special=model.special, objective="causal_lm")
-        best = {"one": float("inf"), "batched": float("inf")}
+        best = {"one": float("inf"), "single": float("inf"), "batched": float("inf")}
         for _ in range(args.repeats):  # alternating, each side's fastest kept: the machine is shared
             start = time.perf_counter()
             reference = one_head_at_a_time(model, batches)
             best["one"] = min(best["one"], time.perf_counter() - start)
+            start = time.perf_counter()  # the new path without batching: logits at targets only
+            head_ablation(model, batches, heads_per_pass=1)
+            best["single"] = min(best["single"], time.perf_counter() - start)
             start = time.perf_counter()
             table = head_ablation(model, batches, heads_per_pass=HEADS_PER_PASS)
             best["batched"] = min(best["batched"], time.perf_counter() - start)
         diff = max(abs(r.delta_loss - reference[(r.type, r.layer, r.head)]) for r in table.itertuples())
-        print(f"| {max_tokens} | {len(batches)} | {len(reference)} | {best['one']:.1f} | {best['batched']:.1f} | "
-              f"{best['one'] / best['batched']:.2f} | {diff:.1e} |")
+        print(f"| {max_tokens} | {len(batches)} | {len(reference)} | {best['one']:.1f} | {best['single']:.1f} | "
+              f"{best['batched']:.1f} | {best['one'] / best['batched']:.2f} | {diff:.1e} |")
 
 
 if __name__ == "__main__":
