@@ -193,6 +193,10 @@ def _lm_problems(name: str, exp: dict, partial: dict) -> list[str]:
     if exp["prune"]["select"] != "last":
         problems.append(f"{key}.prune.select': {exp['prune']['select']} selects by dev BLEU, and a language model "
                         f"translates nothing; set prune.select: last")
+    if exp.get("objective") and exp["prune"]["heal_steps"]:
+        problems.append(f"{key}.prune.heal_steps': {exp['prune']['heal_steps']}, but objective {exp['objective']} "
+                        f"prunes with the gates alone (the loss is the distance to the model's own unpruned embedding, "
+                        f"which trained weights would move); set prune.heal_steps: 0")
     if (partial.get("prune") or {}).get("lambdas", {}).get("enc"):
         problems.append(f"{key}.prune.lambdas.enc': a language model has one kind of attention, so its only "
                         f"pruning setting is all; set prune.lambdas.enc: [] and give the grid as prune.lambdas.all")
@@ -473,6 +477,9 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp.get("pretrained_langs") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.pretrained_langs': only a pretrained model has its own "
                             f"language codes; remove it or set pretrained")
+        if exp.get("objective") and not is_lm_experiment(exp):
+            problems.append(f"config key 'experiments.{name}.objective': a sentence encoder is analysed on text of one "
+                            f"language; give text: {{train, dev, test}}, lang and pretrained, or remove objective")
         if exp.get("allow_weights") and not is_pretrained(exp):
             problems.append(f"config key 'experiments.{name}.allow_weights': only a pretrained model is imported with "
                             f"a load report; remove it or set pretrained")

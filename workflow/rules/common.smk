@@ -33,11 +33,12 @@ from headcount.config import (
     scratch_schedule,
     scratch_training,
 )
-from headcount.analysis.measures import MEASURES, score_names
+from headcount.analysis.measures import MEASURES, score_names, score_undefined
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import (
     SETTINGS,
     lm_settings,
+    ranked_method,
     ranked_methods,
     ranked_pattern,
     settings_pattern,
@@ -110,6 +111,14 @@ PRETRAINED_EXPERIMENTS = experiment_pattern(
 )
 TRAINED_EXPERIMENTS = experiment_pattern(
     n for n, e in EXPERIMENTS.items() if not is_pretrained(e)
+)
+# Pretrained experiments with an `objective` (a sentence encoder's `sentence_embedding`): imported
+# by their own rule, import_with_objective, so that import_pretrained's jobs keep the params they ran with.
+OBJECTIVE_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if is_pretrained(e) and e.get("objective")
+)
+PLAIN_PRETRAINED_EXPERIMENTS = experiment_pattern(
+    n for n, e in EXPERIMENTS.items() if is_pretrained(e) and not e.get("objective")
 )
 
 
@@ -546,6 +555,18 @@ def pruning_report_inputs(wildcards):
     }
 
 
+def exp_ranked_methods(exp):
+    """The ranked methods with a curve in a language-model experiment: those whose score column
+    its model gets (a sentence encoder has no Michel importance: measures.score_undefined).
+    """
+    objective = EXPERIMENTS[exp].get("objective")
+    return [
+        m
+        for m in ranked_methods()
+        if not score_undefined(ranked_method(m).score, objective)
+    ]
+
+
 def lm_pruning_report_inputs(wildcards):
     """A language model's pruned models and ranked curves with the baseline's perplexity."""
     exp, split = wildcards.exp, prune_eval_split(wildcards.exp)
@@ -558,7 +579,7 @@ def lm_pruning_report_inputs(wildcards):
         "pruned_nll": [f"results/{exp}/{m}/scores/{split}.nll.tsv" for m in models],
         "ranked": [
             f"results/{exp}/prune/{s}/{m}.tsv"
-            for m in ranked_methods()
+            for m in exp_ranked_methods(exp)
             for s in prune_settings(exp)
         ],
     }

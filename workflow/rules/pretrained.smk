@@ -16,7 +16,7 @@ rule import_pretrained:
     benchmark:
         benchmark_path("import_pretrained")
     wildcard_constraints:
-        exp=PRETRAINED_EXPERIMENTS,
+        exp=PLAIN_PRETRAINED_EXPERIMENTS,
     conda:
         ENV
     resources:
@@ -30,6 +30,39 @@ rule import_pretrained:
         model_langs=lambda w: exp_config(w).get("pretrained_langs"),
     script:
         "../scripts/import_pretrained.py"
+
+
+# An experiment with an `objective` (objective: sentence_embedding, a sentence encoder analysed
+# through its pooled embedding) is imported by this twin of import_pretrained, which passes it on:
+# a new parameter of import_pretrained itself would change the recorded params of every pretrained
+# experiment's import and rerun them and all that follows.
+rule import_with_objective:
+    """Import a pretrained model as the experiment's baseline under the objective the experiment names."""
+    input:
+        pretrained_source,
+    output:
+        model="results/{exp}/baseline/model.pt",
+        summary="results/{exp}/baseline/training.json",
+        tokenizer=directory("results/{exp}/pretrained/tokenizer"),
+    log:
+        log_path("import_pretrained"),
+    benchmark:
+        benchmark_path("import_pretrained")
+    wildcard_constraints:
+        exp=OBJECTIVE_EXPERIMENTS,
+    conda:
+        ENV
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    params:
+        source=lambda w: pretrained_location(exp_config(w)),
+        allow_weights=lambda w: exp_config(w).get("allow_weights"),
+        src_lang=lambda w: exp_config(w)["src_lang"],
+        tgt_lang=lambda w: exp_config(w)["tgt_lang"],
+        objective=lambda w: exp_config(w)["objective"],
+    script:
+        "../scripts/import_with_objective.py"
 
 
 # A model shipped inside a registry package (`pretrained: {package, version, file, sha256}`): taken

@@ -25,6 +25,8 @@ from torch import Tensor
 from headcount.analysis.tables import KEYS, head_rows
 from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.special import SpecialIds
+from headcount.io import HeadcountError
+from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, cosine_distance, embedding_distance
 from headcount.models.seq2seq import MODEL_KINDS, Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
 
@@ -101,7 +103,7 @@ def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]
     for batch in batches:
         src, tgt_in = _on_device(batch[:2], model)
         _, attentions = model(src, tgt_in, need_weights=True)
-        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self, kind_of(model).name)
+        masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self, kind_of(model).layout)
         for kind, (query_keep, key_keep) in masks.items():
             per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
             sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
@@ -114,7 +116,11 @@ def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]
 
 
 def summed_nll(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, int]:
-    """Teacher-forced NLL summed over the real target tokens (a sentence's loss, not a mean)."""
+    """Teacher-forced NLL summed over the real target tokens (a sentence's loss, not a mean). A
+    sentence encoder's: its sentences' embedding distances to the unpruned model, one unit each."""
+    if kind_of(model).objective == SENTENCE_EMBEDDING:
+        distance = embedding_distance(model, src)  # (B,)
+        return distance.sum(), len(distance)
     logits, _ = model(src, tgt_in)
     real = tgt_out.ne(model.special.pad)
     logits = logits[real].to(torch.promote_types(logits.dtype, torch.float32))  # (N, V)
@@ -146,6 +152,10 @@ class HeadContexts:
             h.remove()
 
 
+class MeasureUndefined(HeadcountError):
+    """An importance measure asked of a model whose objective makes it meaningless."""
+
+
 @torch.enable_grad()
 def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
     """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
@@ -155,7 +165,14 @@ def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor
     real (non-padding) query positions of each attention: source tokens for encoder
     self-attention, decoder input tokens for the decoder's. Columns: michel (normalised) and
     michel_raw (the token average before normalisation).
+
+    Not for a sentence encoder: its loss, the distance to the unpruned model's embedding, is at
+    its minimum at the unpruned model, so every gradient, and the score, is 0 there.
     """
+    from headcount.analysis.measures import MICHEL_UNDEFINED  # measures computes through this module
+
+    if kind_of(model).objective in MICHEL_UNDEFINED:
+        raise MeasureUndefined(MICHEL_UNDEFINED[kind_of(model).objective])
     model.eval()
     sums: dict[str, Tensor] = {}
     counts: dict[str, int] = {}
@@ -226,8 +243,12 @@ def masked_mean_nlls(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]
     model's masks: each batch is copied once per head and run in one forward pass, copy i with
     head i masked (gates.row_head_masks). Logits are formed only at the target positions, LOSS_ROWS
     at a time (a masked LM scores ~15% of its positions, and padding none); each copy's NLL is
-    summed in float64."""
+    summed in float64. A sentence encoder's loss per copy is its embedding distance to the
+    unpruned model's pass over the batch, every head open in every row (`_masked_mean_distances`)."""
     from headcount.models.gates import row_head_masks  # gates imports the model contract, as this does
+
+    if kind_of(model).objective == SENTENCE_EMBEDDING:
+        return _masked_mean_distances(model, batches, heads)
 
     model.eval()
     k = len(heads)
@@ -254,6 +275,34 @@ def masked_mean_nlls(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]
                 0, copy[start:start + LOSS_ROWS], nll.double()).cpu()
         tokens += int(tgt_out.ne(model.special.pad).sum())
     return (totals / max(tokens, 1)).tolist()
+
+
+@torch.no_grad()
+def _masked_mean_distances(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
+                           heads: Sequence[tuple[str, int, int]]) -> list[float]:
+    """masked_mean_nlls of a sentence encoder: the mean per sentence of the embedding distance with
+    each of `heads` masked alone, copy i of each batch with head i masked (gates.row_head_masks),
+    against the reference pass over the batch itself (every head open: it runs outside the row
+    masks, and only once for all copies)."""
+    from headcount.models.gates import row_head_masks
+
+    model.eval()
+    k = len(heads)
+    widths = {kind: mask.shape for kind, mask in model.head_mask().items()}
+    totals, sentences = torch.zeros(k, dtype=torch.float64), 0
+    for batch in batches:
+        src = _on_device(batch[:1], model)[0]
+        B = src.shape[0]
+        reference = model.reference_embedding(src)  # (B, D)
+        masks = {kind: torch.ones(k * B, *widths[kind], device=src.device) for kind in {kind for kind, _, _ in heads}}
+        for i, (kind, layer, head) in enumerate(heads):
+            masks[kind][i * B:(i + 1) * B, layer, head] = 0.0
+        with row_head_masks(model, masks):
+            embedding = model.sentence_embedding(_replicated(src, k))  # (k * B, D)
+        distance = cosine_distance(embedding, _replicated(reference, k))  # (k * B,)
+        totals += distance.view(k, B).sum(dim=1).cpu()
+        sentences += B
+    return (totals / max(sentences, 1)).tolist()
 
 
 def head_ablation(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from headcount.analysis.tables import KEYS
+from headcount.models.seq2seq import SENTENCE_EMBEDDING
 
 
 @dataclass
@@ -42,6 +43,9 @@ class Measure:
     ranked: bool = True  # ranked against the reference in the correlation table
     reference: bool = False  # the causal reference the ranked scores are compared with (ablation)
     optional: bool = False  # computed only when the settings ask (heads.ablation)
+    # Model objectives (seq2seq.ModelKind.objective) the measure means nothing for, each with why:
+    # its columns are left out of their score tables and the log says why (pipeline.head_scores).
+    undefined_for: dict[str, str] = field(default_factory=dict)
 
     @property
     def score(self) -> str:
@@ -74,6 +78,18 @@ def score_names(optional: bool = True) -> list[str]:
 
 def order_score() -> str:
     return MEASURES[ORDER_BY].score
+
+
+def undefined_measures(objective: str | None) -> dict[str, str]:
+    """{measure: why} of the measures a model of this objective does not get."""
+    return {m.name: m.undefined_for[objective] for m in MEASURES.values() if objective in m.undefined_for}
+
+
+def score_undefined(score: str, objective: str | None) -> str | None:
+    """Why a score column is absent from a score table of this objective's model, or None (a
+    ranked pruning method over it has no curve there: the workflow plans none)."""
+    return next((m.undefined_for[objective] for m in MEASURES.values()
+                 if score in m.columns and objective in m.undefined_for), None)
 
 
 def _confidence(inputs: ScoringInputs):
@@ -115,7 +131,14 @@ def _ablation(inputs: ScoringInputs):
 
 
 register_measure(Measure("confidence", ("confidence",), _confidence))
-register_measure(Measure("michel", ("michel", "michel_raw"), _michel))
+# Why Michel et al.'s first-order score says nothing for an objective (importance.michel_importance
+# refuses it; the score table leaves its columns out).
+MICHEL_UNDEFINED = {SENTENCE_EMBEDDING: (
+    "Michel importance |<ctx, dL/dctx>| is identically 0 for a sentence encoder: its loss, the distance of the "
+    "pooled embedding to the unpruned model's, is at its minimum (0) at the unpruned model, so every gradient "
+    "vanishes there; the michel column is left out (single-head ablation measures each head)")}
+
+register_measure(Measure("michel", ("michel", "michel_raw"), _michel, undefined_for=MICHEL_UNDEFINED))
 register_measure(Measure(LRP_MEASURE, ("lrp",), _lrp))
 register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), _ablation, ranked=False, reference=True,
                          optional=True))

@@ -117,15 +117,28 @@ def masked_lm_tensors(ids: list[list[int]], special: SpecialIds, seed: int = 0,
     return pad(inputs, special.pad), torch.zeros(len(ids), 0, dtype=torch.long), pad(outputs, special.pad)
 
 
+def sentence_tensors(ids: list[list[int]], special: SpecialIds) -> tuple[Tensor, Tensor, Tensor]:
+    """A sentence encoder's batch: src = BOS + x + EOS (B, S) ([CLS] x [SEP], as its tokenizer
+    frames a sentence), nothing masked; tgt_in empty (B, 0); tgt_out (B, 1) one non-padding id (BOS)
+    per sentence, so that whatever counts scored targets counts sentences: the loss is one per
+    sentence (its pooled embedding's distance, models.sentence_embedding)."""
+    if any(not x for x in ids):
+        raise ValueError("an empty text has no token to pool; drop empty lines before batching")
+    src = pad([[special.bos, *x, special.eos] for x in ids], special.pad)
+    return src, torch.zeros(len(ids), 0, dtype=torch.long), torch.full((len(ids), 1), special.bos, dtype=torch.long)
+
+
 def objective_tensors(objective: str, src_ids: list[list[int]], tgt_ids: list[list[int]], special: SpecialIds,
                       seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """(src, tgt_in, tgt_out) of an objective (ModelKind.objective). A language model's corpus holds
-    its text on both sides; causal_lm reads the target side, masked_lm the source side. `seed`:
-    the masking draw (masked_lm only)."""
+    its text on both sides; causal_lm reads the target side, masked_lm and sentence_embedding the
+    source side. `seed`: the masking draw (masked_lm only)."""
     if objective == "translation":
         return (source_tensor(src_ids, special), *target_tensors(tgt_ids, special))
     if objective == "causal_lm":
         return causal_lm_tensors(tgt_ids, special)
     if objective == "masked_lm":
         return masked_lm_tensors(src_ids, special, seed)
-    raise ValueError(f"unknown objective {objective!r}: one of translation, causal_lm, masked_lm")
+    if objective == "sentence_embedding":
+        return sentence_tensors(src_ids, special)
+    raise ValueError(f"unknown objective {objective!r}: one of translation, causal_lm, masked_lm, sentence_embedding")

@@ -79,11 +79,13 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
 def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
                       tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
                       src_lang: str | None = None, tgt_lang: str | None = None,
-                      allow_weights: dict | None = None) -> Seq2SeqWithHeads:
+                      allow_weights: dict | None = None, objective: str | None = None) -> Seq2SeqWithHeads:
     """One entry point for a pretrained transformers model, whatever its kind: a causal or masked
     language model (its config's model type is one of hf_lm.LM_FAMILIES) -> hf_lm.import_pretrained_lm,
     an encoder-decoder model -> hf.import_pretrained. Both write a headcount checkpoint to
-    `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them)."""
+    `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them).
+    `objective` (a language model's only): "sentence_embedding" imports an encoder as a sentence
+    encoder (hf_lm.load_pretrained_lm); None, the objective its config says."""
     from headcount.models.hf_lm import import_pretrained_lm, is_language_model
 
     if is_language_model(name_or_dir, offline=offline):
@@ -93,7 +95,12 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
             raise HeadcountError(f"{name_or_dir}: a language model has one tokenizer and no language pair; "
                                  f"leave out pretrained_langs (got {src_lang!r}, {tgt_lang!r})")
         return import_pretrained_lm(name_or_dir, model_out, tokenizer_dir, offline=offline,
-                                    allow_weights=allow_weights)
+                                    allow_weights=allow_weights, objective=objective)
+    if objective is not None:
+        from headcount.io import HeadcountError
+
+        raise HeadcountError(f"{name_or_dir}: an encoder-decoder model, and objective {objective!r} is for an "
+                             f"encoder analysed through its pooled embedding; remove objective")
     from headcount.models.hf import import_pretrained as import_encoder_decoder
 
     return import_encoder_decoder(name_or_dir, model_out, tokenizer_dir, offline=offline, src_lang=src_lang,

@@ -34,7 +34,7 @@ The contract, in short (a model is also a torch nn.Module: parameters, state_dic
   that `load_model` reads back, whatever the family. A checkpoint without "family" (written before
   families existed) is headcount's own.
 
-Three kinds of model (`MODEL_KINDS`, `model.model_kind`), one batch layout. A batch is always the
+Four kinds of model (`MODEL_KINDS`, `model.model_kind`), one batch layout. A batch is always the
 triple (src, tgt_in, tgt_out) and `forward(src, tgt_in)` gives logits aligned with tgt_out, so
 every loss is cross-entropy of those logits against tgt_out at its non-padding positions:
 
@@ -49,6 +49,12 @@ every loss is cross-entropy of those logits against tgt_out at its non-padding p
   masked positions replaced by `special.mask`; tgt_in is empty (B, 0); tgt_out (B, S) holds the
   original id at the masked positions and `special.pad` elsewhere. `encode` is the encoder,
   `logits(hidden)` the masked-LM head, `decode` is not available. Attention type enc_self.
+- sentence_encoder (sentence_embedding): src = BOS + x + EOS ([CLS] x [SEP]), unmasked; tgt_in is
+  empty (B, 0); tgt_out (B, 1) holds one non-padding id per sentence: a sentence is one scored unit,
+  its pooled embedding. There is no cross-entropy: the loss is the embedding's cosine distance to
+  the same model's with every head open and no gates (models.sentence_embedding), and `forward`
+  gives the embedding (B, 1, D) where the others give logits. Attention type enc_self, in
+  encoder_only's layout (`ModelKind.layout`: roles, confidence and examples read it as BERT's).
 
 `attention_modules()`, `head_mask()` and `set_head_mask()` hold the model's own attention types
 only; data.batching makes the batches of each objective.
@@ -83,19 +89,33 @@ class ModelKind:
     """What a model is made of and what it is trained to do. Every analysis and pruning step runs
     on `attention_types` (in ATTENTION_TYPES' order); `objective` says what a batch's targets are
     and how quality is measured (translation: BLEU/chrF; causal_lm: next-token NLL and perplexity;
-    masked_lm: NLL of a fixed, seeded masking)."""
+    masked_lm: NLL of a fixed, seeded masking; sentence_embedding: the pooled embedding's cosine
+    distance to the unpruned model's)."""
 
     name: str
     attention_types: tuple[str, ...]
     objective: str
+    # The kind whose inputs and attention maps this kind's are (the roles, confidence masks and
+    # atlas examples read a model's maps by it); its own name where empty.
+    layout: str = ""
+    # Whether pruning trains the Hard Concrete gates alone, the weights frozen: where the loss is a
+    # distance to the model's own unpruned output, trained weights would move that reference.
+    gates_only: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "layout", self.layout or self.name)
 
 
-# The three kinds of Transformer headcount analyses; defined here once. A model says its own in
+# A sentence encoder's objective (models.sentence_embedding computes its loss), named once.
+SENTENCE_EMBEDDING = "sentence_embedding"
+
+# The kinds of Transformer headcount analyses; defined here once. A model says its own in
 # `model_kind` (a name below); one that says none is an encoder-decoder (older code, checkpoints).
 MODEL_KINDS = {kind.name: kind for kind in (
     ModelKind("encoder_decoder", ATTENTION_TYPES, "translation"),
     ModelKind("decoder_only", ("dec_self",), "causal_lm"),
     ModelKind("encoder_only", ("enc_self",), "masked_lm"),
+    ModelKind("sentence_encoder", ("enc_self",), SENTENCE_EMBEDDING, layout="encoder_only", gates_only=True),
 )}
 
 
@@ -105,7 +125,8 @@ class NotAvailableForKind(HeadcountError):
 
 def kind_with_types(types) -> ModelKind:
     """The kind whose attention types are exactly `types` (a score table's, say): encoder_decoder
-    for all three, decoder_only for dec_self alone, encoder_only for enc_self alone."""
+    for all three, decoder_only for dec_self alone, encoder_only for enc_self alone (a sentence
+    encoder's table reads the same: its layout is encoder_only's)."""
     wanted = set(types)
     for kind in MODEL_KINDS.values():
         if set(kind.attention_types) == wanted:

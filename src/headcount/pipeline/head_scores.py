@@ -8,7 +8,14 @@ import pandas as pd
 
 from headcount.analysis.correlations import rank_correlations
 from headcount.analysis.importance import dev_batches
-from headcount.analysis.measures import LRP_MEASURE, MEASURES, ScoringInputs, reference_score, score_table
+from headcount.analysis.measures import (
+    LRP_MEASURE,
+    MEASURES,
+    ScoringInputs,
+    reference_score,
+    score_table,
+    undefined_measures,
+)
 from headcount.io import atomic_path, read_lines
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
@@ -31,7 +38,9 @@ def score_heads(
 
     A language model (seq2seq.kind_of: decoder_only or encoder_only) reads its analysis text on
     both sides (its objective's batches, data.batching.objective_tensors; `translations` is that
-    text, too); ablation has no delta_bleu (nothing is translated). A model whose `lrp_forward`
+    text, too); ablation has no delta_bleu (nothing is translated). A measure undefined for the
+    model's objective (measures.Measure.undefined_for: a sentence encoder's Michel importance) is
+    left out, the log saying why. A model whose `lrp_forward`
     is not implemented (NotImplementedError: hf_lm.LRPNotImplemented) gets no lrp column, and the
     log and `out_conservation` say why; once it is implemented, LRP runs with the others. Nor
     does a model whose LRP relevance is not conserved within relevance.CONSERVATION_TOLERANCE at
@@ -62,13 +71,16 @@ def score_heads(
     lrp_missing = _lrp_unavailable(model)
     if lrp_missing:
         log(f"no LRP relevance (the lrp column is left out): {lrp_missing}")
+    undefined = undefined_measures(objective)  # a sentence encoder's Michel importance, say
+    for name, why in undefined.items():
+        log(f"no {name} columns: {why}")
     log(f"scoring heads on {len(src)} sentences on {dev} (LRP rule {lrp_rule}, ablation {ablation})")
     # LRP's cost against a forward+backward pass is measured by `make bench`, not here: timing it
     # cost the job a pass over every batch that served only a log line.
     inputs = ScoringInputs(model, batches_of(references), batches_of(hyps), lrp_rule,
                            bleu_fn if ablation_bleu_sentences else None, log)
     measures = [m.name for m in MEASURES.values() if (ablation or not m.optional)
-                and not (lrp_missing and m.name == LRP_MEASURE)]
+                and not (lrp_missing and m.name == LRP_MEASURE) and m.name not in undefined]
     table = score_table(inputs, measures)
     correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
     if lrp_missing:

@@ -4,7 +4,10 @@ table of a language-model experiment with each pruned model's NLL difference fro
 its paired bootstrap interval. What lm_quality.py and lm_pruning_report.py call (ranked_curve.py
 through pruning_runs.ranked_curve).
 
-Lower is better throughout: NLL is in nats per token, perplexity exp(NLL)."""
+Lower is better throughout: NLL is in nats per token, perplexity exp(NLL). A sentence encoder
+(objective sentence_embedding) has neither: its quality is the mean cosine distance of its pooled
+embedding to the unpruned model's (models.sentence_embedding; 0 for the baseline), each sentence one
+unit, so the same per-sentence files and paired intervals carry it under the name `distance`."""
 
 from __future__ import annotations
 
@@ -18,11 +21,21 @@ from headcount.io import HeadcountError, atomic_path, read_lines, write_json
 
 # The per-sentence file beside a scores JSON: what paired bootstrap intervals read.
 NLL_COLUMNS = ("sentence", "nll", "tokens")
+# A sentence encoder's quality, as its records, tables and pages name it.
+DISTANCE = "distance"
+DISTANCE_LABEL = "cosine distance to the unpruned model's pooled embedding (lower is better)"
+
+
+def is_distance_kind(model_kind: str) -> bool:
+    """Whether a model kind's quality is the embedding distance rather than perplexity."""
+    from headcount.models.seq2seq import MODEL_KINDS, SENTENCE_EMBEDDING
+
+    return model_kind in MODEL_KINDS and MODEL_KINDS[model_kind].objective == SENTENCE_EMBEDDING
 
 
 def text_nll(model, tokenizer, lines: list[str], max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
     """Each line's summed NLL (nats) and scored tokens under a language model (its text on both
-    sides, training.perplexity.sentence_nll)."""
+    sides, training.perplexity.sentence_nll); a sentence encoder's embedding distance and 1."""
     from headcount.training.perplexity import sentence_nll
 
     ids = tokenizer.encode(lines)
@@ -30,10 +43,13 @@ def text_nll(model, tokenizer, lines: list[str], max_tokens: int) -> tuple[np.nd
 
 
 def quality_record(split: str, nll: np.ndarray, tokens: np.ndarray, model_kind: str) -> dict:
-    """The scores JSON of a language model on one set."""
+    """The scores JSON of a language model on one set (a sentence encoder's: the mean distance)."""
     from headcount.training.perplexity import perplexity
 
     total = int(np.sum(tokens))
+    if is_distance_kind(model_kind):
+        return {"split": split, "sentences": int(len(nll)), "tokens": total, DISTANCE: float(np.mean(nll)) if
+                len(nll) else 0.0, "measure": DISTANCE_LABEL, "model_kind": model_kind, "lower_is_better": True}
     return {"split": split, "sentences": int(len(nll)), "tokens": total,
             "nll": float(np.sum(nll)) / max(total, 1), "perplexity": perplexity(nll, tokens),
             "model_kind": model_kind, "lower_is_better": True}
@@ -62,6 +78,10 @@ def score_text(model_path: str, tokenizer_path: str, text: str, split: str, max_
         pd.DataFrame({"sentence": range(len(nll)), "nll": nll, "tokens": tokens}).to_csv(
             tmp, sep="\t", index=False, float_format="%.6f")
     write_json(out_json, record)
+    if DISTANCE in record:
+        log(f"{split}: {record['sentences']} sentences ({kind.objective}), mean {DISTANCE_LABEL} "
+            f"{record[DISTANCE]:.6f}")
+        return record
     log(f"{split}: {record['sentences']} sentences, {record['tokens']} tokens ({kind.objective}), NLL "
         f"{record['nll']:.4f} nats/token, perplexity {record['perplexity']:.2f}")
     return record
@@ -82,10 +102,13 @@ def perplexity_curve(model, curve, tokenizer, lines: list[str], setting: str, ma
         record, counts = quality_record(setting, nll, tokens, kind), retained_counts(masks)
         points.append({"removed_fraction": fraction, "retained": counts, "nll": nll.tolist(),
                        "tokens": tokens.tolist()})
+        quality = ({DISTANCE: record[DISTANCE]} if DISTANCE in record
+                   else {"perplexity": record["perplexity"], "nll": record["nll"]})
         rows.append({"setting": setting, "removed_fraction": fraction,
                      **{f"retained_{k}": v for k, v in counts.items()}, "retained_total": sum(counts.values()),
-                     "perplexity": record["perplexity"], "nll": record["nll"]})
-        log(f"removed {fraction:.0%} of {setting} heads: {counts} perplexity {record['perplexity']:.3f}")
+                     **quality})
+        log(f"removed {fraction:.0%} of {setting} heads: {counts} "
+            + ", ".join(f"{k} {v:.6g}" for k, v in quality.items()))
     return rows, points
 
 
@@ -107,6 +130,9 @@ def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str],
 
     with open(baseline_scores, encoding="utf-8") as f:
         base = json.load(f)
+    if DISTANCE in base:
+        return _distance_pruning_report(base, baseline_nll, gates, pruned_scores, pruned_nll, ranked, out_table,
+                                        out_markdown, experiment, log)
     base_nll, base_tokens = read_nll(baseline_nll)
     rows = []
     for gates_path, score_path, nll_path in zip(gates, pruned_scores, pruned_nll, strict=True):
@@ -150,4 +176,59 @@ def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str],
     with atomic_path(out_markdown) as tmp:
         tmp.write_text("\n".join(lines), encoding="utf-8")
     log(f"{len(rows)} pruned models, {len(curves)} ranked curves; baseline perplexity {base['perplexity']:.3f}")
+    return table
+
+
+def _distance_pruning_report(base: dict, baseline_nll: str, gates: list[str], pruned_scores: list[str],
+                             pruned_nll: list[str], ranked: list[str], out_table: str, out_markdown: str,
+                             experiment: str, log) -> pd.DataFrame:
+    """lm_pruning_report of a sentence encoder: per pruned model its mean embedding distance to
+    the unpruned model and that minus the baseline's (0, up to rounding), with the 95% paired
+    bootstrap interval over sentences (paired_bootstrap_nll with one unit per sentence)."""
+    from headcount.training.perplexity import paired_bootstrap_nll
+
+    base_distance, base_units = read_nll(baseline_nll)
+    rows = []
+    for gates_path, score_path, nll_path in zip(gates, pruned_scores, pruned_nll, strict=True):
+        with open(gates_path, encoding="utf-8") as f:
+            record = json.load(f)
+        with open(score_path, encoding="utf-8") as f:
+            score = json.load(f)
+        distance, units = read_nll(nll_path)
+        if not np.array_equal(units, base_units):
+            raise ValueError(f"{nll_path} scores other sentences than {baseline_nll}: not the same set")
+        interval = paired_bootstrap_nll(distance, base_distance, units)
+        retained = record["retained"]
+        rows.append({"setting": record["setting"], "lam": record["lambda"], "control": record["control"],
+                     **{f"retained_{k}": v for k, v in retained.items()}, "retained_total": sum(retained.values()),
+                     "steps": record["steps"]["total"], DISTANCE: score[DISTANCE],
+                     f"delta_{DISTANCE}": interval["difference"], f"delta_{DISTANCE}_low": interval["low"],
+                     f"delta_{DISTANCE}_high": interval["high"], "p_value": interval["p_value"]})
+    table = pd.DataFrame(rows)
+    with atomic_path(out_table) as tmp:
+        table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
+    curves = [pd.read_csv(path, sep="\t").assign(method=Path(path).stem) for path in ranked]
+    lines = [f"# Pruning {experiment}: {DISTANCE_LABEL}", "",
+             f"Baseline on {base['split']}: mean distance {base[DISTANCE]:.6f} ({base['sentences']} sentences; "
+             f"the unpruned model is its own reference). Only the gates were trained: the weights are the "
+             f"baseline's.", "",
+             "## Hard Concrete gates", "",
+             "| setting | lambda | heads kept | mean distance (lower is better) | difference from the baseline "
+             "[95% paired bootstrap] |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['setting']} | {row['lam']:g}{' (control)' if row['control'] else ''} | "
+                     f"{row['retained_total']} | {row[DISTANCE]:.6f} | {row[f'delta_{DISTANCE}']:+.6f} "
+                     f"[{row[f'delta_{DISTANCE}_low']:+.6f}, {row[f'delta_{DISTANCE}_high']:+.6f}] |")
+    for curve in curves:
+        lines += ["", f"## Ranked: {curve['method'].iloc[0] if len(curve) else ''} (no retraining)", "",
+                  "| setting | heads removed | heads kept | mean distance (lower is better) |", "|---|---|---|---|"]
+        lines += [f"| {r.setting} | {r.removed_fraction:.0%} | {r.retained_total} | {getattr(r, DISTANCE):.6f} |"
+                  for r in curve.itertuples()]
+    lines += ["", "A sentence encoder has no vocabulary output: no perplexity, no BLEU, no LRP and no Michel "
+              "importance (identically 0 at the unpruned model), so no Michel curve; the claims and verdict pages of "
+              "a translation experiment are not made.", ""]
+    with atomic_path(out_markdown) as tmp:
+        tmp.write_text("\n".join(lines), encoding="utf-8")
+    log(f"{len(rows)} pruned models, {len(curves)} ranked curves; baseline mean distance {base[DISTANCE]:.6f}")
     return table

@@ -79,7 +79,12 @@ def prune_heads(
     settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     model = load_model(baseline)
-    types = setting_types(setting, kind_of(model).name)
+    kind = kind_of(model)
+    types = setting_types(setting, kind.name)
+    if kind.gates_only and recipe["heal_steps"]:
+        raise HeadcountError(f"config key 'prune.heal_steps': {recipe['heal_steps']}, but a {kind.name} model prunes "
+                             f"with its gates alone (its loss is the distance to its own unpruned output, which "
+                             f"trained weights would move); set prune.heal_steps: 0")
     saved_baseline = load_checkpoint(baseline)
     # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
     # counted, so a row's steps are those of fine-tuning alone.
@@ -99,15 +104,21 @@ def prune_heads(
         init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
     log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
         + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
+    if kind.gates_only:
+        log(f"a {kind.name} model: only the gates train, every weight stays frozen (its loss, {kind.objective}, is "
+            f"the distance to the same weights with every gate open); no dropout")
     fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
                    "log_alpha_init": prune_settings["log_alpha_init"],
                    "gate_lr_scale": prune_settings["gate_lr_scale"],
                    "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
     if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
         fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
-    summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
-                    extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,
-                    init_optimizer=init_optimizer, log=log)
+    if groups:
+        summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
+                        extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,
+                        init_optimizer=init_optimizer, log=log)
+    else:  # a gates-only model's control: frozen weights, gates pinned open
+        summary = _untrained(work_dir, log)
     model.to("cpu")
     table = gate_table(model)
     trajectory = gate_trajectory(Path(work_dir) / "metrics.jsonl")
@@ -115,7 +126,8 @@ def prune_heads(
     if select_best:
         candidates += _fine_tuning_candidates(model, table, summary["snapshots"])
     fold_gates(model)
-    weights = list(groups[0]["params"])  # the folded model trains what the gated one trained
+    # the folded model trains what the gated one trained (a gates-only kind: nothing, and it does not heal)
+    weights = [] if kind.gates_only else list(groups[0]["params"])
     final_lr = lr_at(cfg.max_steps)
     heal_summary = None
     if recipe["heal_steps"]:
@@ -163,6 +175,16 @@ def prune_heads(
         trajectory.to_csv(tmp, index=False)
     write_json(gates_out, record)
     return record
+
+
+def _untrained(work_dir: str, log) -> dict:
+    """The training summary of a run with nothing to train (a gates-only kind's control: the
+    baseline itself, its loss 0 at every step), and its empty metrics file (gate_trajectory's)."""
+    log("nothing to train (every weight frozen, every gate pinned open): the control is the baseline as it is")
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    (Path(work_dir) / "metrics.jsonl").write_text("", encoding="utf-8")
+    return {"steps": 0, "epochs": 0, "selected_step": 0, "best": None, "train_seconds": 0.0,
+            "train_seconds_all": 0.0, "train_cpu_seconds_all": 0.0, "attempts": 0, "snapshots": []}
 
 
 def _fine_tuning_candidates(model, final: pd.DataFrame, snapshots: list[dict]) -> list:

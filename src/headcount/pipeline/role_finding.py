@@ -113,7 +113,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     from headcount.report.plots import head_function_map, relative_positions
 
     model = load_model(model_path).eval()
-    kind = kind_of(model).name
+    kind = kind_of(model).layout  # a sentence encoder's heads get a masked LM's roles: the same maps
     needs = {need for role in roles_for(kind) for need in role.needs}
     segmenter = open_tokenizer(src_spm, "source")
     dev = pick_device(device)

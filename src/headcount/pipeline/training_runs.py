@@ -88,7 +88,7 @@ def train_translation_model(
 
 def import_pretrained_baseline(source: str, model_out: str, summary_out: str, tokenizer_dir: str,
                                src_lang: str, tgt_lang: str, model_langs: dict | None = None,
-                               allow_weights: dict | None = None, log=print) -> dict:
+                               allow_weights: dict | None = None, objective: str | None = None, log=print) -> dict:
     """A pretrained experiment's baseline: the model `source` (hub id or local directory) as a
     headcount checkpoint at `model_out`, where a trained baseline would be, its tokenizer's files
     in `tokenizer_dir`, and a record at `summary_out` in place of the training summary (no steps:
@@ -97,7 +97,9 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     masked language model (loading.import_pretrained tells by its config) is imported the same way,
     with its one tokenizer; its record names its `model_kind` and its language (src_lang). A model
     whose checkpoint lacks weights it needs, or holds unused ones, is refused unless `allow_weights`
-    ({"missing", "unexpected"}: fnmatch patterns) names them."""
+    ({"missing", "unexpected"}: fnmatch patterns) names them. `objective` (the experiment's key):
+    "sentence_embedding" imports an encoder as a sentence encoder, analysed through its pooled
+    embedding (models.hf_sentence); None, by the objective its config says."""
     if isinstance(source, dict):  # a checkpoint another run or toolkit wrote (config.checkpoint_source)
         return _import_checkpoint_baseline(source, model_out, summary_out, tokenizer_dir, src_lang, tgt_lang, log)
     from headcount.models.loading import import_pretrained
@@ -106,7 +108,7 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
     langs = model_langs or {}
     log(f"importing pretrained model {source!r}" + (f" ({langs['src']} -> {langs['tgt']})" if langs else ""))
     model = import_pretrained(source, model_out, tokenizer_dir, src_lang=langs.get("src"), tgt_lang=langs.get("tgt"),
-                              allow_weights=allow_weights)
+                              allow_weights=allow_weights, objective=objective)
     # What the experiment asked for, where its config.json could not tell before the import
     # (config.declared_kind): config.load_experiments gives a text: experiment src_lang = tgt_lang =
     # its lang, and refuses a translation experiment whose two languages are one.
@@ -119,9 +121,14 @@ def import_pretrained_baseline(source: str, model_out: str, summary_out: str, to
         raise HeadcountError(kind_mismatch(None, source, wanted_lm, what))
     if is_lm:  # a language model: one language, no language codes
         summary = {"pretrained": str(source), "family": model.family.name, "model_kind": model.model_kind,
-                   "lang": src_lang, "model_config": json.loads(model.cfg.to_json_string()),
+                   "objective": kind_of(model).objective, "lang": src_lang,
+                   "model_config": json.loads(model.cfg.to_json_string()),
                    "heads": model.head_counts(), "parameters": sum(p.numel() for p in model.parameters()),
                    "train_config": {"select": "pretrained"}, "provenance": provenance()}
+        if hasattr(model, "pooling"):  # a sentence encoder: what its embedding is (hf_sentence)
+            summary["pooling"] = dict(vars(model.pooling))
+            log(f"sentence embedding: {model.pooling.mode} pooling, normalised {model.pooling.normalize} "
+                f"({model.pooling.declared_by or 'no modules.json: the mean over real tokens'})")
         write_json(summary_out, summary)
         log(f"{model.family.name} {model.model_kind} language model, {summary['parameters']} parameters, heads per "
             f"layer {summary['heads']}")

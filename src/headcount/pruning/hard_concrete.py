@@ -30,12 +30,18 @@ def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: f
 
     Returns the gates and the optimizer's param groups (gates get their own learning-rate scale).
     With `control`, the gates are pinned open (gates.pin_open) and left out of the optimizer: the
-    same weights train, on the same batches, at the same rates.
+    same weights train, on the same batches, at the same rates. A kind that prunes with its gates
+    alone (ModelKind.gates_only: a sentence encoder) has every weight frozen; its control then
+    trains nothing (no groups).
     """
-    gates = attach_gates(model, setting_types(setting, kind_of(model).name), init=log_alpha_init)
+    kind = kind_of(model)
+    gates = attach_gates(model, setting_types(setting, kind.name), init=log_alpha_init)
     if control:
         pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}
+    if kind.gates_only:
+        for p in model.parameters():
+            p.requires_grad_(id(p) in gate_params and p.requires_grad)
     if setting == "enc":
         # The encoder's parameters include its gates; pinned ones (the control) stay frozen.
         pinned = {id(g.log_alpha) for g in gates if not g.log_alpha.requires_grad}

@@ -27,6 +27,7 @@ from headcount.data.token_corpus import TokenCorpus, sequence_lengths
 from headcount.io import HeadcountError, atomic_path, config_hash
 from headcount.models.checkpoint import load_checkpoint, save_checkpoint, state_step
 from headcount.models.device import pick_autocast_dtype, pick_device
+from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
 from headcount.training.schedules import noam_lr
@@ -65,8 +66,13 @@ class TrainConfig:
 def sequence_loss(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float):
     """Summed label-smoothed cross-entropy and summed NLL over the non-padding target tokens.
 
-    The output layer runs on real tokens only: padding costs no vocabulary projection.
+    The output layer runs on real tokens only: padding costs no vocabulary projection. A sentence
+    encoder's loss is each sentence's embedding distance to the unpruned model's (one unit per
+    sentence; no label smoothing: there is no vocabulary).
     """
+    if kind_of(model).objective == SENTENCE_EMBEDDING:
+        distance = embedding_distance(model, src)  # (B,)
+        return distance.sum(), distance.sum().detach(), len(distance)
     memory, src_pad, _ = model.encode(src)
     if kind_of(model).objective == "masked_lm":  # the encoder's states are the output, aligned with tgt_out
         hidden = memory  # (B, S, D)

@@ -3,7 +3,9 @@ NLL differences (the language-model counterpart of evaluate.py's BLEU and its in
 
 A causal LM's NLL is that of every text token given BOS and the tokens before it; a masked LM's
 that of the fixed, seeded masking (data.batching.masked_positions, seed 0), so two models, or a
-model before and after pruning, are scored on the same masked tokens.
+model before and after pruning, are scored on the same masked tokens. A sentence encoder's "NLL"
+is its embedding distance to the unpruned model (models.sentence_embedding), one unit per sentence:
+the intervals below then compare mean distances.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from headcount.data.batching import make_batches, objective_tensors
+from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED, bootstrap_indices, bootstrap_interval
 
@@ -31,6 +34,9 @@ def sentence_nll(model: Seq2SeqWithHeads, src_ids: list[list[int]], tgt_ids: lis
     for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens, seed=0):
         src, tgt_in, tgt_out = (x.to(device) for x in objective_tensors(
             objective, [src_ids[i] for i in batch], [tgt_ids[i] for i in batch], model.special))
+        if objective == SENTENCE_EMBEDDING:  # one scored unit per sentence
+            nll[batch], tokens[batch] = embedding_distance(model, src).cpu().numpy(), 1
+            continue
         logits, _ = model(src, tgt_in)  # (B, T, V), aligned with tgt_out
         real = tgt_out.ne(model.special.pad)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 autocast: score in fp32

@@ -51,13 +51,13 @@ from headcount.models.seq2seq import kind_of
 
 def is_causal(model) -> bool:
     """Whether the heads that get roles see only the past (a decoder-only model's)."""
-    return ROLE_ATTENTION[kind_of(model).name] == "dec_self"
+    return ROLE_ATTENTION[kind_of(model).layout] == "dec_self"
 
 
 def _sink_positions(model) -> int:
     """The model positions a sentence takes beyond its pieces: EOS (encoder-decoder), BOS
     (decoder-only), [CLS] and [SEP] (encoder-only)."""
-    return 2 if kind_of(model).name == "encoder_only" else 1
+    return 2 if kind_of(model).layout == "encoder_only" else 1
 
 
 def _bos_last(probs: torch.Tensor, n_pieces: list[int]) -> torch.Tensor:
@@ -83,7 +83,7 @@ def _role_attention(model, segmenter, texts: Sequence[str], keep: Sequence[int],
     batches: yields (sentence indices, (L, B, H, S, S) attention of the heads that get roles in the
     source layout (module docstring), lengths incl. the sink)."""
     ids = segmenter.encode([texts[i] for i in keep])
-    kind, special = kind_of(model).name, model.special
+    kind, special = kind_of(model).layout, model.special
     for start in range(0, len(keep), batch_size):
         chunk, pieces = list(keep[start:start + batch_size]), ids[start:start + batch_size]
         n_pieces = [len(x) for x in pieces]

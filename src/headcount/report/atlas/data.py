@@ -164,12 +164,17 @@ RUN_COLUMNS = ("bleu", "chrf", "d_baseline", "d_baseline_low", "d_baseline_high"
                "d_control_high", "retained_total", "steps", "bleu_scratch", "d_pruned_scratch",
                "d_pruned_scratch_low", "d_pruned_scratch_high",
                # a language model's (pipeline.lm_quality.lm_pruning_report): perplexity, no BLEU
-               "perplexity", "nll", "delta_nll", "delta_nll_low", "delta_nll_high", "perplexity_ratio")
+               "perplexity", "nll", "delta_nll", "delta_nll_low", "delta_nll_high", "perplexity_ratio",
+               # a sentence encoder's: the embedding distance to the unpruned model, no perplexity
+               "distance", "delta_distance", "delta_distance_low", "delta_distance_high")
 # What the page shows a run's quality as: BLEU for a translation model, perplexity for a language
-# model (its pruning table has a perplexity column and no BLEU); "column" is the runs' field.
-METRICS = {"bleu": {"metric": "BLEU", "column": "bleu", "delta": "BLEU"},
+# model (its pruning table has a perplexity column and no BLEU), the embedding distance for a
+# sentence encoder (a distance column); "column" is the runs' field, "format" d3's.
+METRICS = {"bleu": {"metric": "BLEU", "column": "bleu", "delta": "BLEU", "format": ".2f"},
            "perplexity": {"metric": "perplexity (lower is better)", "column": "perplexity",
-                          "delta": "NLL nats/token"}}
+                          "delta": "NLL nats/token", "format": ".2f"},
+           "distance": {"metric": "embedding distance to the unpruned model (lower is better)", "column": "distance",
+                        "delta": "distance", "format": ".4g"}}
 
 
 def _trajectory(path: str | Path) -> dict:
@@ -217,10 +222,11 @@ def pruning_records(pruning: pd.DataFrame | None, runs: Sequence[tuple[str | Pat
         settings.setdefault(setting, []).append(run)
     for runs_of in settings.values():
         runs_of.sort(key=lambda r: r["lam"])
-    lm = pruning is not None and "perplexity" in pruning.columns and "bleu" not in pruning.columns
-    baseline = None if pruning is None or lm else pruning[pruning["setting"] == BASELINE]
+    metric = next((m for m in ("perplexity", "distance") if pruning is not None and m in pruning.columns
+                   and "bleu" not in pruning.columns), "bleu")
+    baseline = None if pruning is None or metric != "bleu" else pruning[pruning["setting"] == BASELINE]
     return {"baseline_bleu": float(baseline["bleu"].iloc[0]) if baseline is not None and len(baseline) else None,
-            **METRICS["perplexity" if lm else "bleu"], "settings": settings}
+            **METRICS[metric], "settings": settings}
 
 
 def planted_records(planted: pd.DataFrame | None) -> list[dict]:

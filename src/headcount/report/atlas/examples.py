@@ -150,7 +150,7 @@ def _lm_attention(model, ids: Sequence[list[int]], batch_size: int, device, role
     pieces + sink (roles.collect), lengths n + 1 on the source side; else the model's own maps,
     decoder-only over BOS + pieces (decoder lengths n + 1), encoder-only over [CLS] + pieces + [SEP]
     (source lengths n + 2)."""
-    kind, special = kind_of(model).name, model.special
+    kind, special = kind_of(model).layout, model.special
     role_type = ROLE_ATTENTION[kind]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for start in range(0, len(order), batch_size):
@@ -238,7 +238,7 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
     settings = role_settings or {}
     model = model.eval().to(device)
     limit = model.max_positions
-    model_kind = kind_of(model).name
+    model_kind = kind_of(model).layout
     role_type = ROLE_ATTENTION[model_kind]
     lm = model_kind != "encoder_decoder"
     texts_src = [s.lower() if lowercase else s for s in sources]
@@ -397,7 +397,7 @@ def _lm_tokens(model, tokenizer, pieces: list[str]) -> tuple[list[str] | None, l
     """A language model's sentence as the page's (source, target) tokens: decoder-only BOS + pieces
     on the target side, encoder-only [CLS] + pieces + [SEP] on the source side."""
     special = model.special
-    if kind_of(model).name == "decoder_only":
+    if kind_of(model).layout == "decoder_only":
         return None, [_special_piece(tokenizer, special.bos, BOS_PIECE)] + pieces
     return [_special_piece(tokenizer, special.bos, CLS_PIECE)] + pieces + [
         _special_piece(tokenizer, special.eos, SEP_PIECE)], None
@@ -418,7 +418,7 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
     ids = src_tokenizer.encode(texts)
-    lm = kind_of(model).name != "encoder_decoder"
+    lm = kind_of(model).layout != "encoder_decoder"
     lead = 1 if lm else 0
     sinks = _sink_positions(model) if lm else None
     keep = [i for i, x in enumerate(ids) if (len(x) + sinks if lm else positions(len(x))) <= model.max_positions]

@@ -57,9 +57,15 @@
       // BLEU for a translation model, perplexity (lower is better) for a language model
       const value = run[DATA.pruning.column || "bleu"];
       const parts = [`λ = ${run.lam}${run.control ? " (control)" : ""}`,
-                     `${DATA.pruning.metric} ${value === null || value === undefined ? "–" : d3.format(".2f")(value)}`];
+                     `${DATA.pruning.metric} ${value === null || value === undefined ? "–" : d3.format(DATA.pruning.format || ".2f")(value)}`];
       if (run.delta_nll !== undefined && run.delta_nll !== null)
         parts.push(`NLL vs baseline ${ci(run.delta_nll, run.delta_nll_low, run.delta_nll_high)} nats/token`);
+      // a sentence encoder's: its embedding distance minus the baseline's (0)
+      if (run.delta_distance !== undefined && run.delta_distance !== null) {
+        const small = d3.format("+.3g");  // distances of one head are 1e-4 to 1e-2: .2f would show 0
+        parts.push(`distance vs baseline ${small(run.delta_distance)} [${small(run.delta_distance_low)}, ` +
+                   `${small(run.delta_distance_high)}]`);
+      }
       if (run.d_baseline !== undefined && run.d_baseline !== null)
         parts.push(`vs baseline ${ci(run.d_baseline, run.d_baseline_low, run.d_baseline_high)}`);
       if (run.d_control !== undefined && run.d_control !== null)
