@@ -76,6 +76,9 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     before, after = export["before"]["kv_cache_bytes_per_token"], export["after"]["kv_cache_bytes_per_token"]
     # 2 layers, keys and values, d 64, 2 bytes a value
     assert before == 2 * 2 * 64 * 2 and after == before * gates["retained"]["dec_self"] // 8
+    # Beside it the same model for plain transformers, with its tokenizer (pruning.transformers_export).
+    assert export["transformers"]["exported"] and "tokenizer.json" in export["transformers"]["tokenizer_files"]
+    assert (results / "prune/all/lambda_2/physical/transformers/model.safetensors").is_file()
 
 
 @pytest.mark.workflow

@@ -272,6 +272,13 @@ def tokenizer_path(exp, side):
     return f"results/{exp}/subwords/{side}.model"
 
 
+def export_tokenizer(wildcards):
+    """A pretrained experiment's tokenizer, which the transformers export carries; none otherwise."""
+    if is_pretrained(EXPERIMENTS[wildcards.exp]):
+        return pretrained_tokenizer(wildcards.exp)
+    return []
+
+
 def pretrained_source(wildcards):
     """A pretrained model's local files as the import's input (a changed model is imported
     again); a hub id is no file, and is a parameter only."""

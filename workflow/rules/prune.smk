@@ -95,12 +95,19 @@ rule train_from_scratch:
 
 # On demand, not part of `all`: snakemake results/{exp}/prune/{setting}/lambda_{lam}/physical/model.pt
 rule export_pruned:
-    """Remove a pruned model's closed heads physically: a smaller checkpoint, parameters and FLOPs."""
+    """Remove a pruned model's closed heads physically: a smaller checkpoint, parameters and FLOPs;
+    beside it the same model as plain transformers loads it (save_pretrained, closed heads zeroed:
+    pruning.transformers_export), or NOT_EXPORTED.txt where the family has no transformers class.
+    """
     input:
         model="results/{exp}/prune/{setting}/lambda_{lam}/model.pt",
+        tokenizer=export_tokenizer,
     output:
         model="results/{exp}/prune/{setting}/lambda_{lam}/physical/model.pt",
         summary="results/{exp}/prune/{setting}/lambda_{lam}/physical/summary.json",
+        transformers=directory(
+            "results/{exp}/prune/{setting}/lambda_{lam}/physical/transformers"
+        ),
     log:
         log_path("prune/{setting}/lambda_{lam}/export_pruned"),
     benchmark:

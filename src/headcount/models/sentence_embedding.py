@@ -79,6 +79,25 @@ def read_pooling(directory: str | os.PathLike) -> Pooling:
     return Pooling(chosen[0], NORMALIZE_MODULE in types, str(config_file))
 
 
+def write_pooling(directory: str | os.PathLike, pooling: Pooling, dimension: int) -> None:
+    """sentence-transformers' files for `pooling` (read_pooling's inverse): modules.json listing the
+    transformers model in `directory` itself, its Pooling module (1_Pooling/config.json) and, where
+    the pooled vector is normalised, Normalize; so sentence-transformers pools an exported encoder
+    as headcount did."""
+    directory = Path(directory)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": POOLING_MODULE}]
+    if pooling.normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": NORMALIZE_MODULE})
+        (directory / "2_Normalize").mkdir(parents=True, exist_ok=True)
+    (directory / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    settings = {"word_embedding_dimension": int(dimension),
+                **{key: mode == pooling.mode for mode, key in POOLING_KEYS.items()},
+                "pooling_mode_mean_sqrt_len_tokens": False}
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+
+
 def _json(path: Path):
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -117,4 +136,4 @@ def embedding_distance(model, src: Tensor) -> Tensor:
 
 
 __all__ = ["POOLING_KEYS", "Pooling", "PoolingUnsupported", "SENTENCE_EMBEDDING", "cosine_distance",
-           "embedding_distance", "pool", "read_pooling"]
+           "embedding_distance", "pool", "read_pooling", "write_pooling"]
