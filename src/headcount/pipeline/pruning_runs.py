@@ -30,7 +30,12 @@ from headcount.pruning.hard_concrete import (
 )
 from headcount.pruning.methods import is_control, ranked_method, setting_types
 from headcount.pruning.ranked import heads_layout, masks_from_table, ranked_masks, retained_counts
-from headcount.pruning.removal import attention_flops, kv_cache_bytes_per_token, remove_pruned_heads
+from headcount.pruning.removal import (
+    attention_flops,
+    attention_parameters,
+    kv_cache_bytes_per_token,
+    remove_pruned_heads,
+)
 from headcount.training.decode import translate
 from headcount.training.evaluate import score_translations
 from headcount.training.loop import Corpus, DevSet, TrainConfig, parameter_groups, train
@@ -286,6 +291,7 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
     pair of `src_len` and `tgt_len` tokens)."""
     model = load_model(model_path).eval()
     before = {"parameters": sum(p.numel() for p in model.parameters()),
+              "attention_parameters": attention_parameters(model),
               "attention_flops": attention_flops(model, src_len, tgt_len)}
     # A decoder-only model's generation keeps keys and values per token: what removing heads frees.
     kv_cache = kind_of(model).name == "decoder_only"
@@ -293,6 +299,7 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
         before["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(model)
     remove_pruned_heads(model)
     after = {"parameters": sum(p.numel() for p in model.parameters()),
+             "attention_parameters": attention_parameters(model),
              "attention_flops": attention_flops(model, src_len, tgt_len)}
     if kv_cache:
         after["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(model)

@@ -90,3 +90,22 @@ def kv_cache_bytes_per_token(model: Seq2SeqWithHeads, bytes_per_value: int = 2) 
     for m in model.attention_modules().get("dec_self", []):
         total += 2 * int(getattr(m, "n_kv_heads", m.n_heads)) * m.head_dim * bytes_per_value
     return total
+
+
+def attention_parameters(model: Seq2SeqWithHeads) -> int:
+    """Parameters of the attention blocks, whose heads pruning removes: each attention module's own
+    (W^Q, W^K, W^V, W^O with their biases, and any norm inside the block), counted once. Their
+    share of all parameters bounds what removing heads can save."""
+    owners = {}
+    for modules in model.attention_modules().values():
+        for m in modules:
+            owner = getattr(m, "attention", None)
+            owner = owner if isinstance(owner, torch.nn.Module) else m
+            owners[id(owner)] = owner
+    seen, total = set(), 0
+    for owner in owners.values():
+        for p in owner.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total
