@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -272,6 +273,34 @@ def checkpoint_source(exp: dict) -> dict | None:
             "sentencepiece": spm}
 
 
+# A model file inside a registry package (`pretrained: {package, version, file, sha256}`;
+# models.packaged takes it out): what its names may be, so that a path never climbs out (no `..`
+# segment) or starts at the root.
+PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
+MEMBER_PATTERN = r"^(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+class PackagedModelError(HeadcountError):
+    """The packaged model cannot be had or is not the file the experiment pinned."""
+
+
+def packaged_path(package: str, version: str, member: str, root: str = "resources/packages") -> str:
+    """Where the workflow keeps a packaged model file: a zip as the directory it unpacks to."""
+    stem = member[: -len(".zip")] if member.endswith(".zip") else member
+    kind = "unzipped" if member.endswith(".zip") else "file"
+    return f"{root}/{package}/{version}/{kind}/{stem}"
+
+
+def check_names(package: str, version: str, member: str, sha256: str, where: str = "pretrained") -> None:
+    for key, value, pattern in (("package", package, PACKAGE_PATTERN), ("version", version, VERSION_PATTERN),
+                                ("file", member, MEMBER_PATTERN), ("sha256", sha256, SHA256_PATTERN)):
+        if not isinstance(value, str) or not re.match(pattern, value):
+            raise PackagedModelError(f"{where}.{key}: {value!r} does not match {pattern} (a {key} "
+                                     f"{'path inside the package, with no .. segment' if key == 'file' else ''})")
+
+
 def packaged_source(exp: dict) -> dict | None:
     """A model file shipped inside a registry package, when `pretrained:` names one: {"package",
     "version", "file", "sha256"}; None otherwise."""
@@ -294,8 +323,6 @@ def packaged_sha256(experiments: dict, package: str, version: str, member: str) 
 def pretrained_location(exp: dict) -> str | dict:
     """What the import reads: a packaged model's local copy (the rule fetch_packaged_model writes
     it), else `pretrained:` as given (a hub id, a path, or a checkpoint's {family, ...})."""
-    from headcount.models.packaged import packaged_path
-
     packaged = packaged_source(exp)
     if packaged is not None:
         return packaged_path(packaged["package"], packaged["version"], packaged["file"])
@@ -344,8 +371,6 @@ def _pretrained_problems(name: str, exp: dict) -> list[str]:
     if checkpoint is not None:
         problems += _checkpoint_problems(key, checkpoint)
     elif packaged_source(exp) is not None:
-        from headcount.models.packaged import PackagedModelError, check_names
-
         packaged = packaged_source(exp)
         try:
             check_names(packaged["package"], packaged["version"], packaged["file"], packaged["sha256"],
@@ -353,7 +378,8 @@ def _pretrained_problems(name: str, exp: dict) -> list[str]:
         except PackagedModelError as error:
             problems.append(f"config key '{error}")
     elif looks_like_directory(source) and not Path(source).expanduser().exists():
-        problems.append(f"{key}.pretrained': directory or GGUF file '{source}' does not exist (relative paths are "
+        what = "GGUF file" if str(source).lower().endswith(".gguf") else "directory"
+        problems.append(f"{key}.pretrained': {what} '{source}' does not exist (relative paths are "
                         f"read from the working directory). Download the model there on a machine with network "
                         f"(`hf download <hub id> --local-dir {source}`) or give its hub id")
     if is_synthetic(exp):

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from headcount.analysis.tables import KEYS, head_rows
+from headcount.analysis.tables import KEYS, MICHEL_UNDEFINED, head_rows
 from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
@@ -156,6 +156,7 @@ class MeasureUndefined(HeadcountError):
     """An importance measure asked of a model whose objective makes it meaningless."""
 
 
+
 @torch.enable_grad()
 def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
     """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
@@ -169,8 +170,6 @@ def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor
     Not for a sentence encoder: its loss, the distance to the unpruned model's embedding, is at
     its minimum at the unpruned model, so every gradient, and the score, is 0 there.
     """
-    from headcount.analysis.measures import MICHEL_UNDEFINED  # measures computes through this module
-
     if kind_of(model).objective in MICHEL_UNDEFINED:
         raise MeasureUndefined(MICHEL_UNDEFINED[kind_of(model).objective])
     model.eval()

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from headcount.analysis.tables import KEYS
-from headcount.models.seq2seq import SENTENCE_EMBEDDING
+from headcount.analysis.tables import KEYS, MICHEL_UNDEFINED
 
 
 @dataclass
@@ -131,13 +130,6 @@ def _ablation(inputs: ScoringInputs):
 
 
 register_measure(Measure("confidence", ("confidence",), _confidence))
-# Why Michel et al.'s first-order score says nothing for an objective (importance.michel_importance
-# refuses it; the score table leaves its columns out).
-MICHEL_UNDEFINED = {SENTENCE_EMBEDDING: (
-    "Michel importance |<ctx, dL/dctx>| is identically 0 for a sentence encoder: its loss, the distance of the "
-    "pooled embedding to the unpruned model's, is at its minimum (0) at the unpruned model, so every gradient "
-    "vanishes there; the michel column is left out (single-head ablation measures each head)")}
-
 register_measure(Measure("michel", ("michel", "michel_raw"), _michel, undefined_for=MICHEL_UNDEFINED))
 register_measure(Measure(LRP_MEASURE, ("lrp",), _lrp))
 register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), _ablation, ranked=False, reference=True,

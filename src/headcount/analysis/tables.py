@@ -4,7 +4,16 @@ registry, which imports this)."""
 
 from __future__ import annotations
 
+from headcount.models.seq2seq import SENTENCE_EMBEDDING  # torch-free, as this module is
+
 KEYS = ["type", "layer", "head"]  # every score table's row key
+
+# Why Michel et al.'s first-order score says nothing for an objective: importance.michel_importance
+# refuses it, and the score table leaves its columns out (measures registers it with this).
+MICHEL_UNDEFINED = {SENTENCE_EMBEDDING: (
+    "Michel importance |<ctx, dL/dctx>| is identically 0 for a sentence encoder: its loss, the distance of the "
+    "pooled embedding to the unpruned model's, is at its minimum (0) at the unpruned model, so every gradient "
+    "vanishes there; the michel column is left out (single-head ablation measures each head)")}
 
 
 def head_rows(scores: dict, column: str):

@@ -379,10 +379,6 @@ class _HFLanguageModel(HeadMasks, nn.Module):
     def from_checkpoint(state: dict) -> _HFLanguageModel:
         from transformers import AutoConfig
 
-        if state.get("model_kind") == "sentence_encoder":  # the family is BERT's; the adapter is not a masked LM
-            from headcount.models.hf_sentence import HFSentenceEncoder
-
-            return HFSentenceEncoder.from_checkpoint(state)
         config_dict = json.loads(state["model_config"])
         config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
         config._attn_implementation = "eager"
@@ -517,23 +513,13 @@ def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = Non
 
 def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
                        dtype: torch.dtype = torch.float32,
-                       allow_weights: dict | None = None, objective: str | None = None) -> HFCausalLM | HFMaskedLM:
+                       allow_weights: dict | None = None) -> HFCausalLM | HFMaskedLM:
     """A hub id, a local directory or a GGUF file -> the adapter of its kind, in eval mode; special
     ids from its tokenizer where it has one. A checkpoint missing weights of the model (e.g. a
     sentence encoder without the masked-LM head) or holding weights it does not use is refused
-    unless `allow_weights` names them (hf_source.check_loading_report). `objective`
-    "sentence_embedding" takes an encoder as a sentence encoder (hf_sentence.HFSentenceEncoder:
-    its pooled embedding, no MLM head); None: the kind its config says."""
+    unless `allow_weights` names them (hf_source.check_loading_report). A sentence encoder (an
+    encoder analysed through its pooled embedding) is hf_sentence.load_sentence_encoder's."""
     from transformers import AutoConfig, AutoTokenizer
-
-    if objective is not None:
-        from headcount.models.hf_sentence import load_sentence_encoder
-        from headcount.models.sentence_embedding import SENTENCE_EMBEDDING
-
-        if objective != SENTENCE_EMBEDDING:
-            raise HeadcountError(f"objective {objective!r}: a pretrained model is analysed by its own objective, or as "
-                                 f"a sentence encoder with objective: {SENTENCE_EMBEDDING}; remove the key or set that")
-        return load_sentence_encoder(name_or_dir, offline=offline, dtype=dtype, allow_weights=allow_weights)
 
     source = resolve_source(name_or_dir, offline)
     try:
@@ -563,12 +549,14 @@ def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = No
 
 def import_pretrained_lm(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
                          tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
-                         allow_weights: dict | None = None, objective: str | None = None) -> HFCausalLM | HFMaskedLM:
+                         allow_weights: dict | None = None, model: nn.Module | None = None) -> HFCausalLM | HFMaskedLM:
     """What a workflow stage calls for a pretrained language model: write a headcount checkpoint
     (loading.load_model reads it) and the tokenizer's files with LM_TOKENIZER_MANIFEST (so that
-    loading.open_tokenizer(tokenizer_dir, "source" or "target") gives its one tokenizer).
-    `objective`: as load_pretrained_lm's; the checkpoint records the kind it gives."""
-    model = load_pretrained_lm(name_or_dir, offline=offline, allow_weights=allow_weights, objective=objective)
+    loading.open_tokenizer(tokenizer_dir, "source" or "target") gives its one tokenizer). `model`:
+    the adapter already loaded (a sentence encoder, loading.import_pretrained), else
+    load_pretrained_lm's; the checkpoint records its kind."""
+    if model is None:
+        model = load_pretrained_lm(name_or_dir, offline=offline, allow_weights=allow_weights)
     if tokenizer_dir is not None:
         tokenizer = load_lm_tokenizer(name_or_dir, offline=offline)
         Path(tokenizer_dir).mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,10 @@ def model_from_checkpoint(state: dict) -> Seq2SeqWithHeads:
     """The model a loaded checkpoint holds (checkpoint.load_checkpoint's dict), by its family."""
     import importlib
 
+    if state.get("model_kind") == "sentence_encoder":  # a BERT family's weights; the adapter is not a masked LM
+        from headcount.models.hf_sentence import HFSentenceEncoder
+
+        return HFSentenceEncoder.from_checkpoint(state)
     family = state.get("family", DEFAULT_FAMILY)
     for module in FAMILY_MODULES:
         if family in MODEL_FAMILIES:
@@ -85,7 +89,7 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     an encoder-decoder model -> hf.import_pretrained. Both write a headcount checkpoint to
     `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them).
     `objective` (a language model's only): "sentence_embedding" imports an encoder as a sentence
-    encoder (hf_lm.load_pretrained_lm); None, the objective its config says."""
+    encoder (hf_sentence.load_sentence_encoder); None, the objective its config says."""
     from headcount.models.hf_lm import import_pretrained_lm, is_language_model
 
     if is_language_model(name_or_dir, offline=offline):
@@ -94,8 +98,20 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
 
             raise HeadcountError(f"{name_or_dir}: a language model has one tokenizer and no language pair; "
                                  f"leave out pretrained_langs (got {src_lang!r}, {tgt_lang!r})")
+        model = None
+        if objective is not None:  # an encoder analysed through its pooled embedding
+            from headcount.models.hf_sentence import load_sentence_encoder
+            from headcount.models.seq2seq import SENTENCE_EMBEDDING
+
+            if objective != SENTENCE_EMBEDDING:
+                from headcount.io import HeadcountError
+
+                raise HeadcountError(f"objective {objective!r}: a pretrained model is analysed by its own objective, "
+                                     f"or as a sentence encoder with objective: {SENTENCE_EMBEDDING}; remove the key "
+                                     f"or set that")
+            model = load_sentence_encoder(name_or_dir, offline=offline, allow_weights=allow_weights)
         return import_pretrained_lm(name_or_dir, model_out, tokenizer_dir, offline=offline,
-                                    allow_weights=allow_weights, objective=objective)
+                                    allow_weights=allow_weights, model=model)
     if objective is not None:
         from headcount.io import HeadcountError
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,33 +20,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from headcount.io import HeadcountError, sha256_file
-
-# What a package's name, version and a member's path may be: a path never climbs out (no `..`
-# segment), never starts at the root.
-PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
-MEMBER_PATTERN = r"^(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
-
-
-class PackagedModelError(HeadcountError):
-    """The packaged model cannot be had or is not the file the experiment pinned."""
-
-
-def packaged_path(package: str, version: str, member: str, root: str = "resources/packages") -> str:
-    """Where the workflow keeps a packaged model file: a zip as the directory it unpacks to."""
-    stem = member[: -len(".zip")] if member.endswith(".zip") else member
-    kind = "unzipped" if member.endswith(".zip") else "file"
-    return f"{root}/{package}/{version}/{kind}/{stem}"
-
-
-def check_names(package: str, version: str, member: str, sha256: str, where: str = "pretrained") -> None:
-    for key, value, pattern in (("package", package, PACKAGE_PATTERN), ("version", version, VERSION_PATTERN),
-                                ("file", member, MEMBER_PATTERN), ("sha256", sha256, SHA256_PATTERN)):
-        if not isinstance(value, str) or not re.match(pattern, value):
-            raise PackagedModelError(f"{where}.{key}: {value!r} does not match {pattern} (a {key} "
-                                     f"{'path inside the package, with no .. segment' if key == 'file' else ''})")
+from headcount.config import PackagedModelError, check_names, packaged_path  # noqa: F401 (re-exported)
+from headcount.io import sha256_file
 
 
 def _installed(package: str, version: str, member: str) -> Path | None:
