@@ -6,7 +6,7 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --dry-run            # what would change
     .venv/bin/python tools/publish_results.py --toolkits           # results/compare/toolkits alone
     .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
-    .venv/bin/python tools/publish_results.py --lm                 # results/smollm2_en and minilm_en alone (docs/results_lm.md)
+    .venv/bin/python tools/publish_results.py --lm                 # smollm2_en and minilm_en alone (results_lm.md)
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -115,7 +115,7 @@ DERIVED = {"tables/lm_roles_by_layer.tsv": {"smollm2": "tables/smollm2_head_role
                                             "minilm": "tables/minilm_head_roles.csv"}}
 
 
-def roles_by_layer(roles_tables: dict[str, Path]) -> "pd.DataFrame":
+def roles_by_layer(roles_tables: dict[str, Path]):
     import pandas as pd
 
     tables = []
