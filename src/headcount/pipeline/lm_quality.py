@@ -117,6 +117,30 @@ def read_nll(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return table["nll"].to_numpy(dtype=float), table["tokens"].to_numpy(dtype=float)
 
 
+def _against_baseline(baseline_nll: str, gates: list[str], pruned_scores: list[str], pruned_nll: list[str],
+                      unit: str):
+    """Per pruned model (its gates.json, scores and per-unit losses, in order): the run's columns
+    (setting, lambda, control, heads kept, steps), its score record, and the 95% paired bootstrap
+    interval of its per-unit loss minus the baseline's (`unit`: what the losses are per, named in
+    the error when the two sets differ)."""
+    from headcount.training.perplexity import paired_bootstrap_nll
+
+    base_loss, base_units = read_nll(baseline_nll)
+    for gates_path, score_path, nll_path in zip(gates, pruned_scores, pruned_nll, strict=True):
+        with open(gates_path, encoding="utf-8") as f:
+            record = json.load(f)
+        with open(score_path, encoding="utf-8") as f:
+            score = json.load(f)
+        loss, units = read_nll(nll_path)
+        if not np.array_equal(units, base_units):
+            raise ValueError(f"{nll_path} scores other {unit} than {baseline_nll}: not the same set")
+        retained = record["retained"]
+        run = {"setting": record["setting"], "lam": record["lambda"], "control": record["control"],
+               **{f"retained_{k}": v for k, v in retained.items()}, "retained_total": sum(retained.values()),
+               "steps": record["steps"]["total"]}
+        yield run, score, paired_bootstrap_nll(loss, base_loss, units)
+
+
 def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str], pruned_scores: list[str],
                       pruned_nll: list[str], ranked: list[str], out_table: str, out_markdown: str,
                       experiment: str, log=print) -> pd.DataFrame:
@@ -126,31 +150,15 @@ def lm_pruning_report(baseline_scores: str, baseline_nll: str, gates: list[str],
     (training.perplexity.paired_bootstrap_nll); and the ranked methods' curves (perplexity per
     fraction of heads removed). Translation's claims and verdict pages are not made: they read
     BLEU, Table 2's paper values and the encoder/decoder split, none of which a language model has."""
-    from headcount.training.perplexity import paired_bootstrap_nll
-
     with open(baseline_scores, encoding="utf-8") as f:
         base = json.load(f)
     if DISTANCE in base:
         return _distance_pruning_report(base, baseline_nll, gates, pruned_scores, pruned_nll, ranked, out_table,
                                         out_markdown, experiment, log)
-    base_nll, base_tokens = read_nll(baseline_nll)
-    rows = []
-    for gates_path, score_path, nll_path in zip(gates, pruned_scores, pruned_nll, strict=True):
-        with open(gates_path, encoding="utf-8") as f:
-            record = json.load(f)
-        with open(score_path, encoding="utf-8") as f:
-            score = json.load(f)
-        nll, tokens = read_nll(nll_path)
-        if not np.array_equal(tokens, base_tokens):
-            raise ValueError(f"{nll_path} scores other tokens than {baseline_nll}: not the same set")
-        interval = paired_bootstrap_nll(nll, base_nll, tokens)
-        retained = record["retained"]
-        rows.append({"setting": record["setting"], "lam": record["lambda"], "control": record["control"],
-                     **{f"retained_{k}": v for k, v in retained.items()}, "retained_total": sum(retained.values()),
-                     "steps": record["steps"]["total"], "perplexity": score["perplexity"], "nll": score["nll"],
-                     "delta_nll": interval["difference"], "delta_nll_low": interval["low"],
-                     "delta_nll_high": interval["high"], "p_value": interval["p_value"],
-                     "perplexity_ratio": float(np.exp(interval["difference"]))})
+    rows = [{**run, "perplexity": score["perplexity"], "nll": score["nll"], "delta_nll": interval["difference"],
+             "delta_nll_low": interval["low"], "delta_nll_high": interval["high"], "p_value": interval["p_value"],
+             "perplexity_ratio": float(np.exp(interval["difference"]))}
+            for run, score, interval in _against_baseline(baseline_nll, gates, pruned_scores, pruned_nll, "tokens")]
     table = pd.DataFrame(rows)
     with atomic_path(out_table) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
@@ -185,25 +193,10 @@ def _distance_pruning_report(base: dict, baseline_nll: str, gates: list[str], pr
     """lm_pruning_report of a sentence encoder: per pruned model its mean embedding distance to
     the unpruned model and that minus the baseline's (0, up to rounding), with the 95% paired
     bootstrap interval over sentences (paired_bootstrap_nll with one unit per sentence)."""
-    from headcount.training.perplexity import paired_bootstrap_nll
-
-    base_distance, base_units = read_nll(baseline_nll)
-    rows = []
-    for gates_path, score_path, nll_path in zip(gates, pruned_scores, pruned_nll, strict=True):
-        with open(gates_path, encoding="utf-8") as f:
-            record = json.load(f)
-        with open(score_path, encoding="utf-8") as f:
-            score = json.load(f)
-        distance, units = read_nll(nll_path)
-        if not np.array_equal(units, base_units):
-            raise ValueError(f"{nll_path} scores other sentences than {baseline_nll}: not the same set")
-        interval = paired_bootstrap_nll(distance, base_distance, units)
-        retained = record["retained"]
-        rows.append({"setting": record["setting"], "lam": record["lambda"], "control": record["control"],
-                     **{f"retained_{k}": v for k, v in retained.items()}, "retained_total": sum(retained.values()),
-                     "steps": record["steps"]["total"], DISTANCE: score[DISTANCE],
-                     f"delta_{DISTANCE}": interval["difference"], f"delta_{DISTANCE}_low": interval["low"],
-                     f"delta_{DISTANCE}_high": interval["high"], "p_value": interval["p_value"]})
+    rows = [{**run, DISTANCE: score[DISTANCE], f"delta_{DISTANCE}": interval["difference"],
+             f"delta_{DISTANCE}_low": interval["low"], f"delta_{DISTANCE}_high": interval["high"],
+             "p_value": interval["p_value"]}
+            for run, score, interval in _against_baseline(baseline_nll, gates, pruned_scores, pruned_nll, "sentences")]
     table = pd.DataFrame(rows)
     with atomic_path(out_table) as tmp:
         table.to_csv(tmp, sep="\t", index=False, float_format="%.6g")
