@@ -143,8 +143,8 @@ def test_previous_token_head_on_causal_attention_scores_one_and_the_next_token_i
         assert positional.loc[head, "second_offset"] == 0  # the first piece: BOS left out, itself
     # +1 counts its valid queries but no causal head can hit it: share 0, not a division error
     probe = PositionalStats()
-    for _, probs, lengths in _role_attention(model, segmenter, TEXTS, range(len(TEXTS)), 8, "cpu"):
-        probe.update(probs, lengths)
+    for _, lengths, run in _role_attention(model, segmenter, TEXTS, range(len(TEXTS)), 8, "cpu"):
+        run(lambda layer, probs, lengths=lengths: probe.update(probs, lengths))
     assert probe.valid[probe.radius + 1] == sum(m - 1 for m in n) and probe.shares()[:, :, probe.radius + 1].max() == 0
 
 

@@ -39,17 +39,14 @@ def planted_model():
     mask = torch.ones(2, 4)
     mask[0] = torch.tensor([0.0, 1.0, 0.0, 0.0])
     model.set_head_mask({"enc_self": mask})
-    encode = model.encode
+    def planted_map(module, inputs, output):  # the map layer 2 reports (the analyses read it as it is made)
+        out, probs = output
+        if probs is None:
+            return None
+        self_only = torch.eye(probs.shape[-1]).expand_as(probs[:, 2])
+        return out, torch.cat([probs[:, :2], self_only[:, None], probs[:, 3:]], dim=1)
 
-    def planted_encode(src, need_weights=False):
-        memory, src_pad, probs = encode(src, need_weights)
-        if need_weights:
-            probs = list(probs)
-            self_only = torch.eye(src.shape[1]).expand_as(probs[1][:, 2])
-            probs[1] = torch.cat([probs[1][:, :2], self_only[:, None], probs[1][:, 3:]], dim=1)
-        return memory, src_pad, probs
-
-    model.encode = planted_encode  # forward (confidence) and the positional statistics read it
+    model.encoder_layers[1].self_attn.register_forward_hook(planted_map)  # confidence and positional statistics
     return model
 
 

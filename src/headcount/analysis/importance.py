@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from headcount.analysis.tables import KEYS, MICHEL_UNDEFINED, head_rows
-from headcount.data.batching import make_batches, objective_tensors
+from headcount.data.batching import TextTooLong, check_lengths, make_batches, objective_tensors
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
+from headcount.models.attention_stream import stream_attention
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, cosine_distance, embedding_distance
 from headcount.models.seq2seq import MODEL_KINDS, Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
@@ -34,16 +35,33 @@ Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, 
 
 
 def dev_batches(src_ids: list[list[int]], tgt_ids: list[list[int]], max_tokens: int = 2000, *,
-                special: SpecialIds, objective: str = "translation") -> list[Batch]:
+                special: SpecialIds, objective: str = "translation", max_positions: int | None = None) -> list[Batch]:
     """Deterministic padded batches of a set (the order does not change any score here), with the
     model's special ids (`model.special`) and its objective (`kind_of(model).objective`; a language
-    model's text on both sides, a masked LM's masks the fixed draw of seed 0)."""
+    model's text on both sides, a masked LM's masks the fixed draw of seed 0). A text longer than
+    `max_tokens` gets a batch of its own; with `max_positions` (`model.max_positions`) a text that
+    does not fit the model is refused by its index (batching.check_lengths), else every analysis
+    refuses the batch row that does not fit (`_on_device`)."""
+    if max_positions is not None:
+        check_lengths(src_ids, tgt_ids, max_positions, objective)
     return [objective_tensors(objective, [src_ids[i] for i in batch], [tgt_ids[i] for i in batch], special)
             for batch in make_batches([len(s) + 1 for s in src_ids], [len(t) + 1 for t in tgt_ids], max_tokens,
                                       seed=0)]
 
 
 def _on_device(batch, model: Seq2SeqWithHeads):
+    """The batch on the model's device, once checked to fit the model's positions: a row longer
+    than them is refused here, naming it and the fix, not deep inside the model (an index error in
+    a position table, or a mask of the wrong size)."""
+    limit = getattr(model, "max_positions", None)
+    for name, x in zip(("source", "decoder input"), batch[:2]):
+        if limit is not None and x.dim() == 2 and x.shape[1] > limit:
+            real = x.ne(model.special.pad).sum(dim=1)
+            row = int(real.argmax())
+            raise TextTooLong(
+                f"a batch's {name} is {x.shape[1]} positions long (row {row}: {int(real[row])} tokens) but the model "
+                f"takes at most {limit}: split long texts into parts that fit, or leave them out; "
+                f"dev_batches(..., max_positions=model.max_positions) names the text")
     device = next(model.parameters()).device
     return [x.to(device) for x in batch]
 
@@ -96,19 +114,28 @@ def confidence_masks(src: Tensor, tgt_in: Tensor, special: SpecialIds, exclude_b
 @torch.no_grad()
 def head_confidence(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]],
                     exclude_bos_in_dec_self: bool = False) -> pd.DataFrame:
-    """Mean over query tokens of a head's maximum attention weight, pooled over the whole set."""
+    """Mean over query tokens of a head's maximum attention weight, pooled over the whole set.
+
+    Streamed (models.attention_stream): each layer's map is reduced to its (H,) sums as the layer
+    computes it, so memory holds one layer's map at a time, not every layer's."""
     model.eval()
-    sums: dict[str, Tensor] = {}
+    sums: dict[str, list[Tensor | None]] = {}
     counts: dict[str, int] = {}
     for batch in batches:
         src, tgt_in = _on_device(batch[:2], model)
-        _, attentions = model(src, tgt_in, need_weights=True)
         masks = confidence_masks(src, tgt_in, model.special, exclude_bos_in_dec_self, kind_of(model).layout)
-        for kind, (query_keep, key_keep) in masks.items():
-            per_layer = [confidence_sums(p.double(), query_keep, key_keep) for p in attentions[kind]]
-            sums[kind] = sums.get(kind, 0) + torch.stack([s for s, _ in per_layer]).cpu()  # (L, H)
-            counts[kind] = counts.get(kind, 0) + per_layer[0][1]
-    return head_rows({kind: s / max(counts[kind], 1) for kind, s in sums.items()}, "confidence")
+
+        def reduce(kind: str, layer: int, probs: Tensor, masks=masks) -> None:
+            if kind not in masks:
+                return
+            summed, _ = confidence_sums(probs.double(), *masks[kind])
+            layers = sums.setdefault(kind, [None] * len(model.attention_modules()[kind]))
+            layers[layer] = summed.cpu() if layers[layer] is None else layers[layer] + summed.cpu()
+
+        stream_attention(model, src, tgt_in, reduce)
+        for kind, (query_keep, _) in masks.items():
+            counts[kind] = counts.get(kind, 0) + int(query_keep.sum())
+    return head_rows({kind: torch.stack(s) / max(counts[kind], 1) for kind, s in sums.items()}, "confidence")
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from headcount.io import HeadcountError
+
 if TYPE_CHECKING:
     from headcount.data.special import SpecialIds
 
@@ -47,6 +49,35 @@ def make_batches(
             batches.append(batch)
     rng.shuffle(batches)
     return batches
+
+
+class TextTooLong(HeadcountError):
+    """A text that does not fit the model's positions (its context)."""
+
+
+# The positions each objective's batch gives a text of n tokens beyond them (objective_tensors):
+# translation EOS on the source (and BOS or EOS on the target side), a causal LM none (BOS + x[:-1]),
+# a masked LM and a sentence encoder [CLS] and [SEP].
+EXTRA_POSITIONS = {"translation": 1, "causal_lm": 0, "masked_lm": 2, "sentence_embedding": 2}
+
+
+def check_lengths(src_ids: list[list[int]], tgt_ids: list[list[int]], max_positions: int,
+                  objective: str = "translation") -> None:
+    """Refuse, by its index and length, the first text whose batch would not fit the model's
+    `max_positions` (a causal LM reads the target side, a masked LM and a sentence encoder the
+    source side, a translation model both): truncated, its scores would be of another text, and
+    the model would fail on it somewhere inside, not naming it. A text longer than a batch's token
+    budget is no problem (make_batches gives it a batch of its own)."""
+    extra = EXTRA_POSITIONS[objective]
+    sides = {"translation": (("source", src_ids), ("target", tgt_ids)), "causal_lm": (("text", tgt_ids),),
+             "masked_lm": (("text", src_ids),), "sentence_embedding": (("text", src_ids),)}[objective]
+    for side, ids in sides:
+        for i, x in enumerate(ids):
+            if len(x) + extra > max_positions:
+                raise TextTooLong(
+                    f"{side} {i} has {len(x)} tokens, {len(x) + extra} positions with the model's special tokens, "
+                    f"but the model takes at most {max_positions}: split it into parts of at most "
+                    f"{max_positions - extra} tokens (e.g. at paragraph or sentence ends), or leave it out")
 
 
 def positions(n_subwords: int) -> int:

@@ -307,6 +307,8 @@ class _HFLanguageModel(HeadMasks, nn.Module):
     """What the two adapters share: gates, head masks, checkpoints."""
 
     model_kind = "decoder_only"
+    # eager attention returns each layer's map without output_attentions (attention_stream.py)
+    maps_without_weights = True
     family_kind: str | None = None  # the families' kind it wraps, where not its own (hf_sentence's: encoder_only)
 
     def __init__(self, hf: nn.Module, special: SpecialIds | None = None):

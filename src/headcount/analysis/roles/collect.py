@@ -19,7 +19,7 @@ renormalisation):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,7 @@ from headcount.analysis.roles.statistics import (
     with_piece_kinds,
 )
 from headcount.data.batching import pad, source_tensor
+from headcount.models.attention_stream import stream_attention
 from headcount.models.seq2seq import kind_of
 
 # --------------------------------------------------------------------------------------------
@@ -78,37 +79,114 @@ def _cls_into_sep(probs: torch.Tensor, n_pieces: list[int]) -> torch.Tensor:
     return probs[..., 1:, 1:]
 
 
+# The padded tokens of one batch of the role statistics, beside its number of sentences: a layer's
+# maps are B x H x S^2, so 32 documents of 2,048 tokens would be 32 times one document's.
+ROLE_MAX_TOKENS = 4096
+
+
+def _role_batches(lengths: list[int], batch_size: int, max_tokens: int = ROLE_MAX_TOKENS) -> list[tuple[int, int]]:
+    """(start, stop) of consecutive sentences, at most `batch_size` of them and, past the first,
+    at most `max_tokens` padded positions (a longer sentence goes alone). The statistics are sums
+    over sentences, so the batches change no number."""
+    out, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        width = n + 2  # the pieces and at most two sink positions
+        if i > start and (i - start >= batch_size or max(longest, width) * (i - start + 1) > max_tokens):
+            out.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, width)
+    if start < len(lengths):
+        out.append((start, len(lengths)))
+    return out
+
+
+# on_layer(layer, probs (1, B, H, S, S) in the source layout) of _role_attention's `run`
+LayerCallback = Callable[[int, torch.Tensor], None]
+
+
 def _role_attention(model, segmenter, texts: Sequence[str], keep: Sequence[int], batch_size: int, device):
     """Run the model over the sentences `keep` of the (already lowercased if need be) `texts` in
-    batches: yields (sentence indices, (L, B, H, S, S) attention of the heads that get roles in the
-    source layout (module docstring), lengths incl. the sink)."""
+    batches: yields (sentence indices, lengths incl. the sink, run) per batch, where `run(on_layer)`
+    makes the batch's pass and hands `on_layer(layer, probs)` each layer's (1, B, H, S, S) attention
+    of the heads that get roles, in the source layout (module docstring), as the layer computes it
+    (models.attention_stream): no pass holds more than one layer's maps, so a document of 2,048
+    tokens costs one layer's H x S^2, not L of them."""
     ids = segmenter.encode([texts[i] for i in keep])
     kind, special = kind_of(model).layout, model.special
-    for start in range(0, len(keep), batch_size):
-        chunk, pieces = list(keep[start:start + batch_size]), ids[start:start + batch_size]
+    role_type = ROLE_ATTENTION[kind]
+    for start, stop in _role_batches([len(x) for x in ids], batch_size):
+        chunk, pieces = list(keep[start:stop]), ids[start:stop]
         n_pieces = [len(x) for x in pieces]
         if kind == "decoder_only":
+            src = torch.zeros(len(chunk), 0, dtype=torch.long, device=device)
             tgt_in = pad([[special.bos, *x] for x in pieces], special.pad).to(device)
-            _, attention = model(torch.zeros(len(chunk), 0, dtype=torch.long, device=device), tgt_in,
-                                 need_weights=True)
-            yield chunk, _bos_last(torch.stack(attention["dec_self"]), n_pieces), [n + 1 for n in n_pieces]
+            lengths = [n + 1 for n in n_pieces]
+
+            def layout(probs, n_pieces=n_pieces):
+                return _bos_last(probs, n_pieces)
         elif kind == "encoder_only":
             src = pad([[special.bos, *x, special.eos] for x in pieces], special.pad).to(device)
-            _, _, probs = model.encode(src, need_weights=True)
-            yield chunk, _cls_into_sep(torch.stack(probs), n_pieces), [n + 1 for n in n_pieces]
+            tgt_in = torch.zeros(len(chunk), 0, dtype=torch.long, device=device)
+            lengths = [n + 1 for n in n_pieces]
+
+            def layout(probs, n_pieces=n_pieces):
+                return _cls_into_sep(probs, n_pieces)
         else:
             src = source_tensor(pieces, special).to(device)  # (B, S): pieces, EOS, padding
+            tgt_in = torch.full((len(chunk), 1), special.bos, dtype=torch.long, device=device)
             lengths = source_lengths(src, special.pad).tolist()
-            _, _, probs = model.encode(src, need_weights=True)
-            yield chunk, torch.stack(probs), lengths
+
+            def layout(probs):
+                return probs
+
+        def run(on_layer: LayerCallback, src=src, tgt_in=tgt_in, layout=layout) -> None:
+            def reduce(attention_type: str, layer: int, probs: torch.Tensor) -> None:
+                on_layer(layer, layout(probs[None]))
+
+            stream_attention(model, src, tgt_in, reduce, types=(role_type,))
+
+        yield chunk, lengths, run
 
 
-def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None) -> tuple[list[int], int, int]:
+class _PerLayer:
+    """One statistics accumulator per layer, fed that layer's maps alone ((1, B, H, S, S)); their
+    tables, each of layer 0, joined with their own layer numbers. Every accumulator's per-head
+    numbers depend on its own layer's maps only, and their shared counts (queries, sentences,
+    instances) on the batch alone, so the joined table equals one accumulator's fed every layer at
+    once (tests/test_long_inputs.py)."""
+
+    def __init__(self, make):
+        self.make, self.layers = make, {}
+
+    def __getitem__(self, layer: int):
+        if layer not in self.layers:
+            self.layers[layer] = self.make()
+        return self.layers[layer]
+
+    @property
+    def first(self):
+        return self.layers[min(self.layers)] if self.layers else self.make()
+
+    def table(self, table=lambda stats: stats.table()) -> pd.DataFrame:
+        frames = [table(stats).assign(layer=layer) for layer, stats in sorted(self.layers.items())]
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            return table(self.make())
+        return pd.concat(frames, ignore_index=True)
+
+
+def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None, log=print) -> tuple[list[int], int, int]:
     """Indices of the sentences the analysis keeps: at most `max_pieces` subwords (if given) and
     within the model's positions; and how many were too long for each reason."""
     lengths = [len(x) for x in segmenter.encode(list(texts))]
     too_long = {i for i, n in enumerate(lengths) if max_pieces is not None and n > max_pieces}
     no_room = {i for i, n in enumerate(lengths) if n + _sink_positions(model) > model.max_positions} - too_long
+    if no_room:  # left out, as sentences over max_pieces are: named, so that a document can be split
+        first = sorted(no_room)[:5]
+        log(f"role statistics leave out {len(no_room)} text(s) longer than the model's {model.max_positions} "
+            f"positions ({', '.join(f'text {i}: {lengths[i]} pieces' for i in first)}"
+            f"{', ...' if len(no_room) > len(first) else ''}); split them into parts of at most "
+            f"{model.max_positions - _sink_positions(model)} pieces to have them counted")
     return [i for i in range(len(texts)) if i not in too_long | no_room], len(too_long), len(no_room)
 
 
@@ -127,30 +205,49 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     """
     model.eval().to(device)
     texts = [t.lower() if lowercase else t for t in texts]
-    keep, _, no_room = _fitting(segmenter, texts, model, None)
-    positional, rare, sink = PositionalStats(), RareStats(frequencies, top_k, lowercase), SinkStats()
-    by_kind = {kind: PositionalStats() for kind in PIECE_KINDS}
+    keep, _, no_room = _fitting(segmenter, texts, model, None, log)
+    positional, sink = _PerLayer(PositionalStats), _PerLayer(SinkStats)
+    rare = _PerLayer(lambda: RareStats(frequencies, top_k, lowercase))
+    by_kind = {kind: _PerLayer(PositionalStats) for kind in PIECE_KINDS}
     unplaced = total_words = 0
-    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
+    for chunk, lengths, run in _role_attention(model, segmenter, texts, keep, batch_size, device):
         pieces = [segmenter.pieces(texts[i]) for i in chunk]
-        positional.update(probs, lengths)
-        sink.update(probs, lengths)
-        for kind, mask in piece_kind_masks(pieces, probs.shape[-1]).items():
-            by_kind[kind].update(probs, lengths, mask)
-        for row, i in enumerate(chunk):
-            words = frequency_words(texts[i], lowercase)
-            piece_to_word = align_pieces(words, pieces[row])
-            wa = word_attention(probs[:, row, :, :lengths[row], :lengths[row]], piece_to_word, len(words))
-            total_words += len(words)
-            unplaced += int((~aligned_words(wa)).sum())
-            rare.update(wa, words, np.bincount(piece_to_word[piece_to_word >= 0], minlength=len(words)))
+        kind_masks = piece_kind_masks(pieces, max(lengths))
+        words = [frequency_words(texts[i], lowercase) for i in chunk]
+        piece_to_word = [align_pieces(w, p) for w, p in zip(words, pieces)]
+        pieces_per_word = [np.bincount(p[p >= 0], minlength=len(w)) for w, p in zip(words, piece_to_word)]
+
+        def on_layer(layer: int, probs: torch.Tensor, lengths=lengths, kind_masks=kind_masks, words=words,
+                     piece_to_word=piece_to_word, pieces_per_word=pieces_per_word) -> None:
+            nonlocal unplaced, total_words
+            positional[layer].update(probs, lengths)
+            sink[layer].update(probs, lengths)
+            for kind, mask in kind_masks.items():
+                by_kind[kind][layer].update(probs, lengths, mask)
+            for row in range(len(lengths)):
+                n = lengths[row]
+                wa = word_attention(probs[:, row, :, :n, :n], piece_to_word[row], len(words[row]))
+                if layer == 0:
+                    total_words += len(words[row])
+                    unplaced += int((~aligned_words(wa)).sum())
+                rare[layer].update(wa, words[row], pieces_per_word[row])
+
+        run(on_layer)
     log(f"positional and rare-token statistics: {len(keep)} of {len(texts)} sentences ({no_room} longer than "
-        f"the model's positions), {unplaced} of {total_words} words without pieces, {rare.n_sentences} "
+        f"the model's positions), {unplaced} of {total_words} words without pieces, {rare.first.n_sentences} "
         f"eligible for rare tokens")
-    if rare.n_uniform:
+    if rare.first.n_uniform:
         log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
-            f"words in {rare.uniform_two_rarest / rare.n_uniform:.0%} of the eligible sentences")
-    return {"positional": with_piece_kinds(positional.table(), by_kind), "rare": rare.table(), "sink": sink.table()}
+            f"words in {rare.first.uniform_two_rarest / rare.first.n_uniform:.0%} of the eligible sentences")
+
+    def with_kinds(layer_stats: PositionalStats, layer: int) -> pd.DataFrame:
+        return with_piece_kinds(layer_stats.table(), {kind: by_kind[kind][layer] for kind in PIECE_KINDS})
+
+    joined = [with_kinds(stats, layer).assign(layer=layer) for layer, stats in sorted(positional.layers.items())]
+    joined = [f for f in joined if not f.empty]
+    table = pd.concat(joined, ignore_index=True) if joined else with_piece_kinds(
+        PositionalStats().table(), {kind: PositionalStats() for kind in PIECE_KINDS})
+    return {"positional": table, "rare": rare.table(), "sink": sink.table()}
 
 
 @torch.no_grad()
@@ -165,13 +262,18 @@ def sentence_positional_counts(model, segmenter, texts: Sequence[str], lowercase
     the table."""
     model.eval().to(device)
     texts = [t.lower() if lowercase else t for t in texts]
-    keep, _, no_room = _fitting(segmenter, texts, model, None)
-    stats = PositionalStats(per_sentence=True)
+    keep, _, no_room = _fitting(segmenter, texts, model, None, log)
+    stats = _PerLayer(lambda: PositionalStats(per_sentence=True))
     fed = []
-    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
-        stats.update(probs, lengths)
+    for chunk, lengths, run in _role_attention(model, segmenter, texts, keep, batch_size, device):
+        run(lambda layer, probs, lengths=lengths: stats[layer].update(probs, lengths))
         fed += chunk
-    kept_hits, kept_valid = stats.sentence_counts()
+    counts = [stats.layers[layer].sentence_counts() for layer in sorted(stats.layers)]
+    if counts:
+        kept_hits = np.concatenate([h for h, _ in counts], axis=1)
+        kept_valid = np.concatenate([v for _, v in counts], axis=1)
+    else:
+        kept_hits, kept_valid = PositionalStats(per_sentence=True).sentence_counts()
     hits = np.zeros((len(texts), *kept_hits.shape[1:]), np.int64)
     valid = np.zeros_like(hits)
     hits[fed], valid[fed] = kept_hits, kept_valid
@@ -197,21 +299,35 @@ def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool,
     sentences = [s for _, s in table.groupby("sentence", sort=True)]
     texts = [s["text"].iloc[0] for s in sentences]
     texts = [t.lower() if lowercase else t for t in texts]
-    keep, too_long, no_room = _fitting(segmenter, texts, model, max_pieces)
-    syntactic = SyntacticStats(causal=is_causal(model))
+    keep, too_long, no_room = _fitting(segmenter, texts, model, max_pieces, log)
+    syntactic = _PerLayer(lambda: SyntacticStats(causal=is_causal(model)))
     unplaced = total_words = 0
-    for chunk, probs, lengths in _role_attention(model, segmenter, texts, keep, batch_size, device):
-        for row, i in enumerate(chunk):
-            words = sentence_tokens(sentences[i])
-            piece_to_word = align_pieces(words, segmenter.pieces(texts[i]))
-            wa = word_attention(probs[:, row, :, :lengths[row], :lengths[row]], piece_to_word, len(words))
-            total_words += len(words)
-            unplaced += int((~aligned_words(wa)).sum())
-            syntactic.update(wa, relation_pairs(sentences[i]))
+    for chunk, lengths, run in _role_attention(model, segmenter, texts, keep, batch_size, device):
+        words = [sentence_tokens(sentences[i]) for i in chunk]
+        piece_to_word = [align_pieces(w, segmenter.pieces(texts[i])) for w, i in zip(words, chunk)]
+        pairs = [relation_pairs(sentences[i]) for i in chunk]
+
+        def on_layer(layer: int, probs: torch.Tensor, lengths=lengths, words=words, piece_to_word=piece_to_word,
+                     pairs=pairs) -> None:
+            nonlocal unplaced, total_words
+            for row in range(len(lengths)):
+                n = lengths[row]
+                wa = word_attention(probs[:, row, :, :n, :n], piece_to_word[row], len(words[row]))
+                if layer == 0:
+                    total_words += len(words[row])
+                    unplaced += int((~aligned_words(wa)).sum())
+                syntactic[layer].update(wa, pairs[row])
+
+        run(on_layer)
     limit = f"{too_long} longer than {max_pieces} subwords, " if max_pieces is not None else ""
     log(f"syntactic statistics: {len(keep)} of {len(sentences)} parsed sentences ({limit}{no_room} longer than "
         f"the model's positions left out), {unplaced} of {total_words} words without pieces")
     syn = syntactic.table()
+    if not syn.empty:  # SyntacticStats' order: relation and direction first, then layer and head
+        keys = {key: i for i, key in enumerate(syntactic.first.keys)}
+        order = [keys[(r, d)] for r, d in zip(syn["relation"], syn["direction"])]
+        syn = syn.assign(_key=order).sort_values(["_key", "layer", "head"], kind="stable").drop(
+            columns="_key").reset_index(drop=True)
     return {"syntactic": syn, "table1": syntactic_table(syn)}
 
 
@@ -241,8 +357,14 @@ def induction_statistics(model, vocab_size: int, length: int = 50, sequences: in
     model.eval().to(device)
     length = min(length, (model.max_positions - 1) // 2)
     tgt_in = repeated_sequences(vocab_size, model.special, length, sequences, seed).to(device)
-    _, attention = model(torch.zeros(sequences, 0, dtype=torch.long, device=device), tgt_in, need_weights=True)
-    table = repeated_sequence_scores(attention["dec_self"], length)
+    layers = []
+
+    def on_map(kind: str, layer: int, probs: torch.Tensor) -> None:
+        layers.append(repeated_sequence_scores(probs[None], length).assign(layer=layer))
+
+    stream_attention(model, torch.zeros(sequences, 0, dtype=torch.long, device=device), tgt_in, on_map,
+                     types=("dec_self",))
+    table = pd.concat(layers, ignore_index=True)
     best = table.loc[table["induction_score"].idxmax()]
     log(f"induction scores on {sequences} sequences of 2 x {length} random tokens (seed {seed}): best "
         f"{best['induction_score']:.2f} (layer {int(best['layer'])}, head {int(best['head'])})")
