@@ -430,3 +430,38 @@ def test_an_encoder_only_language_models_examples_are_over_cls_pieces_and_sep(tm
     for row in table[table["offset"].abs() <= RADIUS].itertuples():  # the page keeps offsets -RADIUS..RADIUS
         assert out["histograms"]["enc_self"]["share"][head_key("enc_self", row.layer, row.head)][
             row.offset + RADIUS] == pytest.approx(row.fraction)
+
+
+def test_a_documents_examples_are_a_window_of_its_map_so_the_page_stays_small():
+    """Documents, not sentences (issue 62): every stored example of a 300-token text is its first
+    WINDOW tokens on each axis, the label says so, causal rows still sum to 1 inside the window, and
+    the examples weigh what WINDOW x WINDOW bytes do, not 300 x 300."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headcount.data.special import SpecialIds
+    from headcount.models.hf_lm import HFCausalLM
+    from headcount.report.atlas.examples import WINDOW
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=70, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    model = HFCausalLM(LlamaForCausalLM(config), special=SpecialIds(pad=0, bos=1, eos=2, unk=3)).eval()
+    words = "the old dog saw a cat near the red barn and ran home".split()
+    document = " ".join(words[i % len(words)] for i in range(300))  # 300 words of at most 2 pieces
+    segmenter = PieceSegmenter()
+    lines = [document, "a short line"]
+    out = gather_examples(model, segmenter, segmenter, lines, [], {"dec_self/1/0": {"role": "rare"}}, chosen=[0, 1],
+                          best=1, frequencies=count_words(lines), log=lambda _: None)
+    n = len(segmenter.pieces(document)) + 1
+    assert n > WINDOW
+    long = [s for s in out["sentences"] if s["label"].startswith("analysis line 1")]
+    assert long and long[0]["label"] == f"analysis line 1 (its first {WINDOW} of {n} tokens)"
+    assert len(long[0]["tgt"]) == WINDOW
+    for examples in out["examples"].values():
+        for e in examples:
+            assert e["rows"] <= WINDOW and e["cols"] <= WINDOW
+            matrix = decode_matrix(e["m"], e["rows"], e["cols"])
+            assert np.allclose(matrix.sum(axis=1), 1, atol=e["cols"] / 255)  # causal: a window holds whole rows
+            assert all(p < WINDOW for p in e.get("marks", {}).get("rare", []))
+    size = len(json.dumps(out["examples"]))
+    assert size < 4 * 2 * 2 * 2 * WINDOW * WINDOW  # heads x examples x base64 (4/3) < 2, well under 300^2

@@ -1,6 +1,10 @@
 """The head atlas's attention on real sentences: what each head does on a few analysis sentences
 the researcher chose and on the sentences where it best shows its role, over the real subwords.
 
+A stored example is a window of the map: its first WINDOW (128) tokens on each axis, so that a page
+of documents (2,048 tokens) stays the size of one of sentences; the statistics that choose the
+examples read the whole text.
+
 The model is run through the seq2seq interface (`forward(src, tgt_in, need_weights=True)`, which
 headcount's own Transformer and the HuggingFace adapters implement) on the experiment's analysis
 sentences, the reference translation teacher-forced: every attention type the model has comes
@@ -48,7 +52,7 @@ import pandas as pd
 import torch
 
 from ...analysis.roles.alignment import align_pieces, sentence_tokens, word_attention
-from ...analysis.roles.collect import _bos_last, _cls_into_sep, _sink_positions, is_causal
+from ...analysis.roles.collect import _bos_last, _cls_into_sep, _role_batches, _sink_positions, is_causal
 from ...analysis.roles.registry import ROLE_ATTENTION
 from ...analysis.roles.statistics import (
     DIRECTION_NAMES,
@@ -69,6 +73,10 @@ RADIUS = 8
 MIN_QUERIES = 3  # a sentence shows an offset only with at least this many queries where it is valid
 EOS_PIECE, BOS_PIECE = "</s>", "<s>"
 CLS_PIECE, SEP_PIECE = "[CLS]", "[SEP]"  # an encoder-only model's, where its tokenizer names none
+# The tokens of a stored example, on each axis: a document's first WINDOW (its rows and columns),
+# so that a page of 2,048-token documents stays the size of one of sentences (a full map would be
+# 4 MB per example and head); the label says how many tokens the text has.
+WINDOW = 128
 # A language model's statistics are taken in the role layout (pieces + sink, both axes "source").
 ROLE_LAYOUT = ("src", "src")
 
@@ -153,8 +161,8 @@ def _lm_attention(model, ids: Sequence[list[int]], batch_size: int, device, role
     kind, special = kind_of(model).layout, model.special
     role_type = ROLE_ATTENTION[kind]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
+    for start, stop in _role_batches([len(ids[i]) for i in order], batch_size):  # documents one by one
+        rows = order[start:stop]
         pieces = [ids[i] for i in rows]
         n_pieces = [len(x) for x in pieces]
         if kind == "decoder_only":
@@ -215,6 +223,14 @@ class Examples:
     def ordered(self) -> dict[str, list[dict]]:
         return {key: [{k: v for k, v in e.items() if k != "order"} for e in sorted(found, key=lambda e: e["order"])]
                 for key, found in self.by_head.items()}
+
+
+def _marks_in_window(marks: dict | None) -> dict | None:
+    """An example's marks within the stored window (a rare word's pieces past it are dropped)."""
+    if not marks or "rare" not in marks:
+        return marks
+    inside = [p for p in marks["rare"] if p < WINDOW]
+    return {**marks, "rare": inside} if inside else {k: v for k, v in marks.items() if k != "rare"} or None
 
 
 def _pieces_of_word(piece_to_word: np.ndarray, word: int) -> list[int]:
@@ -375,13 +391,18 @@ def gather_examples(model, src_tokenizer, tgt_tokenizer, sources: Sequence[str],
             else:
                 tgt = [BOS_PIECE] + tgt_tokenizer.pieces(texts_tgt[i])[:len(tgt_ids[i])]  # one piece per id
                 src = src_pieces[i] + [EOS_PIECE]
-            s = examples.sentence("analysis", i, f"analysis line {i + 1}", src, tgt)
+            longest = max(len(src or []), len(tgt or []))
+            label = f"analysis line {i + 1}"
+            if longest > WINDOW:
+                label += f" (its first {WINDOW} of {longest} tokens)"
+            s = examples.sentence("analysis", i, label, None if src is None else src[:WINDOW],
+                                  None if tgt is None else tgt[:WINDOW])
             for key, why, note, marks, order in wanted[i]:
                 kind, layer, head = key.split("/")
                 n_rows, n_cols = _lengths_for(kind, None if src_len is None else src_len[b],
                                               None if tgt_len is None else tgt_len[b])
-                matrix = attention[kind][int(layer), b, int(head), :n_rows, :n_cols].numpy()
-                examples.add(key, s, why, note, matrix, marks, order)
+                matrix = attention[kind][int(layer), b, int(head), :min(n_rows, WINDOW), :min(n_cols, WINDOW)].numpy()
+                examples.add(key, s, why, note, matrix, _marks_in_window(marks), order)
 
     if best > 0 and parses is not None and len(parses):
         _syntactic_examples(model, src_tokenizer, parses, roles, best, lowercase, batch_size, device, examples,
@@ -466,8 +487,11 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
             sent_id = sentences[i]["sent_id"].iloc[0] if "sent_id" in sentences[i] else None
             label = f"parsed sentence {i + 1}" + (f" ({sent_id})" if sent_id else "")
             src, tgt = _lm_tokens(model, src_tokenizer, pieces) if lm else (pieces + [EOS_PIECE], None)
-            s = examples.sentence("parsed", i, label, src, tgt)
             n = src_len[b] if src_len is not None else tgt_len[b]
+            if n > WINDOW:
+                label += f" (its first {WINDOW} of {n} tokens)"
+            s = examples.sentence("parsed", i, label, None if src is None else src[:WINDOW],
+                                  None if tgt is None else tgt[:WINDOW])
             for key, note, rank in picked[i]:
                 layer, head = map(int, key.split("/")[1:])
                 relation, direction = heads[key]
@@ -475,7 +499,9 @@ def _syntactic_examples(model, src_tokenizer, parses: pd.DataFrame, roles: dict,
                 for q, t in arcs.get((i, relation, direction), []):
                     qp, tp = _pieces_of_word(piece_to_word, q), _pieces_of_word(piece_to_word, t)
                     if qp and tp:
-                        marks.append([qp[0] + lead, tp[0] + lead])
-                examples.add(key, s, "role", note, attention[role_type][layer, b, head, :n, :n].numpy(),
+                        if max(qp[0], tp[0]) + lead < WINDOW:
+                            marks.append([qp[0] + lead, tp[0] + lead])
+                w = min(n, WINDOW)
+                examples.add(key, s, "role", note, attention[role_type][layer, b, head, :w, :w].numpy(),
                              {"arcs": marks}, (1, rank))
     log(f"atlas: syntactic examples for {len(heads)} heads from {len(keep)} parsed sentences")
