@@ -13,6 +13,11 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
 - train_threads: the machine's cores as one training job with every thread against one single-thread
   training job per core running at once (what `resources.train_threads` chooses for the workflow),
   alternating; each job a process of its own
+- train_loop_profile: a step exactly as training.loop takes it (its forward_loss, update, make_optimizer),
+  per op: the matrix products' share, the milliseconds of everything else, the Adam update (--precision)
+- train_adam: that step with the fused Adam update against torch's for-loop one, alternating
+- train_sdpa: the attention of that step through scaled_dot_product_attention against the explicit
+  (need_weights) path, alternating
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
 - lrp_trained: the same on the trained default model and the 500 sentences score_heads explains
 - decode: beam-search sentences per second (the trained default model if results/ has it)
@@ -206,7 +211,7 @@ def part_train(which: str, size: str, steps: int, profile: bool = False, relu_dr
     return {**_throughput(size, batches[warmup:], time.perf_counter() - start), "precision": step.precision}
 
 
-def alternate(size: str, steps: int, variants: dict, repeats: int = 3) -> dict:
+def alternate(size: str, steps: int, variants: dict, repeats: int = 3, precision: str = "auto") -> dict:
     """Throughput of several training setups on the same batches, alternating in one process.
 
     Each keeps its fastest pass over the batches, so a ratio between them is not disturbed by a
@@ -219,7 +224,7 @@ def alternate(size: str, steps: int, variants: dict, repeats: int = 3) -> dict:
     batches = synthetic_batches(SIZES[size][3], steps)
     best = dict.fromkeys(variants, float("inf"))
     peak = 0.0
-    dtype = autocast_dtype() or torch.float32
+    dtype = autocast_dtype(precision) or torch.float32
     for step in variants.values():
         step(batches[0])  # warm-up
     for _ in range(repeats):
@@ -264,6 +269,91 @@ def part_train_precision(steps: int) -> dict:
     return alternate("default", steps, {precision: training_step("headcount", "default", relu_dropout=0.0,
                                                                  dropout_masks="fast", precision=precision)
                                         for precision in ("fp32", "bf16")})
+
+
+def loop_step(precision: str = "auto", fused: bool | None = None, seed: int = 0, explicit_attention: bool = False):
+    """One step exactly as training.loop.train takes it (its forward_loss, update and make_optimizer:
+    label smoothing, gradient clipping, Adam), on the default experiment's model (relu_dropout 0,
+    fast dropout masks): step(batch). fused: the optimizer's choice (None: the loop's own).
+    explicit_attention: every attention module takes its need_weights path (scores, softmax, dropout,
+    products written out, as the analyses see them) instead of scaled_dot_product_attention."""
+    import torch
+
+    from headcount.models.transformer import ModelConfig, Transformer
+    from headcount.training.loop import TrainConfig, forward_loss, make_optimizer, parameter_groups, update
+
+    d, ff, layers, vocab = SIZES["default"]
+    dtype = autocast_dtype(precision)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(vocab, vocab, d_model=d, n_heads=8, d_ff=ff, enc_layers=layers,
+                                    dec_layers=layers, relu_dropout=0.0, dropout_masks="fast", max_len=512))
+    cfg, device = TrainConfig(), torch.device("cpu")
+    groups = parameter_groups(model)
+    params = [p for group in groups for p in group["params"]]
+    optimizer = make_optimizer(groups, cfg, device, fused=fused)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-4
+    if explicit_attention:
+        for module in (m for mods in model.attention_modules().values() for m in mods):
+            def forced(*args, _forward=module.forward, **kwargs):
+                return _forward(*args, **{**kwargs, "need_weights": True})
+            module.forward = forced
+    model.train()
+
+    def step(batch):
+        with torch.profiler.record_function("forward"):
+            loss = forward_loss(model, batch, cfg, device, dtype)[0]
+        with torch.profiler.record_function("backward_and_update"):
+            update(optimizer, loss, params, cfg.clip_norm)
+
+    step.precision = str(dtype or "fp32")
+    step.model = model
+    return step
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_matmul")
+
+
+def part_train_loop_profile(steps: int, precision: str) -> dict:
+    """Where a step of training.loop.train goes on the default experiment's model, per op: the
+    matrix products' share and milliseconds, the rest's milliseconds per step (what AMX leaves),
+    the Adam update and the largest ops. Self CPU time, torch.profiler, after 2 warm-up steps."""
+    from torch.profiler import profile
+
+    step = loop_step(precision)
+    batches = synthetic_batches(SIZES["default"][3], steps + 2)
+    for batch in batches[:2]:
+        step(batch)
+    start = time.perf_counter()
+    for batch in batches[2:]:
+        step(batch)
+    seconds = (time.perf_counter() - start) / steps
+    with profile() as prof:
+        for batch in batches[2:]:
+            step(batch)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    adam = sum(e.cpu_time_total for e in events if e.key.startswith("Optimizer.step"))
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:16]
+    per_step_ms = total / steps / 1000  # profiled time: the profiler adds its own overhead
+    return {"precision": step.precision, "seconds_per_step": seconds, "matmul_share": matmul / total,
+            "non_matmul_ms_per_step": (total - matmul) / total * seconds * 1000,
+            "adam_share": adam / total, "profiled_ms_per_step": per_step_ms,
+            "top_ops": {e.key: round(e.self_cpu_time_total / total, 3) for e in top}}
+
+
+def part_train_adam(steps: int, precision: str) -> dict:
+    """training.loop's step with the fused Adam update against torch's for-loop one, alternating."""
+    return alternate("default", steps, {"loop": loop_step(precision, fused=False),
+                                        "fused": loop_step(precision, fused=True)}, precision=precision)
+
+
+def part_train_sdpa(steps: int, precision: str) -> dict:
+    """training.loop's step with attention through scaled_dot_product_attention (need_weights=False,
+    what training does) against the explicit need_weights path, alternating."""
+    return alternate("default", steps, {"explicit": loop_step(precision, explicit_attention=True),
+                                        "sdpa": loop_step(precision)}, precision=precision)
 
 
 def part_train_worker(steps: int, seed: int) -> dict:
@@ -507,6 +597,9 @@ PARTS = {
     "train_precision": lambda a: part_train_precision(a.steps),
     "train_pair": lambda a: part_train_pair(a.size, a.steps),
     "train_worker": lambda a: part_train_worker(a.steps, a.seed),
+    "train_loop_profile": lambda a: part_train_loop_profile(a.steps, a.precision),
+    "train_adam": lambda a: part_train_adam(a.steps, a.precision),
+    "train_sdpa": lambda a: part_train_sdpa(a.steps, a.precision),
     "train_threads": lambda a: part_train_threads(a.steps),
     "lrp": lambda a: part_lrp(a.size),
     "lrp_trained": lambda a: part_lrp_trained(),
@@ -562,6 +655,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sizes", nargs="+", default=list(SIZES))
     parser.add_argument("--seed", type=int, default=0, help="train_worker: the synthetic batches' seed")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="train_loop_profile, train_adam, ...: the autocast precision (auto: the loop's choice)")
     parser.add_argument("--fairseq", action="store_true",
                         help="also run fairseq_side_by_side.py (about 15 minutes; installs fairseq-fixed once)")
     args = parser.parse_args()
