@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "headcount"
 # Bottom to top. A module may import its own layer and the layers below it. A name ending in "."
 # covers a subpackage; any other name is one module.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("headcount", "headcount.io", "headcount.progress", "headcount.signals", "headcount.provenance"),
+    "base": ("headcount.version", "headcount.io", "headcount.progress", "headcount.signals", "headcount.provenance"),
     "data": ("headcount.data.",),
     "config": ("headcount.config",),  # reads the synthetic language's piece length; never a model
     "models": ("headcount.models.",),
@@ -25,6 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "pruning": ("headcount.pruning.",),
     "report": ("headcount.report.",),
     "drivers": ("headcount.pipeline.",),
+    "api": ("headcount", "headcount.api"),  # the package re-exports the API (lazily)
 }
 ORDER = list(LAYERS)
 

@@ -17,7 +17,9 @@ no two modules import each other, even through others (tests/test_layers.py chec
   removal;
 - report/: plots, claims (with seed_statistics, intervals over seeds), pruning_report,
   positive_control;
-- pipeline/: the stage drivers the workflow's scripts call.
+- pipeline/: the stage drivers the workflow's scripts call;
+- api (and this package's `analyse`, `prune`): the Python API on a model in memory, over the same
+  pipeline functions as the workflow (docs/api.md).
 
 Two cuts differ from the first sketch: the LRP rules live in models/ (every family's
 `lrp_forward` is written with them, so analysis/ above holds only the relevance measure), and
@@ -25,4 +27,19 @@ config sits between data/ and models/ (it reads the synthetic language's piece l
 rule files import it without torch). Nothing here knows Snakemake.
 """
 
-__version__ = "0.1.0"
+from headcount.version import __version__
+
+_API = ("analyse", "prune", "Analysis", "Pruning", "ArgumentError")
+
+
+def __getattr__(name: str):
+    """headcount.analyse and the rest of the API, imported on first use: the workflow's rule files
+    import headcount's config without torch, and so does `import headcount`."""
+    if name in _API:
+        from headcount import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'headcount' has no attribute {name!r}")
+
+
+__all__ = ["__version__", *_API]

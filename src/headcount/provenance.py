@@ -9,7 +9,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from headcount import __version__
+from headcount.version import __version__
 
 
 def _torch_version() -> str:

@@ -690,8 +690,15 @@ def load_tokenizers(name_or_dir: str | os.PathLike, offline: bool | None = None,
                              f"src_lang {src_lang!r}, tgt_lang {tgt_lang!r}); use the model's own codes") from None
     except (OSError, ValueError) as error:
         raise unavailable(source, error) from None
+    return tokenizer_sides(tokenizer, str(name_or_dir), src_lang, tgt_lang)
+
+
+def tokenizer_sides(tokenizer, name: str, src_lang: str | None = None,
+                    tgt_lang: str | None = None) -> tuple[HFTokenizer, HFTokenizer]:
+    """A transformers tokenizer of an encoder-decoder (`name` names it in errors) -> its (source,
+    target) sides; FSMT's translates one pair (`_fsmt_sides`)."""
     if _is_fsmt(tokenizer):
-        return _fsmt_sides(tokenizer, str(name_or_dir), src_lang, tgt_lang)
+        return _fsmt_sides(tokenizer, name, src_lang, tgt_lang)
     return HFTokenizer(tokenizer, "source"), HFTokenizer(tokenizer, "target")
 
 

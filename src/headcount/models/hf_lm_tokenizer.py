@@ -45,7 +45,8 @@ class LMTokenizer:
         return len(self.tokenizer)
 
     def encode(self, lines: list[str]) -> list[list[int]]:
-        return self.tokenizer(list(lines), add_special_tokens=False)["input_ids"]
+        lines = list(lines)  # transformers' fast tokenizers fail on an empty batch
+        return self.tokenizer(lines, add_special_tokens=False)["input_ids"] if lines else []
 
     def pieces(self, line: str) -> list[str]:
         """One string per id of encode([line])[0], spelled as sentencepiece's (the module docstring)."""

@@ -121,3 +121,59 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
 
     return import_encoder_decoder(name_or_dir, model_out, tokenizer_dir, offline=offline, src_lang=src_lang,
                                   tgt_lang=tgt_lang, allow_weights=allow_weights)
+
+
+def adapt_model(model, tokenizer, objective: str | None = None, argument: str = "model"):
+    """A model and its tokenizer already in memory -> (headcount model, source tokenizer, target
+    tokenizer): what headcount.api works on.
+
+    `model`: a headcount model (one load_model returns: kept as it is), or a transformers model of
+    a supported family: a decoder-only or masked LM (hf_lm.LM_FAMILIES), an encoder-decoder
+    (hf.FAMILIES), or, with `objective="sentence_embedding"`, an encoder analysed through its pooled
+    embedding (hf_sentence). A transformers model is wrapped in place: head gates (open: the outputs
+    do not change) go into its attention modules, and its attention runs eagerly (the one
+    implementation that returns probabilities).
+    `tokenizer`: a headcount tokenizer (data.special.Tokenizer), a (source, target) pair of them,
+    or the model's transformers tokenizer. `argument` names `model` in errors."""
+    from headcount.io import HeadcountError
+
+    if hasattr(model, "attention_modules") and hasattr(model, "special"):  # already headcount's
+        if isinstance(tokenizer, tuple) and len(tokenizer) == 2:
+            return model, tokenizer[0], tokenizer[1]
+        if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "pieces")):
+            raise HeadcountError(f"tokenizer: a headcount model takes a headcount tokenizer (loading.open_tokenizer) "
+                                 f"or a (source, target) pair of them, not {type(tokenizer).__name__}")
+        return model, tokenizer, tokenizer
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type") or not hasattr(model, "state_dict"):
+        raise HeadcountError(f"{argument}: {type(model).__name__} is neither a headcount model nor a transformers "
+                             f"model (one with a .config); load one with transformers' from_pretrained, or "
+                             f"headcount.models.loading.load_model")
+    if not hasattr(tokenizer, "convert_ids_to_tokens"):
+        raise HeadcountError(f"tokenizer: a transformers model takes its transformers tokenizer "
+                             f"(AutoTokenizer.from_pretrained), not {type(tokenizer).__name__}")
+    if getattr(config, "auto_map", None):
+        raise HeadcountError(f"{argument}: its config maps its classes onto its own code (auto_map); headcount "
+                             f"analyses only architectures transformers ships")
+    from headcount.models.hf_lm import LM_FAMILIES, HFCausalLM, HFMaskedLM, lm_family_of, special_ids_of
+
+    if objective == "sentence_embedding":
+        from headcount.models.hf_lm_tokenizer import LMTokenizer
+        from headcount.models.hf_sentence import HFSentenceEncoder, encoder_family
+
+        encoder_family(config, argument)
+        wrapped = HFSentenceEncoder(model, special=special_ids_of(config, tokenizer))
+        return wrapped.eval(), LMTokenizer(tokenizer), LMTokenizer(tokenizer)
+    if objective not in (None, "language_model", "translation"):
+        raise HeadcountError(f"objective: {objective!r}; use None (the model's own), or 'sentence_embedding'")
+    if config.model_type in LM_FAMILIES:
+        from headcount.models.hf_lm_tokenizer import LMTokenizer
+
+        family = lm_family_of(config)
+        cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
+        wrapped = cls(model, special=special_ids_of(config, tokenizer))
+        return wrapped.eval(), LMTokenizer(tokenizer), LMTokenizer(tokenizer)
+    from headcount.models.hf import HFSeq2Seq, family_of, tokenizer_sides
+
+    family_of(config)  # an unsupported type: the error lists the supported ones
+    return (HFSeq2Seq(model).eval(), *tokenizer_sides(tokenizer, argument))

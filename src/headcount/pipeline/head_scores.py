@@ -4,6 +4,9 @@ What score_heads.py calls."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import pandas as pd
 
 from headcount.analysis.correlations import rank_correlations
@@ -68,25 +71,10 @@ def score_heads(
         log(f"a {objective} model translates nothing: ablation's delta_bleu is not computed "
             f"(heads.ablation_bleu_sentences {ablation_bleu_sentences} ignored)")
         ablation_bleu_sentences = 0
-    lrp_missing = _lrp_unavailable(model)
-    if lrp_missing:
-        log(f"no LRP relevance (the lrp column is left out): {lrp_missing}")
-    undefined = undefined_measures(objective)  # a sentence encoder's Michel importance, say
-    for name, why in undefined.items():
-        log(f"no {name} columns: {why}")
     log(f"scoring heads on {len(src)} sentences on {dev} (LRP rule {lrp_rule}, ablation {ablation})")
-    # LRP's cost against a forward+backward pass is measured by `make bench`, not here: timing it
-    # cost the job a pass over every batch that served only a log line.
-    inputs = ScoringInputs(model, batches_of(references), batches_of(hyps), lrp_rule,
-                           bleu_fn if ablation_bleu_sentences else None, log)
-    measures = [m.name for m in MEASURES.values() if (ablation or not m.optional)
-                and not (lrp_missing and m.name == LRP_MEASURE) and m.name not in undefined]
-    table = score_table(inputs, measures)
-    correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
-    if lrp_missing:
-        conservation = pd.DataFrame({"note": [f"LRP not computed: {lrp_missing}"]})
-    else:
-        conservation = inputs.notes["lrp_conservation"].assign(lrp_seconds=inputs.notes["lrp_seconds"])
+    scores = score_model(model, batches_of(references), batches_of(hyps), lrp_rule=lrp_rule, ablation=ablation,
+                         bleu_fn=bleu_fn if ablation_bleu_sentences else None, log=log)
+    table, correlations, conservation = scores.table, scores.correlations, scores.conservation
     with atomic_path(out_table) as tmp:
         table.to_parquet(tmp, index=False)
     with atomic_path(out_csv) as tmp:
@@ -99,6 +87,49 @@ def score_heads(
         overall = correlations[correlations["layer"] == "all"]
         log("Spearman with ablation impact (delta dev loss), all layers:\n" + overall.to_string(index=False))
     return table
+
+
+@dataclass
+class HeadScores:
+    """What the head-scores stage finds: every head's scores (one row per head), their rank
+    correlations with the reference score (ablation), and LRP's conservation per cut (or a note
+    saying why there is no LRP)."""
+
+    table: pd.DataFrame
+    correlations: pd.DataFrame
+    conservation: pd.DataFrame
+
+
+def score_model(model, reference_batches: list, own_batches: list, lrp_rule: str, ablation: bool,
+                bleu_fn=None, log=print, only: Sequence[str] | None = None) -> HeadScores:
+    """Every head's score by every registered measure, on batches already on the model's device
+    (importance.dev_batches): `reference_batches` teacher-force the references (confidence,
+    Michel, ablation), `own_batches` the model's own translations (LRP; a language model's: its
+    text again). `bleu_fn` (model -> BLEU), if given, adds ablation's delta_bleu. `only`: these
+    measures (importance.MEASURES' names) and no others, where defined. The workflow's
+    score_heads and headcount.api.analyse both call this: they cannot drift apart."""
+    objective = kind_of(model).objective
+    lrp_missing = _lrp_unavailable(model)
+    if lrp_missing:
+        log(f"no LRP relevance (the lrp column is left out): {lrp_missing}")
+    undefined = undefined_measures(objective)  # a sentence encoder's Michel importance, say
+    for name, why in undefined.items():
+        log(f"no {name} columns: {why}")
+    # LRP's cost against a forward+backward pass is measured by `make bench`, not here: timing it
+    # cost the job a pass over every batch that served only a log line.
+    inputs = ScoringInputs(model, reference_batches, own_batches, lrp_rule, bleu_fn, log)
+    measures = [m.name for m in MEASURES.values() if (ablation or not m.optional)
+                and not (lrp_missing and m.name == LRP_MEASURE) and m.name not in undefined
+                and (only is None or m.name in only)]
+    table = score_table(inputs, measures)
+    correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
+    if lrp_missing:
+        conservation = pd.DataFrame({"note": [f"LRP not computed: {lrp_missing}"]})
+    elif LRP_MEASURE in measures:
+        conservation = inputs.notes["lrp_conservation"].assign(lrp_seconds=inputs.notes["lrp_seconds"])
+    else:
+        conservation = pd.DataFrame({"note": ["LRP not asked for"]})
+    return HeadScores(table, correlations, conservation)
 
 
 

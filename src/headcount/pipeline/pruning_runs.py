@@ -55,6 +55,47 @@ def prune_heads(
     (from `baseline_checkpoint`, its training checkpoint), a last phase of `heal_steps` with the
     gates frozen at their evaluation values, and the checkpoint selection.
     """
+    recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
+    if recipe["resume_optimizer"] and not (baseline_checkpoint and Path(baseline_checkpoint).is_file()):
+        raise HeadcountError(f"config key 'prune.resume_optimizer' is true but the baseline's training checkpoint "
+                             f"{baseline_checkpoint} is missing; rerun the baseline's training (it keeps "
+                             f"train/checkpoint.pt) or set prune.resume_optimizer: false")
+    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    log("encoding the training and dev data")
+    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))  # compact: token_corpus
+    dev_references = read_lines(dev_tgt)
+    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
+    model = load_model(baseline)
+    saved_baseline = load_checkpoint(baseline)
+    # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
+    # counted, so a row's steps are those of fine-tuning alone.
+    baseline_steps = 0 if "pretrained" in saved_baseline else int(
+        saved_baseline.get("summary", {}).get("steps", train_settings["max_steps"]))
+    del saved_baseline
+    baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
+    init_optimizer = None
+    if recipe["resume_optimizer"]:
+        saved = load_checkpoint(baseline_checkpoint)
+        if "optimizer" not in saved:
+            raise HeadcountError(f"{baseline_checkpoint} holds no optimizer state; set prune.resume_optimizer: false")
+        init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
+    fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
+                   "log_alpha_init": prune_settings["log_alpha_init"],
+                   "gate_lr_scale": prune_settings["gate_lr_scale"],
+                   "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
+    record = prune_model(model, data, dev, tgt_seg, setting, lam, prune_settings, train_settings, work_dir,
+                         fingerprint, baseline_steps=baseline_steps, init_optimizer=init_optimizer,
+                         lowercase=lowercase, log=log)
+    model.save(model_out, {"pruning": {k: v for k, v in record.items() if k not in ("heads", "trajectory")}})
+    with atomic_path(trajectory_out) as tmp:
+        record.pop("trajectory").to_csv(tmp, index=False)
+    write_json(gates_out, record)
+    return record
+
+
+def pruning_recipe(setting: str, lam: float, prune_settings: dict, train_settings: dict) -> dict:
+    """The fine-tuning recipe of `prune_settings` (config/README.md), checked: the learning-rate
+    schedule, the baseline's Adam state, the healing steps, the checkpoint selection."""
     if not lam >= 0:
         raise HeadcountError(f"pruning lambda {lam} is negative: a negative penalty rewards open gates. "
                              f"Use values >= 0 in prune.lambdas.{setting}")
@@ -66,16 +107,25 @@ def prune_heads(
     if recipe["select"] == "best_dev_bleu" and not train_settings["dev_bleu_sentences"]:
         raise HeadcountError("config key 'prune.select' is best_dev_bleu but training.dev_bleu_sentences is 0: "
                              "set training.dev_bleu_sentences > 0 or prune.select: last")
-    if recipe["resume_optimizer"] and not (baseline_checkpoint and Path(baseline_checkpoint).is_file()):
-        raise HeadcountError(f"config key 'prune.resume_optimizer' is true but the baseline's training checkpoint "
-                             f"{baseline_checkpoint} is missing; rerun the baseline's training (it keeps "
-                             f"train/checkpoint.pt) or set prune.resume_optimizer: false")
+    return recipe
+
+
+def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: float, prune_settings: dict,
+                train_settings: dict, work_dir: str | Path, fingerprint: dict, baseline_steps: int = 0,
+                init_optimizer=None, lowercase: bool = False, log=print) -> dict:
+    """Fine-tune `model` (in place) with lambda * L_C for one setting, on encoded `data` and `dev`;
+    fold the gates in and return the run's record: its gate table under "heads" (records) and its
+    gates' trajectory under "trajectory" (a DataFrame). Checkpoints go to `work_dir`, which makes
+    the run resumable; `fingerprint` names what the run depends on, so a changed input starts it
+    afresh. prune_heads and headcount.api.prune both call this.
+
+    lambda = 0 is the control: gates pinned open, the rest of the recipe unchanged. The recipe
+    (pruning_recipe): the learning-rate schedule, `init_optimizer` (the baseline's Adam state), a
+    last phase of `heal_steps` with the gates frozen at their evaluation values, and the checkpoint
+    selection.
+    """
+    recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
     control = is_control(lam)
-    src_seg, tgt_seg = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
-    log("encoding the training and dev data")
-    data = Corpus(encode_file(src_seg, train_src), encode_file(tgt_seg, train_tgt))  # compact: token_corpus
-    dev_references = read_lines(dev_tgt)
-    dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
     select_best = recipe["select"] == "best_dev_bleu"
     # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
     # least pruned weights: the loop keeps the last weights, and best_dev_bleu selection happens
@@ -83,39 +133,22 @@ def prune_heads(
     settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0}
     settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
-    model = load_model(baseline)
     kind = kind_of(model)
     types = setting_types(setting, kind.name)
     if kind.gates_only and recipe["heal_steps"]:
         raise HeadcountError(f"config key 'prune.heal_steps': {recipe['heal_steps']}, but a {kind.name} model prunes "
                              f"with its gates alone (its loss is the distance to its own unpruned output, which "
                              f"trained weights would move); set prune.heal_steps: 0")
-    saved_baseline = load_checkpoint(baseline)
-    # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
-    # counted, so a row's steps are those of fine-tuning alone.
-    baseline_steps = 0 if "pretrained" in saved_baseline else int(
-        saved_baseline.get("summary", {}).get("steps", train_settings["max_steps"]))
-    del saved_baseline
-    baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
     torch.manual_seed(cfg.seed)
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
                                         prune_settings["gate_lr_scale"], control=control)
     lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, cfg.to_dict(), model.d_model)
-    init_optimizer = None
-    if recipe["resume_optimizer"]:
-        saved = load_checkpoint(baseline_checkpoint)
-        if "optimizer" not in saved:
-            raise HeadcountError(f"{baseline_checkpoint} holds no optimizer state; set prune.resume_optimizer: false")
-        init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
     log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
         + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
     if kind.gates_only:
         log(f"a {kind.name} model: only the gates train, every weight stays frozen (its loss, {kind.objective}, is "
             f"the distance to the same weights with every gate open); no dropout")
-    fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
-                   "log_alpha_init": prune_settings["log_alpha_init"],
-                   "gate_lr_scale": prune_settings["gate_lr_scale"],
-                   "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
+    fingerprint = dict(fingerprint)
     if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
         fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
     if groups:
@@ -175,11 +208,7 @@ def prune_heads(
                      "fine_tuning_last": final_lr},
               "train_config": cfg.to_dict(), "prune_settings": prune_settings,
               "heads": table.to_dict(orient="records"), "provenance": provenance()}
-    model.save(model_out, {"pruning": {k: v for k, v in record.items() if k != "heads"}})
-    with atomic_path(trajectory_out) as tmp:
-        trajectory.to_csv(tmp, index=False)
-    write_json(gates_out, record)
-    return record
+    return {**record, "trajectory": trajectory}
 
 
 def _untrained(work_dir: str, log) -> dict:

@@ -100,21 +100,15 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
 
     import pandas as pd
 
-    from headcount.analysis.roles.collect import (
-        induction_statistics,
-        longest_sentence,
-        syntactic_statistics,
-        text_statistics,
-    )
-    from headcount.analysis.roles.registry import ROLE_ATTENTION, assign_roles, roles_for
+    from headcount.analysis.roles.collect import longest_sentence
+    from headcount.analysis.roles.registry import ROLE_ATTENTION
     from headcount.analysis.roles.statistics import RELATIONS, count_words
     from headcount.data.parses import read_conllu_files
     from headcount.models.seq2seq import kind_of
     from headcount.report.plots import head_function_map, relative_positions
 
     model = load_model(model_path).eval()
-    kind = kind_of(model).layout  # a sentence encoder's heads get a masked LM's roles: the same maps
-    needs = {need for role in roles_for(kind) for need in role.needs}
+    kind = kind_of(model).layout
     segmenter = open_tokenizer(src_spm, "source")
     dev = pick_device(device)
     parses = pd.read_parquet(parses_path)
@@ -128,61 +122,18 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
         analysis_label = analysis_label or f"{Path(analysis_src).name}[:{len(texts)}]"
     else:  # no analysis set given: the parsed sentences stand in for it
         texts, analysis_label = parses.groupby("sentence", sort=True)["text"].first().tolist(), info["text"]
-    stats = text_statistics(model, segmenter, texts, frequencies, lowercase, top_k=settings["top_k"], device=dev,
-                            log=log)
-    longest = longest_sentence(segmenter, train_lines, lowercase)
-    limit = f", sentences of at most {longest} subwords (the longest training sentence)"
-    max_pieces, syntactic_text = (None, info["text"]) if info["in_domain"] else (longest, info["text"] + limit)
-    stats.update(syntactic_statistics(model, segmenter, parses, lowercase, device=dev, max_pieces=max_pieces,
-                                      log=log))
-    if "induction" in needs:
-        stats["induction"] = induction_statistics(
-            model, len(segmenter), length=settings.get("induction_length", 50),
-            sequences=settings.get("induction_sequences", 20), seed=settings.get("induction_seed", 0), device=dev,
-            log=log)
-    extra = {need: stats[need] for need in needs}
-    role_rules = {rule: settings[rule] for role in roles_for(kind) for rule, _ in role.rules if rule in settings}
-
-    def roles_of(syntactic):
-        return assign_roles(stats["positional"], syntactic, stats["rare"],
-                            positional_threshold=settings["positional_threshold"],
-                            syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
-                            min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
-                            positional_share=settings["positional_share"], kind=kind, statistics=extra,
-                            rules=role_rules)
-
-    roles = roles_of(stats["syntactic"]).assign(text=analysis_label, syntactic_text=syntactic_text,
-                                                parser=info["parser"])
-    table1 = _with_paper_table1(stats["table1"]).assign(text=syntactic_text, parser=info["parser"])
-    markdown = table1_markdown(table1, f"Text: {syntactic_text}. Parser: {info['parser']}.")
+    gold = None
     if reference_treebanks and info["in_domain"]:
         gold = read_conllu_files(reference_treebanks)
         gold = gold[gold["sentence"] < settings["max_sentences"]]
-        gold_text = "treebanks " + " + ".join(Path(t).name for t in reference_treebanks) + limit
-        log(f"cross-check on gold trees: {gold_text}")
-        reference = syntactic_statistics(model, segmenter, gold, lowercase, device=dev, max_pieces=longest, log=log)
-        columns = ["syntactic_relation", "syntactic_name", "syntactic_margin", "is_syntactic"]
-        roles = roles.merge(roles_of(reference["syntactic"])[["layer", "head", *columns]].rename(
-            columns={c: f"{c}_gold" for c in columns}), on=["layer", "head"], how="left")
-        roles["syntactic_text_gold"] = gold_text
-        table1_gold = _with_paper_table1(reference["table1"])
-        for column in ("n", "n_unanswerable", "best_layer", "best_head", "best_accuracy", "baseline_offset",
-                       "baseline_accuracy"):
-            if column in table1_gold:  # n_unanswerable: a causal model's
-                table1[f"{column}_gold"] = table1_gold[column].to_numpy()
-        table1["text_gold"] = gold_text
-        markdown += "\n" + table1_markdown(table1_gold, f"Cross-check: text: {gold_text}. Parser: gold trees.")
-        log(f"syntactic heads on gold trees: {int(roles['is_syntactic_gold'].sum())}, on {info['parser']} parses: "
-            f"{int(roles['is_syntactic'].sum())}")
-    no_parse = "none (needs no parse)"
-    tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label, parser=no_parse),
-              "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
-              "rare": stats["rare"].assign(text=analysis_label, parser=no_parse)}
-    if "sink" in needs and "sink" in out:
-        tables["sink"] = stats["sink"].assign(text=analysis_label, parser=no_parse)
-    if "induction" in needs and "induction" in out:
-        tables["induction"] = stats["induction"].assign(text="random repeated tokens", parser=no_parse)
+        gold.attrs["text"] = "treebanks " + " + ".join(Path(t).name for t in reference_treebanks)
+    found = role_tables(model, segmenter, texts, analysis_label, parses, info, frequencies,
+                        longest_sentence(segmenter, train_lines, lowercase), lowercase, settings, gold=gold,
+                        device=dev, log=log)
+    roles, table1, markdown, tables = found["roles"], found["table1"], found["table1_md"], found["tables"]
     for name, frame in tables.items():
+        if name in ("sink", "induction") and name not in out:
+            continue
         with atomic_path(out[name]) as tmp:
             frame.to_csv(tmp, index=False, float_format="%.4g")
     with atomic_path(out["table1"]) as tmp:
@@ -200,6 +151,77 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     log("roles: " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) + "; with the paper's rules: "
         + ", ".join(f"{k}: {v}" for k, v in sorted(paper.items())))
     return roles, table1
+
+
+def role_tables(model, segmenter, texts: list[str], analysis_label: str, parses, info: dict, frequencies,
+                longest: int | None, lowercase: bool, settings: dict, gold=None, device=None, log=print) -> dict:
+    """The head-role analysis in memory: statistics, roles and Table 1 of `model`'s heads.
+
+    `texts` (named `analysis_label`) give the positional, rare-token and sink statistics; `parses`
+    (data.parses' table; `info`: its parser, its text, whether it is in-domain) the syntactic ones;
+    `frequencies` (statistics.count_words of the training text) the rare words; `longest` (subwords)
+    limits parses that are not in-domain. `gold` (a gold parse table, its attrs["text"] naming it)
+    adds the `*_gold` cross-check. Returns {"roles", "table1", "table1_md", "tables"}, tables being
+    every statistics table by name. find_head_roles and headcount.api.analyse both call this."""
+    from headcount.analysis.roles.collect import induction_statistics, syntactic_statistics, text_statistics
+    from headcount.analysis.roles.registry import assign_roles, roles_for
+    from headcount.models.seq2seq import kind_of
+
+    kind = kind_of(model).layout  # a sentence encoder's heads get a masked LM's roles: the same maps
+    needs = {need for role in roles_for(kind) for need in role.needs}
+    stats = text_statistics(model, segmenter, texts, frequencies, lowercase, top_k=settings["top_k"], device=device,
+                            log=log)
+    limit = f", sentences of at most {longest} subwords (the longest training sentence)"
+    max_pieces, syntactic_text = (None, info["text"]) if info["in_domain"] else (longest, info["text"] + limit)
+    stats.update(syntactic_statistics(model, segmenter, parses, lowercase, device=device, max_pieces=max_pieces,
+                                      log=log))
+    if "induction" in needs:
+        stats["induction"] = induction_statistics(
+            model, len(segmenter), length=settings.get("induction_length", 50),
+            sequences=settings.get("induction_sequences", 20), seed=settings.get("induction_seed", 0), device=device,
+            log=log)
+    extra = {need: stats[need] for need in needs}
+    role_rules = {rule: settings[rule] for role in roles_for(kind) for rule, _ in role.rules if rule in settings}
+
+    def roles_of(syntactic):
+        return assign_roles(stats["positional"], syntactic, stats["rare"],
+                            positional_threshold=settings["positional_threshold"],
+                            syntactic_margin=settings["syntactic_margin"], rare_threshold=settings["rare_threshold"],
+                            min_instances=settings["min_instances"], rare_margin=settings["rare_margin"],
+                            positional_share=settings["positional_share"], kind=kind, statistics=extra,
+                            rules=role_rules)
+
+    roles = roles_of(stats["syntactic"]).assign(text=analysis_label, syntactic_text=syntactic_text,
+                                                parser=info["parser"])
+    table1 = _with_paper_table1(stats["table1"]).assign(text=syntactic_text, parser=info["parser"])
+    markdown = table1_markdown(table1, f"Text: {syntactic_text}. Parser: {info['parser']}.")
+    if gold is not None:
+        gold_text = gold.attrs.get("text", "gold trees") + limit
+        log(f"cross-check on gold trees: {gold_text}")
+        reference = syntactic_statistics(model, segmenter, gold, lowercase, device=device, max_pieces=longest,
+                                         log=log)
+        columns = ["syntactic_relation", "syntactic_name", "syntactic_margin", "is_syntactic"]
+        roles = roles.merge(roles_of(reference["syntactic"])[["layer", "head", *columns]].rename(
+            columns={c: f"{c}_gold" for c in columns}), on=["layer", "head"], how="left")
+        roles["syntactic_text_gold"] = gold_text
+        table1_gold = _with_paper_table1(reference["table1"])
+        for column in ("n", "n_unanswerable", "best_layer", "best_head", "best_accuracy", "baseline_offset",
+                       "baseline_accuracy"):
+            if column in table1_gold:  # n_unanswerable: a causal model's
+                table1[f"{column}_gold"] = table1_gold[column].to_numpy()
+        table1["text_gold"] = gold_text
+        markdown += "\n" + table1_markdown(table1_gold, f"Cross-check: text: {gold_text}. Parser: gold trees.")
+        log(f"syntactic heads on gold trees: {int(roles['is_syntactic_gold'].sum())}, on {info['parser']} parses: "
+            f"{int(roles['is_syntactic'].sum())}")
+    no_parse = "none (needs no parse)"
+    tables = {"roles": roles, "positional": stats["positional"].assign(text=analysis_label, parser=no_parse),
+              "syntactic": stats["syntactic"].assign(text=syntactic_text, parser=info["parser"]),
+              "rare": stats["rare"].assign(text=analysis_label, parser=no_parse)}
+    if "sink" in needs:
+        tables["sink"] = stats["sink"].assign(text=analysis_label, parser=no_parse)
+    if "induction" in needs:
+        tables["induction"] = stats["induction"].assign(text="random repeated tokens", parser=no_parse)
+    return {"roles": roles, "table1": table1, "table1_md": markdown, "tables": tables}
 
 
 def _with_paper_table1(table1):

@@ -171,11 +171,21 @@ def _copy_tokenizer(tokenizer_dir: Path, out: Path) -> list[str]:
 def export_transformers(model_path: str | os.PathLike, out_dir: str | os.PathLike,
                         tokenizer_dir: str | os.PathLike | None = None, log=print) -> dict:
     """Write the pruned model at `model_path` (headcount's gated checkpoint) to `out_dir` as plain
-    transformers writes a pretrained model (save_pretrained, safetensors), with the tokenizer's
-    files where `tokenizer_dir` is given and, for a sentence encoder, sentence-transformers'
-    pooling files. A model transformers has no class for gets NOT_EXPORTED.txt saying why.
-    -> a record for the export summary."""
-    model = load_model(model_path).eval()
+    transformers writes a pretrained model (save_transformers), with the tokenizer's files where
+    `tokenizer_dir` is given. -> a record for the export summary."""
+    record = save_transformers(load_model(model_path).eval(), out_dir, source=str(model_path), log=log)
+    if record["exported"]:
+        record["tokenizer_files"] = _copy_tokenizer(Path(tokenizer_dir), Path(out_dir)) if tokenizer_dir else []
+    return record
+
+
+def save_transformers(model, out_dir: str | os.PathLike, tokenizer=None, source: str = "the model",
+                      log=print) -> dict:
+    """Write the gated headcount `model` (in memory; spent afterwards, to_plain_transformers) to
+    `out_dir` as plain transformers writes a pretrained model (save_pretrained, safetensors), with
+    `tokenizer` (a transformers tokenizer) where given and, for a sentence encoder,
+    sentence-transformers' pooling files. A model transformers has no class for gets
+    NOT_EXPORTED.txt saying why. -> a record for the export summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not is_transformers_model(model):
@@ -185,13 +195,16 @@ def export_transformers(model_path: str | os.PathLike, out_dir: str | os.PathLik
         log(f"no transformers export: {reason}")
         return {"exported": False, "reason": reason}
     pooling, dimension = getattr(model, "pooling", None), int(model.d_model)
-    hf, closed = to_plain_transformers(model, model_path)
+    sentence_encoder = kind_of(model).name == "sentence_encoder"
+    hf, closed = to_plain_transformers(model, source)
     hf.save_pretrained(str(out), safe_serialization=True)
-    if kind_of(model).name == "sentence_encoder":
+    if sentence_encoder:
         from headcount.models.sentence_embedding import write_pooling
 
         write_pooling(out, pooling, dimension)
-    tokenizer_files = _copy_tokenizer(Path(tokenizer_dir), out) if tokenizer_dir else []
+    tokenizer_files = []
+    if tokenizer is not None:
+        tokenizer_files = sorted(Path(f).name for f in tokenizer.save_pretrained(str(out)))
     zeroed = sum(len(heads) for layers in closed.values() for heads in layers)
     log(f"transformers export ({type(hf).__name__}, save_pretrained) in {out}: {zeroed} closed heads kept with "
         f"zero weights (the config has one head count for every layer), open gates folded into W^O")

@@ -32,30 +32,50 @@ def build_atlas(out_html: str, head_scores: str, model: str | None = None, src_s
         raise ValueError(f"{len(gates)} gate files but {len(trajectories)} trajectories")
     runs = list(zip(gates, trajectories or [None] * len(gates)))
     role_table = _table(roles)
-    data = gather_tables(read_table(head_scores), roles=role_table, positional=_table(positional),
-                         syntactic=_table(syntactic), rare=_table(rare), role_settings=role_settings,
-                         pruning=_table(pruning), runs=runs, planted=_table(planted),
-                         experiment=experiment, description=description)
-    log(f"atlas: {len(data['heads'])} heads of {', '.join(data['layout'])}; "
-        f"{sum(len(r) for r in data['pruning']['settings'].values())} pruning runs")
+    examples = {}
     if model:
-        from ...analysis.roles.statistics import count_words
         from ...models.device import pick_device
         from ...models.loading import load_model, open_tokenizer
 
-        sources = read_lines(analysis_src)[:analysis_sentences]
-        targets = read_lines(analysis_tgt)[:analysis_sentences]
-        role_of = {h["key"]: h for h in data["heads"] if h.get("role") is not None}
-        frequencies = count_words(read_lines(train_src), lowercase=lowercase) if train_src and role_table is not None \
-            else None
+        examples = {"model": load_model(model), "src_tokenizer": open_tokenizer(src_spm, "source"),
+                    "tgt_tokenizer": open_tokenizer(tgt_spm, "target"),
+                    "sources": read_lines(analysis_src)[:analysis_sentences],
+                    "targets": read_lines(analysis_tgt)[:analysis_sentences],
+                    "parses": _table(parses) if parses and role_table is not None else None,
+                    "frequency_texts": read_lines(train_src) if train_src and role_table is not None else None,
+                    "device": pick_device(device)}
+    return write_atlas(out_html, read_table(head_scores), roles=role_table, positional=_table(positional),
+                       syntactic=_table(syntactic), rare=_table(rare), role_settings=role_settings,
+                       pruning=_table(pruning), runs=runs, planted=_table(planted), experiment=experiment,
+                       description=description, sentences=sentences, best_sentences=best_sentences,
+                       lowercase=lowercase, log=log, data_out=True, **examples)
+
+def write_atlas(out_html: str, scores, roles=None, positional=None, syntactic=None, rare=None,
+                role_settings: dict | None = None, pruning=None, runs: Sequence = (), planted=None,
+                experiment: str = "", description: str = "", model=None, src_tokenizer=None, tgt_tokenizer=None,
+                sources: Sequence[str] = (), targets: Sequence[str] = (), parses=None,
+                frequency_texts: Sequence[str] | None = None, sentences: Sequence[int] = (0, 1, 2),
+                best_sentences: int = 2, lowercase: bool = False, device="cpu", log=print, data_out: bool = False):
+    """The atlas from tables in memory (DataFrames) and, where `model` is given (a headcount model
+    with its tokenizers), its attention examples on `sources`/`targets` and offset histograms
+    (atlas.examples). build_atlas and headcount.api.analyse both call this. -> the page's path, or
+    with `data_out` its data."""
+    data = gather_tables(scores, roles=roles, positional=positional, syntactic=syntactic, rare=rare,
+                         role_settings=role_settings, pruning=pruning, runs=runs, planted=planted,
+                         experiment=experiment, description=description)
+    log(f"atlas: {len(data['heads'])} heads of {', '.join(data['layout'])}; "
+        f"{sum(len(r) for r in data['pruning']['settings'].values())} pruning runs")
+    if model is not None:
+        from ...analysis.roles.statistics import count_words
         from .examples import gather_examples
 
+        role_of = {h["key"]: h for h in data["heads"] if h.get("role") is not None}
+        frequencies = count_words(frequency_texts, lowercase=lowercase) if frequency_texts is not None else None
         data.update(gather_examples(
-            load_model(model), open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target"), sources,
-            targets, role_of, chosen=sentences, best=best_sentences,
-            parses=_table(parses) if parses and role_table is not None else None, frequencies=frequencies,
-            role_settings=role_settings, lowercase=lowercase, device=pick_device(device), log=log))
+            model, src_tokenizer, tgt_tokenizer, list(sources), list(targets), role_of, chosen=sentences,
+            best=best_sentences, parses=parses, frequencies=frequencies, role_settings=role_settings,
+            lowercase=lowercase, device=device, log=log))
     data = clean(data)
     path = write_page(data, out_html)
     log(f"atlas: {path} ({path.stat().st_size / 1e6:.2f} MB)")
-    return data
+    return data if data_out else path

@@ -1,0 +1,403 @@
+"""headcount from Python, on a model already in memory (issue 62): `analyse` scores every head and
+finds its role, `prune` gates the heads with Hard Concrete gates and an L0 penalty (Voita et al.
+2019, section 6). No Snakemake and no files: the workflow's stages call the same functions
+(pipeline.head_scores.score_model, pipeline.role_finding.role_tables, pipeline.pruning_runs.prune_model),
+so the two cannot drift apart (tests/test_lm_workflow.py holds one against the other).
+
+    import headcount
+    found = headcount.analyse(model, tokenizer, texts)   # a transformers model and its tokenizer
+    found.scores                                          # one row per head, a column per measure
+    found.roles                                           # each head's role, with its evidence
+    pruned = headcount.prune(model, tokenizer, texts, lam=0.1)
+    pruned.gates                                          # which heads the gates closed
+
+docs/api.md documents every public name here, with examples a test runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from headcount.io import HeadcountError
+
+# What an experiment without its own settings gets (config/config.yaml's defaults: a test checks
+# that the two agree).
+DEFAULT_ROLE_SETTINGS = {"top_k": 500, "positional_threshold": 0.9, "positional_share": "valid",
+                         "syntactic_margin": 0.10, "rare_threshold": 0.5, "rare_margin": 0.1, "min_instances": 10,
+                         "max_sentences": 5000}
+DEFAULT_LRP_RULE = "ding"
+DEFAULT_MAX_TOKENS = 2000
+# Fine-tuning for `prune`: the recipe of config/config.yaml's defaults (prune, prune.training),
+# less what needs files (the baseline's optimizer state) or dev BLEU (best_dev_bleu selection). A
+# model whose gates alone train (a sentence encoder) has nothing to heal: heal_steps 0 for it.
+DEFAULT_PRUNE_SETTINGS = {"gate_lr_scale": 10.0, "log_alpha_init": None, "lr_schedule": "constant",
+                          "resume_optimizer": False, "heal_steps": 200, "select": "last"}
+# The training settings a baseline of the workflow has (config/config.yaml's defaults, training),
+# less those of its dev BLEU and checkpoint selection: what `prune` fine-tunes with, where
+# prune.training (DEFAULT_PRUNE_TRAINING) does not say otherwise.
+DEFAULT_TRAINING = {"max_tokens": 1600, "max_steps": 2400, "warmup_steps": 800, "lr_scale": 1.0,
+                    "adam_betas": (0.9, 0.98), "adam_eps": 1e-9, "label_smoothing": 0.1, "clip_norm": 1.0,
+                    "precision": "auto"}
+DEFAULT_PRUNE_TRAINING = {"max_steps": 500, "warmup_steps": 100, "lr_scale": 0.5, "eval_interval": 250,
+                          "checkpoint_interval": 50}
+
+
+class ArgumentError(HeadcountError, ValueError):
+    """A bad argument to an API function: the message names the argument and the fix."""
+
+
+def _log_to_stderr(message: str) -> None:
+    """The workflow's log line (workflow/scripts/_common.py), to the notebook's stderr."""
+    print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _logger(log: Callable[[str], None] | bool | None) -> Callable[[str], None]:
+    if log is None or log is True:
+        return _log_to_stderr
+    if log is False:
+        return lambda message: None
+    if not callable(log):
+        raise ArgumentError(f"log: a function taking one string, True (stderr) or False (silent), not {log!r}")
+    return log
+
+
+def _texts(name: str, texts, allow_none: bool = False) -> list[str] | None:
+    if texts is None and allow_none:
+        return None
+    if isinstance(texts, str) or not isinstance(texts, Sequence):
+        raise ArgumentError(f"{name}: a list of texts (one string each), not {type(texts).__name__}")
+    if not texts:
+        raise ArgumentError(f"{name}: no texts; give at least one")
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise ArgumentError(f"{name}[{bad[0]}]: {texts[bad[0]]!r} is not a non-empty string "
+                            f"({len(bad)} such entries); drop them or give their text")
+    return list(texts)
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ArgumentError(f"{name}: a positive whole number, not {value!r}")
+    return value
+
+
+def _adapted(model, tokenizer, objective):
+    """models.loading.adapt_model, its errors as ArgumentErrors that name the argument."""
+    from headcount.models.loading import adapt_model
+
+
+    try:
+        return adapt_model(model, tokenizer, objective)
+    except HeadcountError as error:
+        message = str(error)
+        named = message.split(":", 1)[0] in ("model", "tokenizer", "objective")
+        raise ArgumentError(message if named else f"model: {message}") from None
+
+
+@dataclass
+class Analysis:
+    """What `analyse` finds. Heads are counted from 0 in every table (layer, head)."""
+
+    scores: pd.DataFrame  # one row per head (type, layer, head), the measures' columns
+    correlations: pd.DataFrame  # Spearman of each score with ablation's delta_loss, with intervals
+    lrp_conservation: pd.DataFrame  # LRP's relevance conservation per cut (or why there is no LRP)
+    roles: pd.DataFrame | None = None  # each head's role and the statistics behind it
+    table1: pd.DataFrame | None = None  # the paper's Table 1: the best head per dependency relation
+    statistics: dict[str, pd.DataFrame] = field(default_factory=dict)  # positional, syntactic, rare, ...
+    atlas: Path | None = None  # the atlas page, where one was asked for
+
+    @property
+    def ablation(self) -> pd.DataFrame:
+        """Single-head ablation: the change of loss (delta_loss; positive: the head helps) with
+        its paired interval over the texts, and of BLEU where asked."""
+        columns = [c for c in self.scores.columns if c.startswith("delta_")]
+        if not columns:
+            raise ArgumentError("this analysis ran without ablation: call analyse with 'ablation' in measures")
+        return self.scores[["type", "layer", "head", *columns]]
+
+
+def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | None = None,
+            measures: Sequence[str] | None = None, roles: bool = True, parses=None, spacy_model: str | None = None,
+            frequency_texts: Sequence[str] | None = None, lowercase: bool = False, role_settings: dict | None = None,
+            lrp_rule: str = DEFAULT_LRP_RULE, max_tokens: int = DEFAULT_MAX_TOKENS, bleu_sentences: int = 0,
+            beam: int = 4, atlas: str | Path | None = None, atlas_sentences: Sequence[int] = (0, 1, 2),
+            objective: str | None = None, device: str = "auto", log=None) -> Analysis:
+    """Score every attention head of `model` on `texts` and find the heads' roles.
+
+    model, tokenizer: a transformers model and its tokenizer (a decoder-only or masked LM, an
+        encoder-decoder; an encoder without an LM head with objective="sentence_embedding"), or a
+        headcount model and its tokenizer (models.loading.load_model, open_tokenizer). A
+        transformers model is changed in place: head gates go in (open, so its outputs do not
+        change) and its attention runs eagerly.
+    texts: what the model reads: a language model's text, an encoder-decoder's source sentences.
+    targets: an encoder-decoder's reference translations of `texts` (required for one; a language
+        model has none). LRP reads the model's own translations (beam search, `beam`).
+    measures: the registered measures to run (analysis.measures.MEASURES: confidence, michel, lrp,
+        ablation); default all of them. A measure undefined for the model is left out, the log says why.
+    roles: find the heads' roles (positional, syntactic, rare-token, and a language model's sink
+        and induction heads). Syntactic roles need parses: `parses` (a data.parses table of
+        `texts`, or CoNLL-U file paths of gold treebanks), or `spacy_model` (an installed spaCy
+        pipeline's name) to parse `texts`; with neither, no head is syntactic.
+    frequency_texts: the text word frequencies come from for rare-token heads (the training text);
+        default `texts`.
+    role_settings: thresholds overriding DEFAULT_ROLE_SETTINGS (config/README.md, roles).
+    atlas: write the head atlas (one HTML page) to this path; `atlas_sentences` are shown for every head.
+    device: "auto" (a GPU if there is one), "cpu" or "cuda". log: a function taking a line, True
+        (stderr, the default) or False (silent): progress lines as the workflow's logs have them.
+    """
+    from headcount.analysis.importance import dev_batches
+    from headcount.analysis.measures import MEASURES
+    from headcount.models.device import pick_device
+    from headcount.models.seq2seq import kind_of
+    from headcount.pipeline.head_scores import score_model
+    from headcount.training.decode import translate
+    from headcount.training.evaluate import corpus_bleu
+
+    log = _logger(log)
+    texts = _texts("texts", texts)
+    targets = _texts("targets", targets, allow_none=True)
+    max_tokens = _positive("max_tokens", max_tokens)
+    chosen = list(MEASURES) if measures is None else list(measures)
+    unknown = [m for m in chosen if m not in MEASURES]
+    if unknown or isinstance(measures, str):
+        raise ArgumentError(f"measures: {unknown or measures!r} unknown; choose from {', '.join(MEASURES)} (a list)")
+    hc, src_tok, tgt_tok = _adapted(model, tokenizer, objective)
+    dev = pick_device(device)
+    hc.to(dev).eval()
+    kind = kind_of(hc)
+    translation = kind.objective == "translation"
+    if translation and targets is None:
+        raise ArgumentError("targets: an encoder-decoder needs the reference translations of texts (one per text)")
+    if not translation and targets is not None:
+        raise ArgumentError(f"targets: a {kind.name} model reads its texts alone; leave targets out")
+    if targets is not None and len(targets) != len(texts):
+        raise ArgumentError(f"targets: {len(targets)} translations for {len(texts)} texts; give one per text")
+    src = src_tok.encode(texts)
+    references = targets if translation else texts
+    own = references
+    if translation and "lrp" in chosen:
+        log(f"translating {len(texts)} texts (beam {beam}) for LRP")
+        own = tgt_tok.decode(translate(hc, src, beam=beam, max_tokens=max_tokens, device=dev))
+
+    def batches_of(lines: list[str]) -> list:
+        return [[x.to(dev) for x in b] for b in dev_batches(src, tgt_tok.encode(lines), max_tokens,
+                                                                 special=hc.special, objective=kind.objective)]
+
+    bleu_fn = None
+    if translation and bleu_sentences and "ablation" in chosen:
+        bleu_src, bleu_refs = src[:bleu_sentences], references[:bleu_sentences]
+
+        def bleu_fn(m) -> float:  # greedy, as the workflow's: the change from one head is what counts
+            return corpus_bleu(tgt_tok.decode(translate(m, bleu_src, beam=1, max_tokens=max_tokens, device=dev)),
+                               bleu_refs, lowercase=lowercase)
+
+    log(f"scoring heads on {len(texts)} texts on {dev} (measures {', '.join(chosen)})")
+    found = score_model(hc, batches_of(references), batches_of(own), lrp_rule=lrp_rule,
+                        ablation="ablation" in chosen, bleu_fn=bleu_fn, log=log, only=chosen)
+    result = Analysis(found.table, found.correlations, found.conservation)
+    if roles:
+        _find_roles(result, hc, src_tok, texts, parses, spacy_model, frequency_texts, lowercase, role_settings, dev,
+                    log)
+    if atlas is not None:
+        from headcount.report.atlas.build import write_atlas
+
+        result.atlas = write_atlas(str(atlas), result.scores, roles=result.roles,
+                                   positional=result.statistics.get("positional"),
+                                   syntactic=result.statistics.get("syntactic"),
+                                   rare=result.statistics.get("rare"), role_settings=_role_settings(role_settings),
+                                   model=hc, src_tokenizer=src_tok, tgt_tokenizer=tgt_tok, sources=texts,
+                                   targets=references, parses=result.statistics.get("parses"),
+                                   frequency_texts=frequency_texts or texts, sentences=atlas_sentences,
+                                   lowercase=lowercase, device=dev, log=log)
+    return result
+
+
+def _role_settings(overrides: dict | None) -> dict:
+    from headcount.analysis.roles.registry import ROLES
+
+    settings = dict(DEFAULT_ROLE_SETTINGS)
+    known = set(settings) | {rule for role in ROLES.values() for rule, _ in role.rules} | {
+        "induction_length", "induction_sequences", "induction_seed"}
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ArgumentError(f"role_settings: a dict of thresholds, not {type(overrides).__name__}")
+    unknown = sorted(set(overrides or {}) - known)
+    if unknown:
+        raise ArgumentError(f"role_settings: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+    settings.update(overrides or {})
+    return settings
+
+
+def _find_roles(result: Analysis, hc, segmenter, texts, parses, spacy_model, frequency_texts, lowercase,
+                role_settings, device, log) -> None:
+    from headcount.analysis.roles.collect import longest_sentence
+    from headcount.analysis.roles.statistics import count_words
+    from headcount.pipeline.role_finding import role_tables
+
+    settings = _role_settings(role_settings)
+    frequency_texts = _texts("frequency_texts", frequency_texts, allow_none=True) or texts
+    table, info = _parse_table(parses, spacy_model, texts, settings, log)
+    found = role_tables(hc, segmenter, texts, "texts", table, info, count_words(frequency_texts, lowercase=lowercase),
+                        longest_sentence(segmenter, frequency_texts, lowercase), lowercase, settings, device=device,
+                        log=log)
+    result.roles, result.table1 = found["roles"], found["table1"]
+    result.statistics = {**found["tables"], "parses": table}
+    result.statistics.pop("roles")
+
+
+def _parse_table(parses, spacy_model, texts, settings, log) -> tuple[pd.DataFrame, dict]:
+    """The parses the syntactic statistics read, and what they are (role_finding's `info`)."""
+    from headcount.data import parses as parsing
+
+    if parses is not None and spacy_model is not None:
+        raise ArgumentError("parses, spacy_model: give one of them (parses of the texts, or a spaCy pipeline to "
+                            "parse them with), not both")
+    if spacy_model is not None:
+        nlp = parsing.load_spacy_pipeline(spacy_model)
+        return parsing.parse_with_spacy(texts, pipeline=nlp), {"parser": parsing.spacy_description(nlp),
+                                                                "text": "texts", "in_domain": True}
+    if parses is None:
+        log("no parses (neither parses nor spacy_model given): no head is found syntactic")
+        return parsing.empty_table(), {"parser": "none", "text": "no parses", "in_domain": True}
+    if isinstance(parses, pd.DataFrame):
+        missing = {"sentence", "text"} - set(parses.columns)
+        if missing:
+            raise ArgumentError(f"parses: the table lacks columns {sorted(missing)}; make it with "
+                                f"headcount.data.parses (read_conllu, parse_with_spacy)")
+        return parses, {"parser": "given", "text": "texts", "in_domain": True}
+    paths = [parses] if isinstance(parses, (str, Path)) else list(parses)
+    for path in paths:
+        if not Path(path).is_file():
+            raise ArgumentError(f"parses: {path} is not a file; give CoNLL-U files of gold trees, or a parse table")
+    table = parsing.read_conllu_files(paths)
+    table = table[table["sentence"] < settings["max_sentences"]]
+    return table, {"parser": "gold trees", "text": "treebanks " + " + ".join(Path(p).name for p in paths),
+                   "in_domain": False}
+
+
+@dataclass
+class Pruning:
+    """What `prune` leaves: the model with its pruned heads masked (gates folded into 0/1 masks),
+    the gates, their trajectory over training, and the run's record."""
+
+    model: object  # the headcount model (its .hf: the transformers model, where it wraps one)
+    gates: pd.DataFrame  # one row per gated head: log alpha, P(closed), pruned (headcount's rule), pruned_paper
+    trajectory: pd.DataFrame  # P(closed) per head over the steps
+    record: dict  # retained heads by both rules, steps, learning rates, training summary
+    tokenizer: object = None
+
+    @property
+    def retained(self) -> dict[str, int]:
+        return dict(self.record["retained"])
+
+    def save_pretrained(self, directory: str | Path) -> dict:
+        """Write the pruned model so that plain transformers' from_pretrained loads it, with no
+        headcount code (closed heads' weights zeroed, open gates folded into W^O;
+        pruning.transformers_export), and its tokenizer. A copy is written: `model` stays usable."""
+        import copy
+
+        from headcount.pruning.transformers_export import save_transformers
+
+        tokenizer = self.tokenizer if hasattr(self.tokenizer, "save_pretrained") else None
+        return save_transformers(copy.deepcopy(self.model), directory, tokenizer=tokenizer, source="the pruned model",
+                                 log=lambda message: None)
+
+
+def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_targets: Sequence[str] | None = None,
+          dev_texts: Sequence[str] | None = None, dev_targets: Sequence[str] | None = None, setting: str = "all",
+          steps: int | None = None, training: dict | None = None, recipe: dict | None = None,
+          objective: str | None = None, work_dir: str | Path | None = None, device: str = "auto",
+          log=None) -> Pruning:
+    """Prune `model`'s heads: fine-tune it with Hard Concrete gates on every head of the setting's
+    attention types and the penalty lam * L0 (lam = 0: the control, gates pinned open).
+
+    model, tokenizer: as for `analyse`; the model is trained in place (a sentence encoder's
+        weights stay frozen: only its gates train). train_texts (and an encoder-decoder's
+        train_targets): the fine-tuning data; dev_texts/dev_targets: the dev loss's (default the
+        first 100 training texts).
+    setting: "all" or "enc" (pruning.methods; a language model has "all" only).
+    steps: fine-tuning steps (default DEFAULT_PRUNE_TRAINING's max_steps).
+    training: overrides of the training settings (training.loop.TrainConfig: max_tokens, seed,
+        precision, ...; the workflow's `training`, DEFAULT_TRAINING); recipe: overrides of
+        DEFAULT_PRUNE_SETTINGS (gate_lr_scale, log_alpha_init, lr_schedule, heal_steps) and, under
+        "training", of fine-tuning's own (DEFAULT_PRUNE_TRAINING): the workflow's `prune`.
+    work_dir: where checkpoints go (a run there resumes); default a temporary folder, removed after.
+    """
+    from headcount.data.token_corpus import TokenCorpus
+    from headcount.models.seq2seq import kind_of
+    from headcount.pipeline.pruning_runs import prune_model
+    from headcount.training.loop import Corpus, DevSet, TrainConfig
+
+    log = _logger(log)
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
+        raise ArgumentError(f"lam: the L0 penalty's weight, a number >= 0 (0: the control), not {lam!r}")
+    train_texts = _texts("train_texts", train_texts)
+    hc, src_tok, tgt_tok = _adapted(model, tokenizer, objective)
+    kind = kind_of(hc)
+    translation = kind.objective == "translation"
+    train_targets = _texts("train_targets", train_targets, allow_none=True)
+    dev_texts = _texts("dev_texts", dev_texts, allow_none=True) or train_texts[:100]
+    dev_targets = _texts("dev_targets", dev_targets, allow_none=True)
+    if translation:
+        if train_targets is None or len(train_targets) != len(train_texts):
+            raise ArgumentError("train_targets: an encoder-decoder needs one reference translation per training text")
+        if dev_targets is None:
+            dev_targets = train_targets[:len(dev_texts)]
+        if len(dev_targets) != len(dev_texts):
+            raise ArgumentError("dev_targets: give one per dev text")
+    elif train_targets is not None or dev_targets is not None:
+        raise ArgumentError(f"train_targets, dev_targets: a {kind.name} model reads its texts alone; leave them out")
+    from headcount.pruning.methods import setting_types
+
+    try:
+        setting_types(setting, kind.name)
+    except ValueError as error:
+        raise ArgumentError(f"setting: {error}") from None
+    known = set(TrainConfig().to_dict())
+    if training is not None and not isinstance(training, dict):
+        raise ArgumentError(f"training: a dict of training settings, not {type(training).__name__}")
+    unknown = sorted(set(training or {}) - known)
+    if unknown:
+        raise ArgumentError(f"training: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+    # the baseline's settings (a constant schedule holds the rate where their Noam schedule ends)
+    train_settings = {**TrainConfig().to_dict(), **DEFAULT_TRAINING, **(training or {}), "select": "last",
+                      "dev_bleu_sentences": 0}
+    train_settings.setdefault("device", "auto")
+    if device != "auto":
+        train_settings["device"] = device
+    if recipe is not None and not isinstance(recipe, dict):
+        raise ArgumentError(f"recipe: a dict of pruning settings, not {type(recipe).__name__}")
+    recipe = dict(recipe or {})
+    prune_training = {**DEFAULT_PRUNE_TRAINING, **recipe.pop("training", {})}
+    prune_settings = {**DEFAULT_PRUNE_SETTINGS, "heal_steps": 0 if kind.gates_only else
+                      DEFAULT_PRUNE_SETTINGS["heal_steps"]}
+    unknown = sorted(set(recipe) - set(prune_settings)) + sorted(f"training.{k}" for k in set(prune_training) - known)
+    if unknown:
+        raise ArgumentError(f"recipe: unknown keys {unknown}; known: {', '.join(sorted(prune_settings))} and "
+                            f"training (fine-tuning's own training settings)")
+    prune_settings.update(recipe)
+    if steps is not None:
+        prune_training["max_steps"] = _positive("steps", steps)
+        prune_training["checkpoint_interval"] = min(prune_training["checkpoint_interval"], steps)
+    prune_settings["training"] = prune_training
+    sources, targets = train_texts, train_targets if translation else train_texts
+    data = Corpus(TokenCorpus.encode_lines(src_tok.encode, sources), TokenCorpus.encode_lines(tgt_tok.encode, targets))
+    dev_refs = dev_targets if translation else dev_texts
+    dev = DevSet(src_tok.encode(dev_texts), tgt_tok.encode(dev_refs), dev_refs)
+    fingerprint = {"api": "headcount.prune", "setting": setting, "lambda": lam,
+                   "log_alpha_init": prune_settings["log_alpha_init"], "gate_lr_scale": prune_settings["gate_lr_scale"],
+                   "texts": len(train_texts)}
+    with tempfile.TemporaryDirectory(prefix="headcount-prune-") as scratch:
+        record = prune_model(hc, data, dev, tgt_tok, setting, float(lam), prune_settings, train_settings,
+                             work_dir or scratch, fingerprint, log=log)
+    trajectory = record.pop("trajectory")
+    return Pruning(hc, pd.DataFrame(record["heads"]), trajectory, record, tokenizer=tokenizer)
+
+
+__all__ = ["Analysis", "ArgumentError", "DEFAULT_ROLE_SETTINGS", "Pruning", "analyse", "prune"]

@@ -1,0 +1,84 @@
+"""headcount's Python API (issue 62): docs/api.md's examples run as written (on the small GPT-2
+trained here in place of the hub id), its defaults are the workflow's, and a bad argument is named.
+tests/test_lm_workflow.py holds the API's tables against a workflow run's."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import toy_conllu, toy_corpus
+
+import headcount
+from headcount import api
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+GPT2 = REPO / "tests" / "data" / "gpt2_multi30k"
+
+
+def doc_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (REPO / "docs/api.md").read_text(encoding="utf-8"), re.S)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(GPT2), AutoTokenizer.from_pretrained(GPT2)
+
+
+def test_every_example_of_docs_api_runs_and_the_export_is_the_pruned_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "en_ewt-ud-dev.conllu").write_text(toy_conllu(toy_corpus(12, seed=3)[0]), encoding="utf-8")
+    blocks = doc_examples()
+    assert len(blocks) >= 5
+    namespace = {}
+    for block in blocks:
+        code = block.replace('"HuggingFaceTB/SmolLM2-135M"', repr(str(GPT2)))
+        exec(compile(code, "docs/api.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    found, pruned = namespace["found"], namespace["pruned"]
+    assert found.atlas == Path("atlas.html") and found.atlas.stat().st_size > 1000
+    assert set(found.table1["relation"]) >= {"amod"} and found.table1["n"].sum() > 0  # the toy trees were read
+    assert pruned.gates["gated"].all() and sum(pruned.retained.values()) == (~pruned.gates["pruned"]).sum()
+    assert 0 < sum(pruned.retained.values()) < len(pruned.gates)  # some heads closed: the export has some to zero
+    # the export loads in plain transformers and computes what the pruned model computes
+    ids = namespace["tokenizer"](namespace["texts"][:2], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        theirs = namespace["reloaded"](**ids).logits
+        ours = pruned.model.hf(**ids).logits
+    assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
+
+
+def test_the_api_defaults_are_the_workflows():
+    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())["defaults"]
+    assert api.DEFAULT_ROLE_SETTINGS == {k: defaults["roles"][k] for k in api.DEFAULT_ROLE_SETTINGS}
+    assert api.DEFAULT_LRP_RULE == defaults["heads"]["lrp_rule"]
+    assert api.DEFAULT_MAX_TOKENS == defaults["heads"]["max_tokens"]
+    assert api.DEFAULT_PRUNE_SETTINGS == {k: defaults["prune"][k] for k in api.DEFAULT_PRUNE_SETTINGS}
+    assert api.DEFAULT_PRUNE_TRAINING == defaults["prune"]["training"]
+    training = {k: defaults["training"][k] for k in api.DEFAULT_TRAINING}
+    assert api.DEFAULT_TRAINING == {**training, "adam_betas": tuple(training["adam_betas"])}
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda m, t: headcount.analyse(m, t, "one string"), "texts"),
+    (lambda m, t: headcount.analyse(m, t, ["fine", ""]), "texts[1]"),
+    (lambda m, t: headcount.analyse(m, t, ["fine"], targets=["no"]), "targets"),
+    (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["attention_entropy"]), "measures"),
+    (lambda m, t: headcount.analyse(m, t, ["fine"], max_tokens=0), "max_tokens"),
+    (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["confidence"], role_settings={"positional": 1}),
+     "role_settings"),
+    (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["confidence"], parses="nowhere.conllu"), "parses"),
+    (lambda m, t: headcount.analyse(m, "not a tokenizer", ["fine"]), "tokenizer"),
+    (lambda m, t: headcount.analyse(object(), t, ["fine"]), "model"),
+    (lambda m, t: headcount.prune(m, t, ["fine"], -1), "lam"),
+    (lambda m, t: headcount.prune(m, t, ["fine"], 0.1, setting="enc"), "setting"),
+    (lambda m, t: headcount.prune(m, t, ["fine"], 0.1, training={"learning_rate": 1}), "training"),
+    (lambda m, t: headcount.prune(m, t, ["fine"], 0.1, recipe={"temperature": 1}), "recipe"),
+])
+def test_a_bad_argument_is_an_error_naming_it(gpt2, call, named):
+    with pytest.raises(headcount.ArgumentError, match="^" + re.escape(named) + ":"):
+        call(*gpt2)
