@@ -9,20 +9,24 @@
 #   bash benchmarks/gpu_long_inputs.sh           # on the GPU machine (no network), ~2-3 min with install
 #
 # The GPU image has torch (2.11+cu130 on the H200 of 2026-11-26) but not transformers: the pinned
-# transformers and tokenizers travel as cp312 wheels in .gpuwhl (carry it), installed with --no-index
-# as benchmarks/gpu_demo.sh installs Snakemake's. Dry run on a CPU with a tiny model:
+# transformers and its dependencies travel as cp312 wheels in .gpuwhl (carry it), installed with
+# --no-index as benchmarks/gpu_demo.sh installs Snakemake's. Dry run on a CPU with a tiny model:
 #   PYTHON=.venv/bin/python MODEL=tiny DEVICE=cpu DTYPE=float32 bash benchmarks/gpu_long_inputs.sh
 set -u
 if [ "${1:-}" = prepare ]; then
-  pins=$(grep -E '^(transformers|tokenizers|huggingface[-_]hub|safetensors)==' constraints.txt)
-  exec .venv/bin/pip download --only-binary=:all: --no-deps --python-version 3.12 \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any -d .gpuwhl $pins
+  # transformers with every dependency, less numpy (the image has its own); .gpuwhl/ is git-ignored
+  .venv/bin/pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any -d .gpuwhl \
+    "$(grep -E '^transformers==' constraints.txt)" && rm -f .gpuwhl/numpy-*.whl
+  exit
 fi
 OUT=${OUT:-/tmp/gpu-long-inputs-out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import transformers" 2>/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .gpuwhl/*.whl || exit
+  # into the image's own Python: pip takes from .gpuwhl only what the image lacks (its numpy stays)
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install -q --no-index --find-links .gpuwhl --no-compile --no-cache-dir \
+    "$(grep -E '^transformers==' constraints.txt)" || exit
 fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null

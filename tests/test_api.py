@@ -69,6 +69,7 @@ def test_the_api_defaults_are_the_workflows():
     (lambda m, t: headcount.analyse(m, t, ["fine"], targets=["no"]), "targets"),
     (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["attention_entropy"]), "measures"),
     (lambda m, t: headcount.analyse(m, t, ["fine"], max_tokens=0), "max_tokens"),
+    (lambda m, t: headcount.analyse(m, t, ["fine", "word " * 2000], measures=["confidence"]), "texts"),
     (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["confidence"], role_settings={"positional": 1}),
      "role_settings"),
     (lambda m, t: headcount.analyse(m, t, ["fine"], measures=["confidence"], parses="nowhere.conllu"), "parses"),

@@ -5,6 +5,7 @@ physical export; a small BERT the Trainer trained the same way (tests/data/bert_
 then through the same stages; each one's loss as the Trainer computed it, recomputed (and that
 of a Qwen2 trained the same way, tests/data/qwen2_multi30k); and the config errors of the new keys."""
 
+import io
 import json
 from pathlib import Path
 
@@ -79,6 +80,43 @@ def test_a_pretrained_gpt2_runs_through_every_stage(tmp_path):
     # Beside it the same model for plain transformers, with its tokenizer (pruning.transformers_export).
     assert export["transformers"]["exported"] and "tokenizer.json" in export["transformers"]["tokenizer_files"]
     assert (results / "prune/all/lambda_2/physical/transformers/model.safetensors").is_file()
+    api_against_workflow(results, lm_config(mirror, model_dir), model_dir)
+
+
+def api_against_workflow(results: Path, config: dict, model_dir: Path) -> None:
+    """headcount.analyse and headcount.prune (docs/api.md) on the same model, read by transformers
+    into memory, with the same text and settings give the tables the workflow wrote (issue 62).
+    Scores agree to 1e-6 (the workflow's jobs ran with their own thread counts, whose sums may
+    round apart); the roles and the gates exactly."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import headcount
+    from headcount.api import DEFAULT_ROLE_SETTINGS
+
+    defaults = config["defaults"]
+    n = config["experiments"]["toy"]["analysis"]["max_sentences"]
+    texts = (results / "data/test_2016_flickr.src.txt").read_text(encoding="utf-8").splitlines()[:n]
+    train = (results / "data/train.src.txt").read_text(encoding="utf-8").splitlines()
+    role_settings = {k: v for k, v in defaults["roles"].items() if k in DEFAULT_ROLE_SETTINGS}
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    found = headcount.analyse(model, tokenizer, texts, measures=["confidence", "michel", "lrp"],
+                              parses=pd.read_parquet(results / "syntax/parses.parquet"), frequency_texts=train,
+                              role_settings=role_settings, lrp_rule=defaults["heads"]["lrp_rule"],
+                              max_tokens=defaults["heads"]["max_tokens"], device="cpu", log=False)
+    workflow = pd.read_parquet(results / "heads/scores.parquet")
+    pd.testing.assert_frame_equal(found.scores, workflow, rtol=1e-6, check_dtype=False)
+    labels = ["text", "parser", "syntactic_text"]  # what each run calls its text and parses
+    as_written = pd.read_csv(io.StringIO(found.roles.to_csv(index=False, float_format="%.4g")))  # roles.csv's way
+    pd.testing.assert_frame_equal(as_written.drop(columns=labels),
+                                  pd.read_csv(results / "syntax/roles.csv").drop(columns=labels), check_exact=True)
+
+    prune = {k: v for k, v in defaults["prune"].items() if k in headcount.api.DEFAULT_PRUNE_SETTINGS}
+    gated = headcount.prune(model, tokenizer, train, 2.0,
+                            dev_texts=(results / "data/dev.src.txt").read_text(encoding="utf-8").splitlines(),
+                            training=defaults["training"], recipe={**prune, "training": defaults["prune"]["training"]},
+                            device="cpu", log=False)
+    workflow_gates = pd.DataFrame(json.loads((results / "prune/all/lambda_2/gates.json").read_text())["heads"])
+    pd.testing.assert_frame_equal(gated.gates, workflow_gates[gated.gates.columns], rtol=1e-5, check_dtype=False)
 
 
 @pytest.mark.workflow

@@ -153,6 +153,7 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
         (stderr, the default) or False (silent): progress lines as the workflow's logs have them.
     """
     from headcount.analysis.importance import dev_batches
+    from headcount.data.batching import TextTooLong
     from headcount.analysis.measures import MEASURES
     from headcount.models.device import pick_device
     from headcount.models.seq2seq import kind_of
@@ -188,7 +189,8 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
 
     def batches_of(lines: list[str]) -> list:
         return [[x.to(dev) for x in b] for b in dev_batches(src, tgt_tok.encode(lines), max_tokens,
-                                                                 special=hc.special, objective=kind.objective)]
+                                                                 special=hc.special, objective=kind.objective,
+                                                                 max_positions=getattr(hc, "max_positions", None))]
 
     bleu_fn = None
     if translation and bleu_sentences and "ablation" in chosen:
@@ -199,7 +201,12 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
                                bleu_refs, lowercase=lowercase)
 
     log(f"scoring heads on {len(texts)} texts on {dev} (measures {', '.join(chosen)})")
-    found = score_model(hc, batches_of(references), batches_of(own), lrp_rule=lrp_rule,
+    try:
+        reference_batches, own_batches = batches_of(references), batches_of(own)
+    except TextTooLong as error:  # "text 3 has ..." -> "texts: text 3 has ..."
+        raise ArgumentError(f"{'targets' if translation and str(error).startswith('target') else 'texts'}: "
+                            f"{error}") from None
+    found = score_model(hc, reference_batches, own_batches, lrp_rule=lrp_rule,
                         ablation="ablation" in chosen, bleu_fn=bleu_fn, log=log, only=chosen)
     result = Analysis(found.table, found.correlations, found.conservation)
     if roles:

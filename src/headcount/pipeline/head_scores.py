@@ -59,7 +59,8 @@ def score_heads(
 
     def batches_of(tgt_lines: list[str]) -> list:
         return [[x.to(dev) for x in b] for b in dev_batches(src, tgt_seg.encode(tgt_lines), max_tokens,
-                                                                 special=model.special, objective=objective)]
+                                                                 special=model.special, objective=objective,
+                                                                 max_positions=getattr(model, "max_positions", None))]
 
     bleu_src, bleu_refs = src[:ablation_bleu_sentences], references[:ablation_bleu_sentences]
 
