@@ -15,10 +15,9 @@ Each part runs in its own process, so its peak memory (max RSS) is its own. Part
   alternating; each job a process of its own
 - train_loop_profile: a step exactly as training.loop takes it (its forward_loss, update, make_optimizer),
   per op: the matrix products' share, the milliseconds of everything else, the Adam update (--precision)
-- train_loop_profile_before: the same for the step before issue 60 (for-loop Adam, three Q, K, V products)
+- train_loop_profile_before: the same for the step before issue 60 (for-loop Adam)
 - train_fast_step: the step before issue 60 against now, alternating
 - train_adam: that step with the fused Adam update against torch's for-loop one, alternating
-- train_projections: that step with Q, K and V in one matrix product against three, alternating
 - train_sdpa: the attention of that step through scaled_dot_product_attention against the explicit
   (need_weights) path, alternating
 - lrp: LRP head relevance against one teacher-forced forward+backward on the same sentences
@@ -274,14 +273,12 @@ def part_train_precision(steps: int) -> dict:
                                         for precision in ("fp32", "bf16")})
 
 
-def loop_step(precision: str = "auto", fused: bool | None = None, seed: int = 0, explicit_attention: bool = False,
-              fused_projections: bool = True):
+def loop_step(precision: str = "auto", fused: bool | None = None, seed: int = 0, explicit_attention: bool = False):
     """One step exactly as training.loop.train takes it (its forward_loss, update and make_optimizer:
     label smoothing, gradient clipping, Adam), on the default experiment's model (relu_dropout 0,
     fast dropout masks): step(batch). fused: the optimizer's choice (None: the loop's own).
     explicit_attention: every attention module takes its need_weights path (scores, softmax, dropout,
-    products written out, as the analyses see them) instead of scaled_dot_product_attention.
-    fused_projections False: Q, K and V in three products (MultiHeadAttention.fused_projections)."""
+    products written out, as the analyses see them) instead of scaled_dot_product_attention."""
     import torch
 
     from headcount.models.transformer import ModelConfig, Transformer
@@ -298,8 +295,6 @@ def loop_step(precision: str = "auto", fused: bool | None = None, seed: int = 0,
     optimizer = make_optimizer(groups, cfg, device, fused=fused)
     for group in optimizer.param_groups:
         group["lr"] = 1e-4
-    for module in (m for mods in model.attention_modules().values() for m in mods):
-        module.fused_projections = fused_projections
     if explicit_attention:
         for module in (m for mods in model.attention_modules().values() for m in mods):
             def forced(*args, _forward=module.forward, **kwargs):
@@ -325,10 +320,10 @@ def part_train_loop_profile(steps: int, precision: str, before: bool = False) ->
     """Where a step of training.loop.train goes on the default experiment's model, per op: the
     matrix products' share and milliseconds, the rest's milliseconds per step (what AMX leaves),
     the Adam update and the largest ops. Self CPU time, torch.profiler, after 2 warm-up steps.
-    before: the step as it was before issue 60 (for-loop Adam, three Q, K, V products)."""
+    before: the step as it was before issue 60 (for-loop Adam)."""
     from torch.profiler import profile
 
-    step = loop_step(precision, fused=False, fused_projections=False) if before else loop_step(precision)
+    step = loop_step(precision, fused=False) if before else loop_step(precision)
     batches = synthetic_batches(SIZES["default"][3], steps + 2)
     for batch in batches[:2]:
         step(batch)
@@ -360,23 +355,14 @@ def part_train_adam(steps: int, precision: str) -> dict:
 def part_train_sdpa(steps: int, precision: str) -> dict:
     """training.loop's step with attention through scaled_dot_product_attention (need_weights=False,
     what training does) against the explicit need_weights path, alternating."""
-    return alternate("default", steps, {
-        "explicit": loop_step(precision, explicit_attention=True, fused_projections=False),
-        "sdpa": loop_step(precision, fused_projections=False)}, precision=precision)
+    return alternate("default", steps, {"explicit": loop_step(precision, explicit_attention=True),
+                                        "sdpa": loop_step(precision)}, precision=precision)
 
 
 def part_train_fast_step(steps: int, precision: str) -> dict:
-    """training.loop's step before issue 60 (for-loop Adam, Q, K and V in three products) against now,
-    alternating: the changes together."""
-    return alternate("default", steps, {"before": loop_step(precision, fused=False, fused_projections=False),
+    """training.loop's step before issue 60 (for-loop Adam) against now, alternating: the changes kept."""
+    return alternate("default", steps, {"before": loop_step(precision, fused=False),
                                         "after": loop_step(precision)}, precision=precision)
-
-
-def part_train_projections(steps: int, precision: str) -> dict:
-    """training.loop's step with Q, K, V in one product (MultiHeadAttention.fused_projections) against
-    three, alternating."""
-    return alternate("default", steps, {"three": loop_step(precision, fused_projections=False),
-                                        "one": loop_step(precision)}, precision=precision)
 
 
 def part_train_worker(steps: int, seed: int) -> dict:
@@ -625,7 +611,6 @@ PARTS = {
     "train_fast_step": lambda a: part_train_fast_step(a.steps, a.precision),
     "train_adam": lambda a: part_train_adam(a.steps, a.precision),
     "train_sdpa": lambda a: part_train_sdpa(a.steps, a.precision),
-    "train_projections": lambda a: part_train_projections(a.steps, a.precision),
     "train_threads": lambda a: part_train_threads(a.steps),
     "lrp": lambda a: part_lrp(a.size),
     "lrp_trained": lambda a: part_lrp_trained(),

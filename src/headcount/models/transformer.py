@@ -149,12 +149,6 @@ def fairseq_sinusoidal_positions(rows: int, d_model: int, pad_id: int) -> Tensor
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads with a gate on each head's output."""
 
-    # Training and teacher-forced passes (need_weights=False, no cache) project Q, K and V (or a
-    # memory's K and V) in one matrix product over the concatenated weights: one larger product, one
-    # cast of the input under autocast instead of three, and one input gradient. The same parameters;
-    # False: three products, as the need_weights path and decoding compute them (benchmarks/run.py).
-    fused_projections = True
-
     def __init__(self, d_model: int, n_heads: int, attn_dropout: float):
         super().__init__()
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
@@ -190,10 +184,19 @@ class MultiHeadAttention(nn.Module):
         B, Tq, D = x.shape
         if self.n_heads == 0:  # every head physically pruned: only W^O's bias is left
             return self.out_proj.bias.expand(B, Tq, D), None
-        if self.fused_projections and not need_weights and cache is None:
-            q, k, v = self._fused_projections(x, memory)
+        q = self._split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
+        if memory is None:
+            k, v = self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
+            if cache is not None:  # append this step's keys/values to the earlier steps'
+                if "k" in cache:
+                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+                cache["k"], cache["v"] = k, v
+        elif cache is not None and "k" in cache:  # encoder memory projected once per sentence
+            k, v = cache["k"], cache["v"]
         else:
-            q, k, v = self._projections(x, memory, cache)
+            k, v = self._split_heads(self.k_proj(memory)), self._split_heads(self.v_proj(memory))
+            if cache is not None:
+                cache["k"], cache["v"] = k, v
         Tk = k.shape[2]
         causal = causal and Tq > 1  # a single new query may see every cached key
 
@@ -226,36 +229,6 @@ class MultiHeadAttention(nn.Module):
         ctx = ctx * self.gates().to(ctx.dtype).view(1, -1, 1, 1)  # Concat(g_i head_i)
         out = self.out_proj(ctx.transpose(1, 2).reshape(B, Tq, self.n_heads * self.head_dim))  # (B, Tq, D)
         return out, probs
-
-    def _projections(self, x: Tensor, memory: Tensor | None, cache: dict | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V (B, H, T, Dh), each its own product; with a cache, earlier steps' keys and values."""
-        q = self._split_heads(self.q_proj(x))  # (B, H, Tq, Dh)
-        if memory is None:
-            k, v = self._split_heads(self.k_proj(x)), self._split_heads(self.v_proj(x))
-            if cache is not None:  # append this step's keys/values to the earlier steps'
-                if "k" in cache:
-                    k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
-        elif cache is not None and "k" in cache:  # encoder memory projected once per sentence
-            k, v = cache["k"], cache["v"]
-        else:
-            k, v = self._split_heads(self.k_proj(memory)), self._split_heads(self.v_proj(memory))
-            if cache is not None:
-                cache["k"], cache["v"] = k, v
-        return q, k, v
-
-    def _fused_projections(self, x: Tensor, memory: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Q, K, V (B, H, T, Dh) with one product for all three (self-attention) or for K and V."""
-        H, Dh = self.n_heads, self.head_dim
-        names = ("k_proj", "v_proj") if memory is not None else ("q_proj", "k_proj", "v_proj")
-        source = x if memory is None else memory
-        weight = torch.cat([getattr(self, name).weight for name in names])
-        bias = torch.cat([getattr(self, name).bias for name in names])
-        B, T, _ = source.shape
-        parts = F.linear(source, weight, bias).view(B, T, len(names), H, Dh).permute(2, 0, 3, 1, 4)
-        if memory is None:
-            return parts[0], parts[1], parts[2]
-        return self._split_heads(self.q_proj(x)), parts[0], parts[1]
 
     @torch.no_grad()
     def keep_heads(self, heads: list[int]) -> None:
