@@ -150,3 +150,54 @@ def test_masked_losses_of_no_batch_and_bad_chunk():
     assert masked_mean_nlls(model, [], [("enc_self", 0, 0)]) == [0.0]
     with pytest.raises(ValueError, match="heads_per_pass"):
         head_ablation(model, [], heads_per_pass=0)
+
+
+def test_each_sentences_masked_loss_and_the_paired_interval_against_brute_force():
+    """masked_sentence_losses' per-sentence sums are each sentence's summed NLL run alone with the
+    head masked (an independent pass per sentence); head_ablation's interval is the percentile
+    bootstrap of those per-sentence differences, recomputed here by hand; a head with zero output
+    weights costs exactly nothing, with the interval [0, 0]."""
+    from headcount.analysis.importance import masked_sentence_losses, summed_nll
+    from headcount.training.evaluate import bootstrap_indices, bootstrap_interval
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(d_model=16, n_heads=4, enc_layers=2, dec_layers=2)).eval()
+    sp = model.special
+    src = random_texts(model.cfg.src_vocab, {sp.pad, sp.bos, sp.eos}, n=12, seed=1)
+    tgt = random_texts(model.cfg.tgt_vocab, {sp.pad, sp.bos, sp.eos}, n=12, seed=2)
+    batches = dev_batches(src, tgt, max_tokens=40, special=sp)
+    heads = [("enc_self", 0, 1), None, ("dec_enc", 1, 3)]
+    sums, units = masked_sentence_losses(model, batches, heads)
+    assert sums.shape == (3, 12) and units.shape == (12,)
+    original = {kind: m.clone() for kind, m in model.head_mask().items()}
+    column = 0
+    for batch in batches:
+        for row in range(batch[0].shape[0]):
+            one = [x[row:row + 1] for x in batch[:3]]
+            length = int(one[2].ne(sp.pad).sum())
+            one = [one[0][:, :int(one[0].ne(sp.pad).sum())], one[1][:, :length], one[2][:, :length]]
+            for i, head in enumerate(heads):
+                masks = {kind: m.clone() for kind, m in original.items()}
+                if head is not None:
+                    masks[head[0]][head[1], head[2]] = 0.0
+                model.set_head_mask(masks)
+                with torch.no_grad():
+                    alone, n = summed_nll(model, *one)
+                assert sums[i, column] == pytest.approx(float(alone), abs=1e-4)
+                assert units[column] == n
+            column += 1
+    model.set_head_mask(original)
+
+    with torch.no_grad():  # head 2 of encoder layer 1 writes nothing: masking it changes nothing
+        layer = model.encoder_layers[1].self_attn
+        layer.out_proj.weight[:, 2 * 4:3 * 4] = 0.0
+    sums, units = masked_sentence_losses(model, batches, [None, ("enc_self", 0, 1)])
+    table = head_ablation(model, batches).set_index(["type", "layer", "head"])
+    differences = sums[1] - sums[0]
+    index = bootstrap_indices(len(units))
+    low, high = bootstrap_interval(differences[index].sum(axis=1) / units[index].sum(axis=1))
+    row = table.loc[("enc_self", 0, 1)]
+    assert row["delta_loss_low"] == pytest.approx(low, abs=1e-9) and row["delta_loss_high"] == pytest.approx(high, abs=1e-9)
+    assert row["delta_loss_low"] <= row["delta_loss"] <= row["delta_loss_high"] and high > low
+    dead = table.loc[("enc_self", 1, 2)]
+    assert abs(dead["delta_loss"]) < 1e-6 and abs(dead["delta_loss_low"]) < 1e-6 and abs(dead["delta_loss_high"]) < 1e-6

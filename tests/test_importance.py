@@ -308,7 +308,8 @@ def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figu
     model = tiny_model(seed=4)
     table = measures.score_table(ScoringInputs(model, padded_batches(), [b[:2] for b in padded_batches()]),
                                  ["confidence", "w_o_norm", "ablation"])
-    assert list(table.columns) == ["type", "layer", "head", "confidence", "delta_loss", "delta_bleu", "w_o_norm"]
+    assert list(table.columns) == ["type", "layer", "head", "confidence", "delta_loss", "delta_bleu", "delta_loss_low",
+                                   "delta_loss_high", "w_o_norm"]
     assert measures.ranked_scores() == ("confidence", "lrp", "michel", "w_o_norm")
     assert set(rank_correlations(table)["score"]) == {"confidence", "w_o_norm"}
     assert measures.score_names(optional=False) == ["confidence", "michel", "lrp", "w_o_norm"]

@@ -262,73 +262,95 @@ def _output_states(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor) -> Tens
     return model.decode(tgt_in, memory, src_pad)[0]
 
 
-@torch.no_grad()
 def masked_mean_nlls(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
                      heads: Sequence[tuple[str, int, int]]) -> list[float]:
     """Dev loss (mean_nll) with each of `heads` ((type, layer, head)) masked alone, on top of the
-    model's masks: each batch is copied once per head and run in one forward pass, copy i with
-    head i masked (gates.row_head_masks). Logits are formed only at the target positions, LOSS_ROWS
-    at a time (a masked LM scores ~15% of its positions, and padding none); each copy's NLL is
-    summed in float64. A sentence encoder's loss per copy is its embedding distance to the
-    unpruned model's pass over the batch, every head open in every row (`_masked_mean_distances`)."""
+    model's masks (masked_sentence_losses, summed over the sentences)."""
+    sums, units = masked_sentence_losses(model, batches, heads)
+    return (sums.sum(axis=1) / max(units.sum(), 1)).tolist()
+
+
+@torch.no_grad()
+def masked_sentence_losses(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
+                           heads: Sequence[tuple[str, int, int] | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Each sentence's summed loss with each of `heads` ((type, layer, head); None: no head)
+    masked alone, on top of the model's masks -> (k, S) float64 sums and the (S,) units they are
+    over (a sentence's real target tokens), sentences in the batches' order.
+
+    Each batch is copied once per head and run in one forward pass, copy i with head i masked
+    (gates.row_head_masks). Logits are formed only at the target positions, LOSS_ROWS at a time (a
+    masked LM scores ~15% of its positions, and padding none); NLLs are summed in float64. A
+    sentence encoder's loss is its embedding distance to the unpruned model's pass over the batch,
+    every head open in every row, one unit per sentence (`_masked_sentence_distances`)."""
     from headcount.models.gates import row_head_masks  # gates imports the model contract, as this does
 
     if kind_of(model).objective == SENTENCE_EMBEDDING:
-        return _masked_mean_distances(model, batches, heads)
+        return _masked_sentence_distances(model, batches, heads)
 
     model.eval()
     k = len(heads)
     widths = {kind: mask.shape for kind, mask in model.head_mask().items()}
-    totals, tokens = torch.zeros(k, dtype=torch.float64), 0
+    sums, units = [], []
     for batch in batches:
         src, tgt_in, tgt_out = _on_device(batch[:3], model)
         B = tgt_out.shape[0]
-        masks = {kind: torch.ones(k * B, *widths[kind], device=tgt_out.device)
-                 for kind in {kind for kind, _, _ in heads}}
-        for i, (kind, layer, head) in enumerate(heads):
-            masks[kind][i * B:(i + 1) * B, layer, head] = 0.0
+        masks = _copy_masks(heads, B, widths, tgt_out.device)
         with row_head_masks(model, masks):
             states = _output_states(model, _replicated(src, k), _replicated(tgt_in, k))  # (k * B, T, D)
         targets = _replicated(tgt_out, k)
         real = targets.ne(model.special.pad)
-        copy = torch.arange(k, device=real.device).repeat_interleave(B)[:, None].expand_as(real)[real]
+        row = torch.arange(k * B, device=real.device)[:, None].expand_as(real)[real]  # copy i, sentence j: i * B + j
         states, targets = states[real], targets[real]  # (N, D), (N,)
+        totals = torch.zeros(k * B, dtype=torch.float64)
         for start in range(0, len(targets), LOSS_ROWS):
             logits = model.logits(states[start:start + LOSS_ROWS])
             nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
                                   targets[start:start + LOSS_ROWS], reduction="none")
-            totals += torch.zeros(k, dtype=torch.float64, device=nll.device).index_add_(
-                0, copy[start:start + LOSS_ROWS], nll.double()).cpu()
-        tokens += int(tgt_out.ne(model.special.pad).sum())
-    return (totals / max(tokens, 1)).tolist()
+            totals += torch.zeros(k * B, dtype=torch.float64, device=nll.device).index_add_(
+                0, row[start:start + LOSS_ROWS], nll.double()).cpu()
+        sums.append(totals.view(k, B).numpy())
+        units.append(tgt_out.ne(model.special.pad).sum(dim=1).cpu().numpy())
+    if not sums:
+        return np.zeros((k, 0)), np.zeros(0)
+    return np.concatenate(sums, axis=1), np.concatenate(units).astype(np.float64)
+
+
+def _copy_masks(heads: Sequence[tuple[str, int, int] | None], B: int, widths: dict, device) -> dict[str, Tensor]:
+    """Row masks for k copies of a batch of B rows: copy i with heads[i] masked (None: none)."""
+    kinds = {head[0] for head in heads if head is not None} or set(widths)
+    masks = {kind: torch.ones(len(heads) * B, *widths[kind], device=device) for kind in kinds}
+    for i, head in enumerate(heads):
+        if head is not None:
+            kind, layer, h = head
+            masks[kind][i * B:(i + 1) * B, layer, h] = 0.0
+    return masks
 
 
 @torch.no_grad()
-def _masked_mean_distances(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
-                           heads: Sequence[tuple[str, int, int]]) -> list[float]:
-    """masked_mean_nlls of a sentence encoder: the mean per sentence of the embedding distance with
-    each of `heads` masked alone, copy i of each batch with head i masked (gates.row_head_masks),
+def _masked_sentence_distances(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
+                               heads: Sequence[tuple[str, int, int] | None]) -> tuple[np.ndarray, np.ndarray]:
+    """masked_sentence_losses of a sentence encoder: each sentence's embedding distance with each
+    of `heads` masked alone, copy i of each batch with head i masked (gates.row_head_masks),
     against the reference pass over the batch itself (every head open: it runs outside the row
-    masks, and only once for all copies)."""
+    masks, and only once for all copies); one unit per sentence."""
     from headcount.models.gates import row_head_masks
 
     model.eval()
     k = len(heads)
     widths = {kind: mask.shape for kind, mask in model.head_mask().items()}
-    totals, sentences = torch.zeros(k, dtype=torch.float64), 0
+    sums = []
     for batch in batches:
         src = _on_device(batch[:1], model)[0]
         B = src.shape[0]
         reference = model.reference_embedding(src)  # (B, D)
-        masks = {kind: torch.ones(k * B, *widths[kind], device=src.device) for kind in {kind for kind, _, _ in heads}}
-        for i, (kind, layer, head) in enumerate(heads):
-            masks[kind][i * B:(i + 1) * B, layer, head] = 0.0
-        with row_head_masks(model, masks):
+        with row_head_masks(model, _copy_masks(heads, B, widths, src.device)):
             embedding = model.sentence_embedding(_replicated(src, k))  # (k * B, D)
         distance = cosine_distance(embedding, _replicated(reference, k))  # (k * B,)
-        totals += distance.view(k, B).sum(dim=1).cpu()
-        sentences += B
-    return (totals / max(sentences, 1)).tolist()
+        sums.append(distance.view(k, B).double().cpu().numpy())
+    if not sums:
+        return np.zeros((k, 0)), np.zeros(0)
+    sums = np.concatenate(sums, axis=1)
+    return sums, np.ones(sums.shape[1])
 
 
 def head_ablation(
@@ -346,20 +368,28 @@ def head_ablation(
     helps). delta_bleu (only for `bleu_types`, NaN elsewhere) = BLEU masked - BLEU as given. Heads
     already masked are skipped (NaN). The model's masks are restored afterwards.
 
+    delta_loss_low, delta_loss_high: its 95% paired-bootstrap interval over the dev sentences
+    (training.perplexity.paired_bootstrap_nll: each resample draws sentences, masked and unmasked
+    losses of the same sentences together), so a head whose removal costs nothing measurable shows
+    an interval across 0.
+
     The losses of `heads_per_pass` heads come from one forward pass per dev batch over as many
-    copies of it, each with its own head masked (masked_mean_nlls): the same numbers as masking one
-    head at a time (to rounding), at a fraction of the passes' overhead; memory grows with it. BLEU
-    decodes with one head masked at a time.
+    copies of it, each with its own head masked (masked_sentence_losses): the same numbers as
+    masking one head at a time (to rounding), at a fraction of the passes' overhead; memory grows
+    with it. BLEU decodes with one head masked at a time.
     """
+    from headcount.training.perplexity import paired_bootstrap_nll
+
     if heads_per_pass < 1:
         raise ValueError(f"heads_per_pass must be >= 1, not {heads_per_pass}")
     batches = list(batches)
     types = kind_of(model).attention_types if types is None else types
     original = {kind: m.clone() for kind, m in model.head_mask().items()}
     base_loss = mean_nll(model, batches)
+    base_sums, units = masked_sentence_losses(model, batches, [None])  # per sentence, for the intervals
     base_bleu = bleu_fn(model) if bleu_fn is not None and any(t in bleu_types for t in types) else None
     rows = {(kind, layer, head): {"type": kind, "layer": layer, "head": head, "delta_loss": np.nan,
-                                  "delta_bleu": np.nan}
+                                  "delta_bleu": np.nan, "delta_loss_low": np.nan, "delta_loss_high": np.nan}
             for kind in types for layer, head in np.ndindex(*original[kind].shape)}
     live = [key for key in rows if original[key[0]][key[1], key[2]] != 0]
     bar = Progress(len(rows), "ablation", log, unit="head")
@@ -367,8 +397,11 @@ def head_ablation(
     try:
         for start in range(0, len(live), heads_per_pass):
             chunk = live[start:start + heads_per_pass]
-            for key, loss in zip(chunk, masked_mean_nlls(model, batches, chunk)):
-                rows[key]["delta_loss"] = loss - base_loss
+            sums, _ = masked_sentence_losses(model, batches, chunk)
+            for key, masked in zip(chunk, sums):
+                rows[key]["delta_loss"] = masked.sum() / max(units.sum(), 1) - base_loss
+                paired = paired_bootstrap_nll(masked, base_sums[0], units)
+                rows[key]["delta_loss_low"], rows[key]["delta_loss_high"] = paired["low"], paired["high"]
                 kind, layer, head = key
                 if base_bleu is not None and kind in bleu_types:
                     mask = original[kind].clone()
@@ -379,6 +412,7 @@ def head_ablation(
                 bar.update(1)
     finally:
         model.set_head_mask(original)
-    table = pd.DataFrame(list(rows.values()), columns=[*KEYS, "delta_loss", "delta_bleu"])
+    table = pd.DataFrame(list(rows.values()), columns=[*KEYS, "delta_loss", "delta_bleu", "delta_loss_low",
+                                                       "delta_loss_high"])
     table.attrs.update(base_loss=base_loss, base_bleu=base_bleu)
     return table
