@@ -83,3 +83,27 @@ def test_the_api_defaults_are_the_workflows():
 def test_a_bad_argument_is_an_error_naming_it(gpt2, call, named):
     with pytest.raises(headcount.ArgumentError, match="^" + re.escape(named) + ":"):
         call(*gpt2)
+
+
+def test_gates_go_where_the_model_is():
+    """A model already on an accelerator, wrapped in memory, gets its head masks (and the Hard
+    Concrete gates attached beside them) on its own device: found on an H200, where a random 7B
+    built on the GPU met gates on the CPU. The meta device stands in for the GPU here."""
+    from torch import nn
+
+    from headcount.models.gates import attach_gates
+    from headcount.models.head_gates import GatedProjection
+
+    slot = GatedProjection(nn.Linear(8, 8, device="meta"), n_heads=2, head_dim=4)
+    assert slot.head_mask.device.type == "meta"
+
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.slot = slot
+
+        def attention_modules(self):
+            return {"dec_self": [self.slot]}
+
+    attach_gates(One(), ["dec_self"])
+    assert slot.hard_concrete.log_alpha.device.type == "meta"

@@ -24,7 +24,8 @@ class GatedProjection(nn.Module):
         self.time_major = time_major
         self.n_heads = int(n_heads)
         self.head_dim = int(head_dim)
-        self.register_buffer("head_mask", torch.ones(self.n_heads))
+        # on W^O's device: a model already on a GPU, wrapped in memory (headcount.api), stays there
+        self.register_buffer("head_mask", torch.ones(self.n_heads, device=proj.weight.device))
         self.kept = list(range(self.n_heads))  # the original index of each remaining head
         self.original_heads = self.n_heads
         self.hard_concrete = None  # HardConcreteGates while pruning (gates.attach_gates)
