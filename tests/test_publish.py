@@ -18,6 +18,11 @@ def _fake_runs(root: Path) -> dict[str, Path]:
         source.write_bytes(f"{run}:{inside}".encode())
         if inside == "syntax/roles.csv":  # DERIVED reads these
             source.write_text("layer,head,role,sink_share\n0,0,sink,0.5\n0,1,none,0.1\n")
+        if inside.endswith(".nll.tsv"):  # and these
+            source.write_text("sentence\tnll\ttokens\n0\t2.0\t2\n1\t3.0\t3\n")
+        if inside.endswith("gates.json"):
+            source.write_text('{"retained": {"dec_self": 1}, "retained_paper_rule": {"dec_self": 0}, "heads": '
+                              '[{"p_open": 0.5, "eval_gate": 0.4}, {"p_open": 0.0, "eval_gate": 0.0}]}')
     return runs
 
 

