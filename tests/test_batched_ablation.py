@@ -197,7 +197,8 @@ def test_each_sentences_masked_loss_and_the_paired_interval_against_brute_force(
     index = bootstrap_indices(len(units))
     low, high = bootstrap_interval(differences[index].sum(axis=1) / units[index].sum(axis=1))
     row = table.loc[("enc_self", 0, 1)]
-    assert row["delta_loss_low"] == pytest.approx(low, abs=1e-9) and row["delta_loss_high"] == pytest.approx(high, abs=1e-9)
+    assert row["delta_loss_low"] == pytest.approx(low, abs=1e-9)
+    assert row["delta_loss_high"] == pytest.approx(high, abs=1e-9)
     assert row["delta_loss_low"] <= row["delta_loss"] <= row["delta_loss_high"] and high > low
     dead = table.loc[("enc_self", 1, 2)]
     assert abs(dead["delta_loss"]) < 1e-6 and abs(dead["delta_loss_low"]) < 1e-6 and abs(dead["delta_loss_high"]) < 1e-6

@@ -153,8 +153,8 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
         (stderr, the default) or False (silent): progress lines as the workflow's logs have them.
     """
     from headcount.analysis.importance import dev_batches
-    from headcount.data.batching import TextTooLong
     from headcount.analysis.measures import MEASURES
+    from headcount.data.batching import TextTooLong
     from headcount.models.device import pick_device
     from headcount.models.seq2seq import kind_of
     from headcount.pipeline.head_scores import score_model
