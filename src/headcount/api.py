@@ -202,7 +202,8 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
 
     log(f"scoring heads on {len(texts)} texts on {dev} (measures {', '.join(chosen)})")
     try:
-        reference_batches, own_batches = batches_of(references), batches_of(own)
+        reference_batches = batches_of(references)
+        own_batches = reference_batches if own is references else batches_of(own)
     except TextTooLong as error:  # "text 3 has ..." -> "texts: text 3 has ..."
         raise ArgumentError(f"{'targets' if translation and str(error).startswith('target') else 'texts'}: "
                             f"{error}") from None
@@ -282,10 +283,8 @@ def _parse_table(parses, spacy_model, texts, settings, log) -> tuple[pd.DataFram
     for path in paths:
         if not Path(path).is_file():
             raise ArgumentError(f"parses: {path} is not a file; give CoNLL-U files of gold trees, or a parse table")
-    table = parsing.read_conllu_files(paths)
-    table = table[table["sentence"] < settings["max_sentences"]]
-    return table, {"parser": "gold trees", "text": "treebanks " + " + ".join(Path(p).name for p in paths),
-                   "in_domain": False}
+    table, label = parsing.read_gold_treebanks(paths, settings["max_sentences"])
+    return table, {"parser": "gold trees", "text": label, "in_domain": False}
 
 
 @dataclass
@@ -375,7 +374,6 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     # the baseline's settings (a constant schedule holds the rate where their Noam schedule ends)
     train_settings = {**TrainConfig().to_dict(), **DEFAULT_TRAINING, **(training or {}), "select": "last",
                       "dev_bleu_sentences": 0}
-    train_settings.setdefault("device", "auto")
     if device != "auto":
         train_settings["device"] = device
     if recipe is not None and not isinstance(recipe, dict):

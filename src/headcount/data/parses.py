@@ -201,6 +201,14 @@ def read_conllu_files(paths: Iterable[str | os.PathLike]) -> pd.DataFrame:
     return pd.concat(tables, ignore_index=True) if tables else empty_table()
 
 
+def read_gold_treebanks(paths: Iterable[str | os.PathLike], max_sentences: int) -> tuple[pd.DataFrame, str]:
+    """Gold CoNLL-U treebanks' first `max_sentences` sentences (read_conllu_files), and the label the
+    tables name them by: "treebanks a.conllu + b.conllu"."""
+    paths = list(paths)
+    table = read_conllu_files(paths)
+    return table[table["sentence"] < max_sentences], "treebanks " + " + ".join(Path(p).name for p in paths)
+
+
 # --------------------------------------------------------------------------------------------
 # Stanza
 

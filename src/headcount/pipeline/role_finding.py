@@ -40,15 +40,13 @@ def parse_analysis_sentences(parser: str, treebanks: list[str], analysis_src: st
         load_spacy_pipeline,
         parse_with_spacy,
         parse_with_stanza,
-        read_conllu_files,
+        read_gold_treebanks,
         spacy_description,
     )
 
     if parser == "gold":
-        table = read_conllu_files(treebanks)
-        table = table[table["sentence"] < max_sentences]
-        info = {"parser": "gold treebank trees", "text": "treebanks " + " + ".join(Path(t).name for t in treebanks),
-                "in_domain": False}
+        table, label = read_gold_treebanks(treebanks, max_sentences)
+        info = {"parser": "gold treebank trees", "text": label, "in_domain": False}
     else:
         lines = read_lines(analysis_src)[:analysis_sentences or max_sentences]
         if parser == "spacy":
@@ -103,7 +101,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     from headcount.analysis.roles.collect import longest_sentence
     from headcount.analysis.roles.registry import ROLE_ATTENTION
     from headcount.analysis.roles.statistics import RELATIONS, count_words
-    from headcount.data.parses import read_conllu_files
+    from headcount.data.parses import read_gold_treebanks
     from headcount.models.seq2seq import kind_of
     from headcount.report.plots import head_function_map, relative_positions
 
@@ -124,9 +122,8 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
         texts, analysis_label = parses.groupby("sentence", sort=True)["text"].first().tolist(), info["text"]
     gold = None
     if reference_treebanks and info["in_domain"]:
-        gold = read_conllu_files(reference_treebanks)
-        gold = gold[gold["sentence"] < settings["max_sentences"]]
-        gold.attrs["text"] = "treebanks " + " + ".join(Path(t).name for t in reference_treebanks)
+        gold, label = read_gold_treebanks(reference_treebanks, settings["max_sentences"])
+        gold.attrs["text"] = label
     found = role_tables(model, segmenter, texts, analysis_label, parses, info, frequencies,
                         longest_sentence(segmenter, train_lines, lowercase), lowercase, settings, gold=gold,
                         device=dev, log=log)

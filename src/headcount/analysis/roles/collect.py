@@ -190,6 +190,18 @@ def _fitting(segmenter, texts: Sequence[str], model, max_pieces: int | None, log
     return [i for i in range(len(texts)) if i not in too_long | no_room], len(too_long), len(no_room)
 
 
+def _word_maps(layer: int, probs: torch.Tensor, lengths: Sequence[int], piece_to_word: Sequence, words: Sequence,
+               counts: dict[str, int]):
+    """Each batch row's word-level attention of one layer: (row, (H, W + 1, W + 1)). On layer 0 it
+    also adds the rows' words, and those without pieces, to `counts` (once per sentence)."""
+    for row, n in enumerate(lengths):
+        wa = word_attention(probs[:, row, :, :n, :n], piece_to_word[row], len(words[row]))
+        if layer == 0:
+            counts["words"] += len(words[row])
+            counts["unplaced"] += int((~aligned_words(wa)).sum())
+        yield row, wa
+
+
 @torch.no_grad()
 def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter, lowercase: bool,
                     batch_size: int = 32, device: str | torch.device = "cpu", top_k: int = 500,
@@ -209,7 +221,7 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
     positional, sink = _PerLayer(PositionalStats), _PerLayer(SinkStats)
     rare = _PerLayer(lambda: RareStats(frequencies, top_k, lowercase))
     by_kind = {kind: _PerLayer(PositionalStats) for kind in PIECE_KINDS}
-    unplaced = total_words = 0
+    counts = {"words": 0, "unplaced": 0}  # over the sentences, counted on layer 0 (_word_maps)
     for chunk, lengths, run in _role_attention(model, segmenter, texts, keep, batch_size, device):
         pieces = [segmenter.pieces(texts[i]) for i in chunk]
         kind_masks = piece_kind_masks(pieces, max(lengths))
@@ -219,23 +231,17 @@ def text_statistics(model, segmenter, texts: Sequence[str], frequencies: Counter
 
         def on_layer(layer: int, probs: torch.Tensor, lengths=lengths, kind_masks=kind_masks, words=words,
                      piece_to_word=piece_to_word, pieces_per_word=pieces_per_word) -> None:
-            nonlocal unplaced, total_words
             positional[layer].update(probs, lengths)
             sink[layer].update(probs, lengths)
             for kind, mask in kind_masks.items():
                 by_kind[kind][layer].update(probs, lengths, mask)
-            for row in range(len(lengths)):
-                n = lengths[row]
-                wa = word_attention(probs[:, row, :, :n, :n], piece_to_word[row], len(words[row]))
-                if layer == 0:
-                    total_words += len(words[row])
-                    unplaced += int((~aligned_words(wa)).sum())
+            for row, wa in _word_maps(layer, probs, lengths, piece_to_word, words, counts):
                 rare[layer].update(wa, words[row], pieces_per_word[row])
 
         run(on_layer)
     log(f"positional and rare-token statistics: {len(keep)} of {len(texts)} sentences ({no_room} longer than "
-        f"the model's positions), {unplaced} of {total_words} words without pieces, {rare.first.n_sentences} "
-        f"eligible for rare tokens")
+        f"the model's positions), {counts['unplaced']} of {counts['words']} words without pieces, "
+        f"{rare.first.n_sentences} eligible for rare tokens")
     if rare.first.n_uniform:
         log(f"rare tokens: a head attending uniformly over subwords would point to one of the two rarest "
             f"words in {rare.first.uniform_two_rarest / rare.first.n_uniform:.0%} of the eligible sentences")
@@ -301,7 +307,7 @@ def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool,
     texts = [t.lower() if lowercase else t for t in texts]
     keep, too_long, no_room = _fitting(segmenter, texts, model, max_pieces, log)
     syntactic = _PerLayer(lambda: SyntacticStats(causal=is_causal(model)))
-    unplaced = total_words = 0
+    counts = {"words": 0, "unplaced": 0}  # over the sentences, counted on layer 0 (_word_maps)
     for chunk, lengths, run in _role_attention(model, segmenter, texts, keep, batch_size, device):
         words = [sentence_tokens(sentences[i]) for i in chunk]
         piece_to_word = [align_pieces(w, segmenter.pieces(texts[i])) for w, i in zip(words, chunk)]
@@ -309,19 +315,13 @@ def syntactic_statistics(model, segmenter, table: pd.DataFrame, lowercase: bool,
 
         def on_layer(layer: int, probs: torch.Tensor, lengths=lengths, words=words, piece_to_word=piece_to_word,
                      pairs=pairs) -> None:
-            nonlocal unplaced, total_words
-            for row in range(len(lengths)):
-                n = lengths[row]
-                wa = word_attention(probs[:, row, :, :n, :n], piece_to_word[row], len(words[row]))
-                if layer == 0:
-                    total_words += len(words[row])
-                    unplaced += int((~aligned_words(wa)).sum())
+            for row, wa in _word_maps(layer, probs, lengths, piece_to_word, words, counts):
                 syntactic[layer].update(wa, pairs[row])
 
         run(on_layer)
     limit = f"{too_long} longer than {max_pieces} subwords, " if max_pieces is not None else ""
     log(f"syntactic statistics: {len(keep)} of {len(sentences)} parsed sentences ({limit}{no_room} longer than "
-        f"the model's positions left out), {unplaced} of {total_words} words without pieces")
+        f"the model's positions left out), {counts['unplaced']} of {counts['words']} words without pieces")
     syn = syntactic.table()
     if not syn.empty:  # SyntacticStats' order: relation and direction first, then layer and head
         keys = {key: i for i, key in enumerate(syntactic.first.keys)}
