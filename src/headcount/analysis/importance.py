@@ -29,6 +29,7 @@ from headcount.io import HeadcountError
 from headcount.models.attention_stream import stream_attention
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, cosine_distance, embedding_distance
 from headcount.models.seq2seq import MODEL_KINDS, Seq2SeqWithHeads, kind_of
+from headcount.models.shared_prefix import copies_from, head_position
 from headcount.progress import Progress
 
 Batch = tuple[Tensor, Tensor, Tensor]  # src (B, S), tgt_in (B, T), tgt_out (B, T)
@@ -255,11 +256,34 @@ def _replicated(x: Tensor, copies: int) -> Tensor:
 
 def _output_states(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor) -> Tensor:
     """The states (B, T, D) whose `model.logits` are `model(src, tgt_in)`'s logits (the contract:
-    the decoder's output; an encoder-only model's, the encoder's)."""
+    the decoder's output; an encoder-only model's, the encoder's). Where the encoder's layers made
+    copies of the batch (shared_prefix.copies_from), the decoder runs on as many copies."""
     memory, src_pad, _ = model.encode(src)
     if kind_of(model).name == "encoder_only":
         return memory
+    copies = memory.shape[0] // max(src.shape[0], 1)
+    if copies > 1:  # memory (k * B, S, D) of encoder copies; the decoder's inputs are (B, ...)
+        src_pad, tgt_in = _replicated(src_pad, copies), _replicated(tgt_in, copies)
     return model.decode(tgt_in, memory, src_pad)[0]
+
+
+def _copies_output_states(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor,
+                          heads: Sequence[tuple[str, int, int] | None]) -> Tensor:
+    """_output_states of len(heads) copies of the batch (k * B, T, D), copy i's rows i*B:(i+1)*B;
+    the caller's row masks mask copy i's head. The copies share the layers below the lowest of
+    `heads` (they compute the same there): the batch runs through them once and is copied at that
+    layer's input (shared_prefix.copies_from), which saves those layers' work k - 1 times over.
+    Where the model's layers cannot be shared so, the inputs are copied, every layer run k times."""
+    k, B = len(heads), tgt_in.shape[0]
+    positions = [head_position(head) for head in heads if head is not None]
+    start = min(positions) if positions else (0, 0)
+    with copies_from(model, start, B, k) as shared:
+        if not shared:
+            src, tgt_in = _replicated(src, k), _replicated(tgt_in, k)
+        states = _output_states(model, src, tgt_in)
+    if states.shape[0] != k * B:
+        raise RuntimeError(f"{k} copies of a batch of {B} gave {states.shape[0]} rows")
+    return states
 
 
 def masked_mean_nlls(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
@@ -278,10 +302,12 @@ def masked_sentence_losses(model: Seq2SeqWithHeads, batches: Sequence[Sequence[T
     over (a sentence's real target tokens), sentences in the batches' order.
 
     Each batch is copied once per head and run in one forward pass, copy i with head i masked
-    (gates.row_head_masks). Logits are formed only at the target positions, LOSS_ROWS at a time (a
+    (gates.row_head_masks); the copies share the layers below the lowest head
+    (`_copies_output_states`). Logits are formed only at the target positions, LOSS_ROWS at a time (a
     masked LM scores ~15% of its positions, and padding none); NLLs are summed in float64. A
     sentence encoder's loss is its embedding distance to the unpruned model's pass over the batch,
-    every head open in every row, one unit per sentence (`_masked_sentence_distances`)."""
+    every head open in every row, one unit per sentence (`_masked_sentence_distances`: its copies
+    share no layers, since its pooling, after the layers, reads the batch's own padding mask)."""
     from headcount.models.gates import row_head_masks  # gates imports the model contract, as this does
 
     if kind_of(model).objective == SENTENCE_EMBEDDING:
@@ -296,7 +322,7 @@ def masked_sentence_losses(model: Seq2SeqWithHeads, batches: Sequence[Sequence[T
         B = tgt_out.shape[0]
         masks = _copy_masks(heads, B, widths, tgt_out.device)
         with row_head_masks(model, masks):
-            states = _output_states(model, _replicated(src, k), _replicated(tgt_in, k))  # (k * B, T, D)
+            states = _copies_output_states(model, src, tgt_in, heads)  # (k * B, T, D)
         targets = _replicated(tgt_out, k)
         real = targets.ne(model.special.pad)
         row = torch.arange(k * B, device=real.device)[:, None].expand_as(real)[real]  # copy i, sentence j: i * B + j
@@ -376,7 +402,8 @@ def head_ablation(
     The losses of `heads_per_pass` heads come from one forward pass per dev batch over as many
     copies of it, each with its own head masked (masked_sentence_losses): the same numbers as
     masking one head at a time (to rounding), at a fraction of the passes' overhead; memory grows
-    with it. BLEU decodes with one head masked at a time.
+    with it. The heads go into passes in layer order, and a pass's copies share the layers below
+    its lowest head (run once, not once per copy). BLEU decodes with one head masked at a time.
     """
     from headcount.training.perplexity import paired_bootstrap_nll
 
@@ -392,6 +419,10 @@ def head_ablation(
                                   "delta_bleu": np.nan, "delta_loss_low": np.nan, "delta_loss_high": np.nan}
             for kind in types for layer, head in np.ndindex(*original[kind].shape)}
     live = [key for key in rows if original[key[0]][key[1], key[2]] != 0]
+    # The passes take the heads in the order their layers run (a decoder layer's self- and
+    # cross-attention heads together), so that each pass's lowest layer, below which its copies
+    # share the work, is as high as it can be; the table keeps the rows' order.
+    live.sort(key=lambda key: (head_position(key), key))
     bar = Progress(len(rows), "ablation", log, unit="head")
     bar.update(len(rows) - len(live))  # already masked: nothing to ablate
     try:

@@ -106,6 +106,8 @@ def row_head_masks(model: Seq2SeqWithHeads, masks: dict[str, Tensor]) -> Iterato
     copies of one batch in one forward pass. It goes through each attention module's `head_context`
     hook point, which every family calls on (B, H, Tq, Dh) before its gates (seq2seq.HeadSlots), so
     no family needs code of its own; masking a head's context before W^O is what its 0/1 gate does.
+    A layer whose rows are all 1 is not hooked (it would change nothing), so it may run on fewer
+    rows: the layers that copies share below their masked heads (models.shared_prefix).
     """
     handles = []
 
@@ -126,7 +128,8 @@ def row_head_masks(model: Seq2SeqWithHeads, masks: dict[str, Tensor]) -> Iterato
                 raise ValueError(f"row head masks for {kind} have shape {tuple(mask.shape)}, expected "
                                  f"(rows, {len(modules[kind])}, H)")
             for layer, module in enumerate(modules[kind]):
-                handles.append(module.head_context.register_forward_hook(hook_for(mask[:, layer])))
+                if not bool((mask[:, layer] == 1).all()):
+                    handles.append(module.head_context.register_forward_hook(hook_for(mask[:, layer])))
         yield
     finally:
         for handle in handles:
