@@ -62,7 +62,7 @@ def problems(config):
         (lambda c: c["defaults"]["prune"]["lambdas"].update(decoder=[0.1]),
          "'defaults.prune.lambdas': Additional properties are not allowed ('decoder' was unexpected)"),
         (lambda c: c["defaults"]["prune"].update(eval_split="test_2099"),
-         "'experiments.multi30k_en_de.prune.eval_split': 'test_2099' is not one of the test sets"),
+         "'experiments.multi30k_en_fr.prune.eval_split': 'test_2099' is not one of the test sets"),
         (lambda c: c["defaults"]["prune"]["lambdas"].update(all=[0.1, 0.10]),
          "'experiments.multi30k_en_de.prune.lambdas.all': [0.1, 0.1] repeats a value"),
         (lambda c: c["defaults"]["prune"].update(from_scratch={"decoder": True}),
@@ -145,7 +145,8 @@ def test_an_override_merges_and_the_documented_pattern_replaces(config):
     merged = copy.deepcopy(config)
     update_config(merged, readme_example("keeps-everything.yaml"))
     kept = load_experiments(merged, SCHEMA)[merged["run"][0]]
-    assert list(kept["test"]) == ["test_2016_flickr", "test_2017_flickr"]
+    assert list(kept["test"]) == ["test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr",
+                                  "pooled"]
     assert kept["prune"]["lambdas"] == {"enc": [0, 0.01, 0.1], "all": config["defaults"]["prune"]["lambdas"]["all"]}
 
     replaced = copy.deepcopy(config)

@@ -414,6 +414,16 @@ def test_sets(exp: dict) -> list[str]:
     return [SYNTHETIC_TEST_SET] if is_synthetic(exp) else list(exp["test"])
 
 
+def is_pool(test_set: dict) -> bool:
+    """A pooled test set: other test sets of the experiment scored as one (`{pool: [names]}`)."""
+    return "pool" in test_set
+
+
+def pooled_sets(exp: dict) -> dict[str, list[str]]:
+    """Each pooled test set's members, by the pool's name."""
+    return {} if is_synthetic(exp) else {name: list(t["pool"]) for name, t in exp["test"].items() if is_pool(t)}
+
+
 def experiment_sides(exp: dict):
     """(dotted key, side) for every corpus side an experiment reads (none if it is synthetic: it
     generates its data and its gold parses)."""
@@ -432,7 +442,7 @@ def experiment_sides(exp: dict):
     for lang in ("src", "tgt"):
         yield f"dev.{lang}", exp["dev"][lang]
     for name, pair in exp["test"].items():
-        for lang in ("src", "tgt"):
+        for lang in () if is_pool(pair) else ("src", "tgt"):  # a pool reads the sets it names
             yield f"test.{name}.{lang}", pair[lang]
     if "roles" in exp:  # gold parses, or the cross-check beside a parser's
         for i, treebank in enumerate(exp["roles"]["treebanks"]):
@@ -478,6 +488,12 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         if exp["src_lang"] == exp["tgt_lang"] and not is_lm_experiment(exp):
             problems.append(f"config key 'experiments.{name}.tgt_lang': same as src_lang ('{exp['src_lang']}')")
         tests = test_sets(exp)
+        for pool, members in pooled_sets(exp).items():
+            wrong = [m for m in members if m not in exp["test"] or is_pool(exp["test"][m])]
+            if wrong:
+                problems.append(f"config key 'experiments.{name}.test.{pool}.pool': {', '.join(wrong)} "
+                                f"{'is' if len(wrong) == 1 else 'are'} not a test set of this experiment with its own "
+                                f"src and tgt; name them from: {', '.join(t for t in tests if t not in pooled_sets(exp))}")
         if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in tests:
             problems.append(f"config key 'experiments.{name}.analysis.set': '{exp['analysis']['set']}' is "
                             f"neither 'dev' nor one of the test sets ({', '.join(tests)})")

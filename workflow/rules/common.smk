@@ -22,6 +22,7 @@ from headcount.config import (
     is_synthetic,
     lambda_label,
     load_experiments,
+    pooled_sets,
     resolve_mirror,
     side_source,
     test_sets,
@@ -164,6 +165,14 @@ def split_pair(exp, split):
 
 def test_splits(exp):
     return test_sets(EXPERIMENTS[exp])
+
+
+# Pooled test sets (test: {name: {pool: [sets]}}) are the members' prepared files one after another.
+POOLS = {name for e in EXPERIMENTS.values() for name in pooled_sets(e)}
+POOLED_SPLITS = "|".join(re.escape(p) for p in sorted(POOLS)) or "(?!)"
+UNPOOLED_SPLITS = "|".join(
+    ["dev"] + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in test_sets(e)} - {re.escape(p) for p in POOLS})
+)
 
 
 ENV = "../../envs/headcount.yaml"

@@ -94,6 +94,7 @@ rule prepare_evaluation_data:
         log_path("prepare_evaluation_data_{split}"),
     wildcard_constraints:
         exp=CORPUS_EXPERIMENTS,
+        split=UNPOOLED_SPLITS,
     conda:
         ENV
     resources:
@@ -106,6 +107,30 @@ rule prepare_evaluation_data:
         max_len=lambda w: exp_config(w)["model"]["max_len"],
     script:
         "../scripts/prepare_evaluation_data.py"
+
+
+rule pool_test_sets:
+    """A pooled test set: its member sets' prepared sources and references one after another, with
+    the sentences each member holds (for power: one set of 3,532 sentences, not four of 461-1,071)."""
+    input:
+        src=lambda w: [f"results/{w.exp}/data/{m}.src.txt" for m in pooled_sets(exp_config(w))[w.split]],
+        tgt=lambda w: [f"results/{w.exp}/data/{m}.tgt.txt" for m in pooled_sets(exp_config(w))[w.split]],
+    output:
+        src="results/{exp}/data/{split}.src.txt",
+        tgt="results/{exp}/data/{split}.tgt.txt",
+        members="results/{exp}/data/{split}.members.tsv",
+    log:
+        log_path("pool_test_sets_{split}"),
+    wildcard_constraints:
+        exp=CORPUS_EXPERIMENTS,
+        split=POOLED_SPLITS,
+    resources:
+        mem_mb=500,
+        runtime=5,
+    params:
+        members=lambda w: pooled_sets(exp_config(w))[w.split],
+    script:
+        "../scripts/pool_test_sets.py"
 
 
 rule train_subwords:

@@ -34,6 +34,7 @@ ruleorder: seed_shared_file > generate_synthetic_data
 ruleorder: seed_shared_file > prepare_training_data
 ruleorder: seed_shared_file > fit_training_data
 ruleorder: seed_shared_file > prepare_evaluation_data
+ruleorder: seed_shared_file > pool_test_sets
 ruleorder: seed_shared_file > train_subwords
 ruleorder: seed_shared_file > parse_analysis_sentences
 

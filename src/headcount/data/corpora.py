@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headcount.io import DataError, atomic_path, iter_lines, sha256_file, write_lines
+from headcount.io import DataError, atomic_path, iter_lines, read_lines, sha256_file, write_lines
 
 if TYPE_CHECKING:
     from headcount.data.special import Tokenizer
@@ -489,3 +489,22 @@ def prepare_evaluation_set(src_side: dict, tgt_side: dict, max_chars: int, lower
     write_lines(out_src, src)
     write_lines(out_tgt, tgt)
     return {"pairs": len(src)}
+
+
+def pool_evaluation_sets(members: list[tuple[str, str, str]], out_src: str, out_tgt: str, out_members: str) -> dict:
+    """A pooled test set: each member's prepared (name, source file, reference file) one after
+    another, and a table of which lines each member holds (name, first line, lines), so that a
+    score on the pool can still be split by set."""
+    src, tgt, rows = [], [], ["name\tfirst\tlines"]
+    for name, src_path, tgt_path in members:
+        s, t = read_lines(src_path), read_lines(tgt_path)
+        if len(s) != len(t):
+            raise DataError(f"{src_path} has {len(s)} lines and {tgt_path} {len(t)}: the prepared test set {name} "
+                            f"is incomplete; delete both and rerun")
+        rows.append(f"{name}\t{len(src)}\t{len(s)}")
+        src += s
+        tgt += t
+    write_lines(out_src, src)
+    write_lines(out_tgt, tgt)
+    write_lines(out_members, rows)
+    return {"pairs": len(src), "members": len(members)}

@@ -1,0 +1,61 @@
+"""The verdict rules of the powered rerun (issue 61), fixed on 2026-11-27 before it starts.
+
+docs/method.md, "Rules fixed before the rerun (2026-11-27)", states each rule in words with these
+values; tests/test_preregistered.py checks that the two agree and that the claims code and the
+config use exactly these. Changing a value after the rerun has started is a forking path: add a
+dated rule beside the old one and publish both readings.
+"""
+
+from __future__ import annotations
+
+DATE = "2026-11-27"
+
+# --- what a verdict compares against
+# The paper's own largest cost at the sparsity each finding names, in BLEU (encoder only: 4-10 of
+# 48 heads for 0.15-0.25; all types: 26-36 of 144 for 0.13-0.70).
+NO_LOSS_MARGIN = {"enc": 0.25, "all": 0.70}
+# The head counts at which seeds are compared (each seed's curve read off by interpolation): the
+# paper's counts for each setting and a quarter of the heads.
+MATCHED_HEADS = {"enc": (4, 10, 12), "all": (26, 28, 36)}
+INTERVAL_LEVEL = 0.95  # two-sided intervals
+ALPHA = 0.05  # one-sided tests (head counts, layers, type order), after the correction below
+CORRECTION = "holm"  # within a finding, across its runs (lambdas); findings are reported one by one
+BOOTSTRAP_SAMPLES = 1000  # sacrebleu's paired bootstrap and the two-level bootstrap over seeds
+MONTE_CARLO_DRAWS = 20_000  # tests against heads kept at random
+
+# --- the experiment's design
+SEEDS = (1, 2, 3)
+# Pooled held-out sets (Multi30k task 1): every test set with references, 3,532 sentences.
+POOLED_TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco", "test_2018_flickr")
+
+# --- a converged baseline: dev loss (nats per target token) at every evaluation
+PLATEAU_PATIENCE = 3  # evaluations
+PLATEAU_MIN_DELTA = 0.01  # nats: the best of the last PATIENCE evaluations must beat the best before by more
+
+# --- gates that decide
+GATE_UNDECIDED = (0.1, 0.9)  # P(gate open) strictly inside this band at the end of gate training
+MAX_UNDECIDED_SHARE = 0.05  # of a run's gated heads: above it the run's gates have not decided
+COUNTING_RULES_AGREE = 2  # heads: headcount's rule (evaluation gate 0) and the paper's (log alpha < 0)
+
+# --- the single-head ablation reference
+ABLATION_MIN_RESOLVED_HEADS = 10  # heads whose paired interval excludes 0, for a correlation to be read
+
+# --- LRP concentration ("a few heads carry most relevance")
+LRP_TOP_HEADS = 2  # the top heads of a layer
+LRP_TOP_SHARE = 0.5  # hold more than this share of the layer's relevance ...
+LRP_LAYER_SHARE = 0.5  # ... in more than this share of the layers, on the mean over seeds
+
+
+def rules() -> dict[str, object]:
+    """Every value above by the name docs/method.md's table gives it."""
+    return {
+        "date": DATE, "margin enc (BLEU)": NO_LOSS_MARGIN["enc"], "margin all (BLEU)": NO_LOSS_MARGIN["all"],
+        "matched heads enc": MATCHED_HEADS["enc"], "matched heads all": MATCHED_HEADS["all"],
+        "interval level": INTERVAL_LEVEL, "alpha (one-sided)": ALPHA, "correction": CORRECTION,
+        "bootstrap samples": BOOTSTRAP_SAMPLES, "monte carlo draws": MONTE_CARLO_DRAWS, "seeds": SEEDS,
+        "pooled test sets": POOLED_TEST_SETS, "plateau patience (evaluations)": PLATEAU_PATIENCE,
+        "plateau min delta (nats)": PLATEAU_MIN_DELTA, "undecided gate band": GATE_UNDECIDED,
+        "max undecided share": MAX_UNDECIDED_SHARE, "counting rules agree within (heads)": COUNTING_RULES_AGREE,
+        "ablation: resolved heads for a correlation": ABLATION_MIN_RESOLVED_HEADS,
+        "lrp: top heads": LRP_TOP_HEADS, "lrp: top share": LRP_TOP_SHARE, "lrp: share of layers": LRP_LAYER_SHARE,
+    }

@@ -1,0 +1,108 @@
+"""The rules fixed before the rerun (issue 61): docs/method.md's dated table, the module that holds
+them, the claims code and the config agree; the plateau rule against a loop written out."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from headcount.config import load_experiments
+from headcount.report import claims, preregistered
+from headcount.training import evaluate
+from headcount.training.convergence import dev_losses, plateau_step
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def experiments():
+    with open(ROOT / "config" / "config.yaml") as f:
+        return load_experiments(yaml.safe_load(f), ROOT / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def method_rules() -> dict[str, str]:
+    text = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
+    section = text.split(f"## Rules fixed before the rerun ({preregistered.DATE})", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", section, flags=re.M)[1:])  # past the header
+
+
+def as_text(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return ", ".join(as_text(v) for v in value)
+    return str(value)
+
+
+def test_method_md_states_every_rule_with_the_modules_value():
+    written = method_rules()
+    assert written.keys() == preregistered.rules().keys()
+    for name, value in preregistered.rules().items():
+        assert written[name] == as_text(value), name
+
+
+def test_the_claims_code_and_the_bootstrap_use_the_fixed_values():
+    assert claims.NO_LOSS_MARGIN is preregistered.NO_LOSS_MARGIN and claims.ALPHA == preregistered.ALPHA
+    assert claims.MONTE_CARLO_DRAWS == preregistered.MONTE_CARLO_DRAWS
+    assert evaluate.BOOTSTRAP_SAMPLES == preregistered.BOOTSTRAP_SAMPLES
+
+
+def test_the_default_experiment_runs_the_fixed_design(experiments):
+    exp = experiments["multi30k_en_de"]
+    assert tuple(exp["seeds"]) == preregistered.SEEDS
+    assert tuple(exp["test"]["pooled"]["pool"]) == preregistered.POOLED_TEST_SETS
+    assert exp["prune"]["eval_split"] == "pooled"
+    for setting, grid in exp["seed_lambdas"].items():  # every seed runs seed 1's whole grid
+        assert grid == exp["prune"]["lambdas"][setting]
+
+
+def plateau_by_hand(losses, patience, min_delta):
+    """The rule read as "none of the last `patience` losses beats every earlier one by min_delta"."""
+    for k in range(patience, len(losses)):
+        earlier = losses[:k - patience + 1]
+        if not any(all(x <= e - min_delta for e in earlier) for x in losses[k - patience + 1:k + 1]):
+            return k
+    return None
+
+
+@pytest.mark.parametrize("losses, expected", [
+    ([5.0, 4.0, 3.5, 3.3, 3.29, 3.285, 3.284], None),  # 3.3 -> 3.284 is still 0.016
+    ([5.0, 4.0, 3.5, 3.3, 3.29, 3.285, 3.284, 3.283], 7),  # 3.29 -> 3.283: 0.007
+    ([5.0, 4.0, 3.0, 2.0, 1.0], None),
+    ([3.0, 3.1, 3.2, 3.3], 3),  # worse and worse: a plateau as soon as there are three after the first
+    ([3.0, 2.995, 2.993, 2.992], 3),
+    ([3.0, 2.995, 2.99, 2.985, 2.97], None),
+])
+def test_the_plateau_step(losses, expected):
+    evaluations = [(500 * (i + 1), x) for i, x in enumerate(losses)]
+    got = plateau_step(evaluations, 3, 0.01)
+    assert got == (None if expected is None else 500 * (expected + 1))
+    assert plateau_by_hand(losses, 3, 0.01) == expected
+
+
+def test_dev_losses_read_a_runs_metrics(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 50, "train_loss": 9}\n{"step": 1000, "dev_loss": 2.5}\n{"step": 500, "dev_loss": 3.0}\n')
+    assert dev_losses(path) == [(500, 3.0), (1000, 2.5)]
+
+
+def test_a_pooled_test_set_is_its_members_in_order(tmp_path):
+    from headcount.data.corpora import pool_evaluation_sets
+    from headcount.io import read_lines
+    members = []
+    for name, n in (("a", 2), ("b", 3)):
+        (tmp_path / f"{name}.src").write_text("".join(f"{name} src {i}\n" for i in range(n)))
+        (tmp_path / f"{name}.tgt").write_text("".join(f"{name} tgt {i}\n" for i in range(n)))
+        members.append((name, str(tmp_path / f"{name}.src"), str(tmp_path / f"{name}.tgt")))
+    out = {k: str(tmp_path / f"pooled.{k}") for k in ("src", "tgt", "tsv")}
+    assert pool_evaluation_sets(members, out["src"], out["tgt"], out["tsv"]) == {"pairs": 5, "members": 2}
+    assert read_lines(out["tgt"]) == ["a tgt 0", "a tgt 1", "b tgt 0", "b tgt 1", "b tgt 2"]
+    assert read_lines(out["tsv"]) == ["name\tfirst\tlines", "a\t0\t2", "b\t2\t3"]
+
+
+def test_a_pool_of_a_set_the_experiment_lacks_names_the_key():
+    from headcount.config import ConfigError
+    with open(ROOT / "config" / "config.yaml") as f:
+        config = yaml.safe_load(f)
+    config["experiments"]["multi30k_en_de"]["test"]["pooled"]["pool"].append("test_2099")
+    with pytest.raises(ConfigError, match=r"'experiments.multi30k_en_de.test.pooled.pool': test_2099 is not a test set"):
+        load_experiments(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
