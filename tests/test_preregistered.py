@@ -104,5 +104,5 @@ def test_a_pool_of_a_set_the_experiment_lacks_names_the_key():
     with open(ROOT / "config" / "config.yaml") as f:
         config = yaml.safe_load(f)
     config["experiments"]["multi30k_en_de"]["test"]["pooled"]["pool"].append("test_2099")
-    with pytest.raises(ConfigError, match=r"'experiments.multi30k_en_de.test.pooled.pool': test_2099 is not a test set"):
+    with pytest.raises(ConfigError, match=r"'experiments.multi30k_en_de.test.pooled.pool': test_2099 is not a test"):
         load_experiments(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")

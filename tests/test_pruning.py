@@ -477,10 +477,14 @@ def made_up_report(tmp_path):
              for h in range(4)]
     for lam, n_pruned in ((0.0, 0), (0.5, 5)):
         model = f"prune/all/lambda_{lam:g}"
-        table = [dict(h, pruned=i < n_pruned) for i, h in enumerate(heads)]
+        # P(open): the pruned heads near 0, two heads undecided (0.5 and 0.85), one at the band's edge (0.9)
+        p_open = [0.01] * n_pruned + [0.5, 0.85, 0.9] + [0.99] * 24
+        table = [dict(h, pruned=i < n_pruned, gated=lam > 0, p_open=p_open[i] if lam > 0 else 1.0)
+                 for i, h in enumerate(heads)]
         retained = {t: sum(1 for h in table if h["type"] == t and not h["pruned"]) for t in TYPES_}
+        paper = dict(retained, enc_self=retained["enc_self"] - 1)  # the paper's rule closes one more
         _write_json(tmp_path / model / "gates.json", {
-            "setting": "all", "lambda": lam, "heads": table, "retained": retained, "retained_paper_rule": retained,
+            "setting": "all", "lambda": lam, "heads": table, "retained": retained, "retained_paper_rule": paper,
             "summary": {"steps": 12}, "recipe": {"select": "last"},
             "steps": {"baseline": 20, "fine_tuning": 12, "heal": 0, "total": 32}})
         inputs["gates"].append(str(tmp_path / model / "gates.json"))
@@ -544,14 +548,17 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert pruned["steps"] == 32 and pruned["steps_scratch"] == 32
     assert saved[saved["setting"] == "baseline"]["steps"].item() == 20
     markdown = (tmp_path / "report/table2").read_text()
-    assert "| 0 (control) |" in markdown and "32 / 32" in markdown
-    rows = [line.split("|")[2].strip() for line in markdown.split("### Voita")[0].splitlines()[4:]
+    assert "| 0 (control) |" in markdown and "32 (20 + 12 + 0) / 32" in markdown
+    # both counting rules and the gates left undecided (strictly inside 0.1-0.9: 2 of the 24 gated)
+    assert pruned["gates_undecided"] == 2 and pruned["gates_gated"] == 24 and control["gates_gated"] == 0
+    assert "| 3/8/8 | 2/8/8 | 2 of 24 | 0.5 |" in markdown
+    rows = [line.split("|")[4].strip() for line in markdown.split("### Voita")[0].splitlines()[4:]
             if line.startswith("|")]
     assert rows == ["baseline", "0 (control)", "0.5"]
     control_line = next(line for line in markdown.splitlines() if "| 0 (control) |" in line)
-    assert "no difference shown" in control_line.split("|")[4]  # same translations as the baseline
+    assert "no difference shown" in control_line.split("|")[6]  # same translations as the baseline
     pruned_line = next(line for line in markdown.splitlines() if "| 0.5 |" in line)
-    assert ", difference |" in pruned_line.split("|")[4] + "|"
+    assert ", difference |" in pruned_line.split("|")[6] + "|"
     assert (tmp_path / "report/figure7.png").stat().st_size > 0 and len(table) == 3
     claims = (tmp_path / "report/claims").read_text()
     assert "| Table 2: each pruned model" in claims and "pruned - from scratch" in claims

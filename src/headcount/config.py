@@ -491,9 +491,10 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         for pool, members in pooled_sets(exp).items():
             wrong = [m for m in members if m not in exp["test"] or is_pool(exp["test"][m])]
             if wrong:
+                own = ", ".join(t for t in tests if t not in pooled_sets(exp))
                 problems.append(f"config key 'experiments.{name}.test.{pool}.pool': {', '.join(wrong)} "
                                 f"{'is' if len(wrong) == 1 else 'are'} not a test set of this experiment with its own "
-                                f"src and tgt; name them from: {', '.join(t for t in tests if t not in pooled_sets(exp))}")
+                                f"src and tgt; name them from: {own}")
         if exp["analysis"]["set"] != "dev" and exp["analysis"]["set"] not in tests:
             problems.append(f"config key 'experiments.{name}.analysis.set': '{exp['analysis']['set']}' is "
                             f"neither 'dev' nor one of the test sets ({', '.join(tests)})")

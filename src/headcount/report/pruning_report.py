@@ -14,6 +14,7 @@ from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import METHODS, is_control, ranked_method, ranked_methods
 from headcount.report.claims import claims_markdown, claims_table, pruning_claims
+from headcount.report.preregistered import GATE_UNDECIDED, MAX_UNDECIDED_SHARE
 from headcount.report.seed_statistics import t_interval
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 
@@ -86,13 +87,15 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
         twin = scratch_runs.get(folder, {})
         steps = record.get("steps") or {"total": baseline_run.get("steps", 0) + record["summary"]["steps"]}
         row = {"experiment": experiment, "setting": record["setting"], "lam": record["lambda"],
-               "control": is_control(record["lambda"]),
+               "control": is_control(record["lambda"]), **undecided_gates(table),
                **{f"retained_{k}": v for k, v in record["retained"].items()},
                **{f"retained_paper_rule_{k}": v for k, v in record["retained_paper_rule"].items()},
                "bleu": scores[folder]["bleu"], "chrf": scores[folder]["chrf"],
                "bleu_scratch": scratch[folder]["bleu"] if folder in scratch else float("nan"),
                "chrf_scratch": scratch[folder]["chrf"] if folder in scratch else float("nan"),
                "steps": steps["total"], "selection": record.get("recipe", {}).get("select", "last"),
+               # the total's parts: the baseline's steps, gate training's, healing's (gates fixed)
+               "steps_parts": " + ".join(str(int(steps[k])) for k in ("baseline", "fine_tuning", "heal") if k in steps),
                "steps_scratch": twin.get("steps", float("nan")),
                "selection_scratch": twin.get("train_config", {}).get("select", ""),
                # the twin's learning rate: "noam", or "pruned" (the pruned model's own schedule)
@@ -162,6 +165,18 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     return pruning
 
 
+def undecided_gates(table: pd.DataFrame) -> dict:
+    """How far a run's gates decided: of its gated heads (`gates_gated`), those whose P(open) ended
+    strictly inside the undecided band (`gates_undecided`; preregistered.GATE_UNDECIDED). A control's
+    gates are pinned open and count as none."""
+    if "gated" not in table or "p_open" not in table:  # records from before the gate table had them
+        return {"gates_gated": float("nan"), "gates_undecided": float("nan")}
+    gated = table[table["gated"].astype(bool)]
+    low, high = GATE_UNDECIDED
+    undecided = (gated["p_open"] > low) & (gated["p_open"] < high)
+    return {"gates_gated": len(gated), "gates_undecided": int(undecided.sum())}
+
+
 def run_heads(record: dict, role_of: dict) -> pd.DataFrame:
     """One pruning run's heads (its gates.json record): type, layer, head, pruned, ..., with its
     setting, lam, retained and the encoder heads' roles (role "" for decoder heads)."""
@@ -187,7 +202,9 @@ def layer_survival(heads: pd.DataFrame) -> pd.DataFrame:
     return grouped.agg(heads="size", kept="sum").reset_index()[LAYER_SURVIVAL_COLUMNS]
 
 
-TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENTION_TYPES], "bleu", "d_baseline",
+TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENTION_TYPES],
+                  *[f"retained_paper_rule_{k}" for k in ATTENTION_TYPES], "gates_gated", "gates_undecided", "bleu",
+                  "d_baseline",
                   "d_baseline_low", "d_baseline_high", "d_control", "d_control_low", "d_control_high", "bleu_scratch",
                   "d_scratch_baseline", "d_scratch_baseline_low", "d_scratch_baseline_high", "d_pruned_scratch",
                   "d_pruned_scratch_low", "d_pruned_scratch_high", "steps", "selection", "steps_scratch",
@@ -308,27 +325,38 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
         return _number(value, ".0f")
 
     lines = [f"### {experiment}", "",
-             "| heads (enc-self/dec-self/dec-enc) | lambda | BLEU pruned | pruned - baseline | pruned - control | "
+             "| heads (enc-self/dec-self/dec-enc) | paper's rule | undecided gates | lambda | BLEU pruned | "
+             "pruned - baseline | pruned - control | "
              "BLEU from scratch | from scratch - baseline | pruned - from scratch | steps pruned / from scratch | "
-             "selection |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "selection |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table2.itertuples():
         counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in ATTENTION_TYPES)
+        paper = ("/".join(str(int(row_value(r, f"retained_paper_rule_{k}"))) for k in ATTENTION_TYPES)
+                 if r.setting != "baseline" and not pd.isna(row_value(r, f"retained_paper_rule_{ATTENTION_TYPES[0]}"))
+                 else "")
+        gated, undecided = row_value(r, "gates_gated"), row_value(r, "gates_undecided")
+        decided = (f"{int(undecided)} of {int(gated)}" if not pd.isna(gated) and gated else "")
         lam = _lambda_label(r)
         cells = [_difference_cell(r, d) for d in ("d_baseline", "d_control", "d_scratch_baseline", "d_pruned_scratch")]
-        budget = steps(r.steps) + (f" / {steps(row_value(r, 'steps_scratch'))}"
-                                   if not pd.isna(row_value(r, "steps_scratch")) else "")
+        parts = row_value(r, "steps_parts")
+        budget = steps(r.steps) + (f" ({parts})" if isinstance(parts, str) and "+" in parts else "") + (
+            f" / {steps(row_value(r, 'steps_scratch'))}" if not pd.isna(row_value(r, "steps_scratch")) else "")
         selection = str(row_value(r, "selection") or "")
         if isinstance(row_value(r, "selection_scratch"), str) and row_value(r, "selection_scratch"):
             selection += f" / {r.selection_scratch}"
-        lines.append(f"| {counts} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | "
+        lines.append(f"| {counts} | {paper} | {decided} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | "
                      f"{bleu(row_value(r, 'bleu_scratch'))} | {cells[2]} | {cells[3]} | {budget} | {selection} |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences: BLEU points with a 95% interval from paired "
               f"bootstrap resampling of the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a "
               f"\"difference\" is one whose interval excludes 0. The control (lambda 0) is the same fine-tuning "
               f"with gates that cannot close: pruned - control is the cost of pruning alone. Steps: training "
               f"steps in all (baseline plus fine-tuning for a pruned model; the same number for its "
-              f"from-scratch twin). Selection: which checkpoint each kept (last, or best dev BLEU among those "
-              f"with the final heads).",
+              f"from-scratch twin), with a pruned model's parts: baseline + gate training + healing with the "
+              f"gates fixed. Selection: which checkpoint each kept (last, or best dev BLEU among those "
+              f"with the final heads). Heads: kept by headcount's rule (the evaluation gate is not 0); paper's "
+              f"rule: log alpha >= 0 (Voita et al.'s). Undecided gates: of the gated heads, those whose P(open) "
+              f"ended strictly between {GATE_UNDECIDED[0]:g} and {GATE_UNDECIDED[1]:g}; above "
+              f"{MAX_UNDECIDED_SHARE:.0%} of them the run's gates have not decided (docs/method.md).",
               "", "### Voita et al. (2019), EN-RU", "",
               "| data | heads (enc-self/dec-self/dec-enc) | BLEU pruned | BLEU from scratch |", "|---|---|---|---|"]
     for data, entries in PAPER_TABLE2.items():
