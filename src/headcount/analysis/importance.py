@@ -27,6 +27,7 @@ from headcount.data.batching import TextTooLong, check_lengths, make_batches, ob
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.attention_stream import stream_attention
+from headcount.models.recompute import recomputed_layers, wants_recompute
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, cosine_distance, embedding_distance
 from headcount.models.seq2seq import MODEL_KINDS, Seq2SeqWithHeads, kind_of
 from headcount.models.shared_prefix import copies_from, head_position
@@ -186,7 +187,8 @@ class MeasureUndefined(HeadcountError):
 
 
 @torch.enable_grad()
-def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]]) -> pd.DataFrame:
+def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor]],
+                      recompute: bool | None = None) -> pd.DataFrame:
     """Michel et al. (2019): |<ctx_h, dL/dctx_h>| per token, averaged over tokens, l2-normalised per layer.
 
     L is the teacher-forced NLL summed over each sentence's tokens, so a token's gradient is that
@@ -197,6 +199,11 @@ def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor
 
     Not for a sentence encoder: its loss, the distance to the unpruned model's embedding, is at
     its minimum at the unpruned model, so every gradient, and the score, is 0 there.
+
+    Long inputs: a batch is run with per-layer recomputation (models.recompute: the backward pass
+    holds one layer's activations, attention maps included, not every layer's; about one more
+    forward pass of time) when `recompute` is True, or by default (None) when its rows are longer
+    than recompute.RECOMPUTE_ABOVE positions; the same scores either way.
     """
     if kind_of(model).objective in MICHEL_UNDEFINED:
         raise MeasureUndefined(MICHEL_UNDEFINED[kind_of(model).objective])
@@ -205,7 +212,9 @@ def michel_importance(model: Seq2SeqWithHeads, batches: Iterable[Sequence[Tensor
     counts: dict[str, int] = {}
     for batch in batches:
         src, tgt_in, tgt_out = _on_device(batch[:3], model)
-        with HeadContexts(model) as hooked:
+        long_rows = wants_recompute(recompute, src.shape[1], tgt_in.shape[1])
+        # The hooks are gone before the backward pass, so a recomputed layer does not fire them again.
+        with recomputed_layers(model, long_rows), HeadContexts(model) as hooked:
             loss, _ = summed_nll(model, src, tgt_in, tgt_out)
         kinds = list(hooked.tensors)
         contexts = [c for kind in kinds for c in hooked.tensors[kind]]
