@@ -87,13 +87,16 @@ def head_relevance(
     max_seeds: int = 8,
     log=None,
     max_tokens: int = LRP_MAX_TOKENS,
+    recompute: bool | None = None,
 ) -> HeadRelevance:
     """The paper's LRP head relevance, averaged over every generation step of the batches.
 
     Each batch is regrouped into sub-batches of at most `max_tokens` padded tokens (sub_batches):
     the result is the same up to float rounding, and sooner. With the "ding" rule, an architecture
     whose LRP forward offers `ding_relevance` (headcount's own) uses that hand-written backward
-    pass instead of step_relevance's autograd one: the same numbers, fewer matrix products."""
+    pass instead of step_relevance's autograd one: the same numbers, fewer matrix products.
+    `recompute`: step_relevance's (default: per-layer recomputation for rows longer than
+    recompute.RECOMPUTE_ABOVE positions, i.e. documents)."""
     batches = list(batches)
     hand_written = getattr(model.lrp_forward(), "ding_relevance", None) if rule == "ding" else None
     sums: dict[str, Tensor] = {}
@@ -102,8 +105,10 @@ def head_relevance(
     bar = Progress(len(batches), "LRP", log, unit="batch")
     for batch in batches:
         for src, tgt_in in sub_batches(model, batch[0], batch[1], max_tokens):
-            result = hand_written(src, tgt_in) if hand_written else step_relevance(model, src, tgt_in, rule, eps,
-                                                                                     max_seeds)
+            if hand_written:
+                result = hand_written(src, tgt_in)
+            else:
+                result = step_relevance(model, src, tgt_in, rule, eps, max_seeds, recompute=recompute)
             n_steps = _accumulate(result, sums, cut_sum, n_steps, skip=len(model.special.forced))
         bar.update(1)
     rows = [

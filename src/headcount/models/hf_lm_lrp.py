@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headcount.models.lrp import EncoderTrace, LRPNotImplemented, Trace, half_gradient, pass_through, top1_targets
+from headcount.models.recompute import checkpointed
 from headcount.models.seq2seq import NotAvailableForKind
 
 
@@ -120,6 +121,7 @@ class _CausalLRPForward:
         self.slots = model.attention_modules()["dec_self"]
         head = model.hf.get_submodule(model.family.head_path)
         self.out_weight, self.out_bias = head.weight, head.bias
+        self.recompute = False  # each layer recomputed in the backward pass (lrp.step_relevance sets it)
 
     def encode(self, src: Tensor, rules) -> EncoderTrace:
         """Nothing to encode: an empty memory (B, 0, D), no contexts, no streams."""
@@ -136,7 +138,10 @@ class _CausalLRPForward:
         x = self._embed(tgt_in)  # (B, T, D)
         streams, contexts = [x], []
         for i, layer in enumerate(self._layers()):
-            x, ctx = self._layer(rules, i, layer, x, allowed)
+            # Llama's rotary cos/sin go in as arguments: a recomputed layer reads this pass's, whatever
+            # was decoded since.
+            x, ctx = checkpointed(self._layer, rules, i, layer, x, allowed, getattr(self, "_cos_sin", None),
+                                  layer=layer, recompute=self.recompute)
             contexts.append(ctx)
             streams.append(x)
         hidden = self._final_norm(rules, x)
@@ -157,7 +162,7 @@ class GPT2LRPForward(_CausalLRPForward):
     def _final_norm(self, rules, x: Tensor) -> Tensor:
         return rules.layer_norm(x, self.base.ln_f)
 
-    def _layer(self, rules, i: int, block: nn.Module, x: Tensor, allowed: Tensor):
+    def _layer(self, rules, i: int, block: nn.Module, x: Tensor, allowed: Tensor, rotary=None):
         slot, attention, mlp = self.slots[i], block.attn, block.mlp
         H, Dh = slot.n_heads, slot.head_dim
         qkv = rules.linear(rules.layer_norm(x, block.ln_1), attention.c_attn, attention.c_attn.weight.t())
@@ -193,7 +198,8 @@ class LlamaLRPForward(_CausalLRPForward):
     def _final_norm(self, rules, x: Tensor) -> Tensor:
         return _rms_norm(rules, x, self.base.norm)
 
-    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor):
+    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor, rotary: tuple[Tensor, Tensor]):
+        """One layer: -> its output (B, T, D) and its head contexts; rotary: (cos, sin) of _embed."""
         slot, attention, mlp = self.slots[i], layer.self_attn, layer.mlp
         Dh = slot.head_dim
         h = _rms_norm(rules, x, layer.input_layernorm)
@@ -203,7 +209,7 @@ class LlamaLRPForward(_CausalLRPForward):
             B, T, _ = q.shape
             q = _rms_norm(rules, q.view(B, T, -1, Dh), attention.q_norm).view(B, T, -1)
             k = _rms_norm(rules, k.view(B, T, -1, Dh), attention.k_norm).view(B, T, -1)
-        cos, sin = self._cos_sin
+        cos, sin = rotary
         q, k = _rotate(_heads(q, Dh), cos, sin), _rotate(_heads(k, Dh), cos, sin)  # (B, H or KV, T, Dh)
         out, ctx = _attend(rules, slot, q, k, _heads(v, Dh), allowed, attention.scaling)
         x = rules.add(x, out)
@@ -223,6 +229,7 @@ class BertLRPForward:
     def __init__(self, model):
         self.model, self.hf, self.base = model, model.hf, model.hf.base_model
         self.slots = model.attention_modules()["enc_self"]
+        self.recompute = False  # each layer recomputed in the backward pass (lrp.masked_step_relevance sets it)
         if getattr(self.base.embeddings, "position_embedding_type", "absolute") != "absolute":
             raise LRPNotImplemented(f"{model.family.name}: LRP reproduces absolute position embeddings only; this "
                                    f"model's are {self.base.embeddings.position_embedding_type!r}")
@@ -255,16 +262,20 @@ class BertLRPForward:
         x = self._embed(rules, src)  # (B, S, D)
         inputs, contexts = [x], []
         for layer, slot in zip(self.base.encoder.layer, self.slots):
-            inner, Dh = layer.attention.self, slot.head_dim
-            q, k, v = (_heads(rules.linear(x, getattr(inner, n)), Dh) for n in ("query", "key", "value"))
-            out, ctx = _attend(rules, slot, q, k, v, allowed, inner.scaling)
+            x, ctx = checkpointed(self._layer, rules, slot, layer, x, allowed, layer=layer, recompute=self.recompute)
             contexts.append(ctx)
-            x = rules.layer_norm(rules.add(x, out), layer.attention.output.LayerNorm)  # post-LN
-            pre = rules.linear(x, layer.intermediate.dense)  # (B, S, F)
-            ffn = rules.linear(pass_through(pre, layer.intermediate.intermediate_act_fn(pre)), layer.output.dense)
-            x = rules.layer_norm(rules.add(x, ffn), layer.output.LayerNorm)
             inputs.append(x)
         return EncoderTrace(x, allowed, contexts, inputs)
+
+    def _layer(self, rules, slot, layer: nn.Module, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+        """One post-LN encoder layer: -> its output (B, S, D) and its head contexts (B, H, S, Dh)."""
+        inner, Dh = layer.attention.self, slot.head_dim
+        q, k, v = (_heads(rules.linear(x, getattr(inner, n)), Dh) for n in ("query", "key", "value"))
+        out, ctx = _attend(rules, slot, q, k, v, allowed, inner.scaling)
+        x = rules.layer_norm(rules.add(x, out), layer.attention.output.LayerNorm)  # post-LN
+        pre = rules.linear(x, layer.intermediate.dense)  # (B, S, F)
+        ffn = rules.linear(pass_through(pre, layer.intermediate.intermediate_act_fn(pre)), layer.output.dense)
+        return rules.layer_norm(rules.add(x, ffn), layer.output.LayerNorm), ctx
 
     def decode(self, *args, **kwargs):
         raise NotAvailableForKind(f"a {self.model.family.name} model is encoder-only: its LRP pass has no decoder; "

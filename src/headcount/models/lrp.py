@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from headcount.io import HeadcountError
+from headcount.models.recompute import wants_recompute
 from headcount.models.seq2seq import ATTENTION_TYPES, Seq2SeqWithHeads, kind_of
 
 RULES = ("ding", "attnlrp")
@@ -253,6 +254,7 @@ def step_relevance(
     eps: float = 1e-6,
     max_seeds: int = 8,
     target: Tensor | None = None,
+    recompute: bool | None = None,
 ) -> StepRelevance:
     """LRP head relevance of every generation step of a batch, batched over steps by vmap.
 
@@ -261,9 +263,15 @@ def step_relevance(
     (src (B, 0)) runs the same way: its LRP forward's `encode` is empty and its trace holds dec_self
     only. An encoder-only model has no decoder steps: masked_step_relevance explains its masked
     positions instead (tgt_in is empty, so target, if given, is (B, S)).
+
+    Long inputs: a pass over rows longer than recompute.RECOMPUTE_ABOVE positions (the encoder's
+    over the source; a chunk's decoder pass over its prefix and the source), or every pass with
+    `recompute=True`, has its layers recomputed in the backward pass (models.recompute): memory
+    holds one layer's activations, not every layer's, for about one more forward pass per chunk;
+    the same numbers. An architecture whose LRP forward has no `recompute` switch runs as it is.
     """
     if kind_of(model).name == "encoder_only":
-        return masked_step_relevance(model, src, rule, eps, max_seeds, target)
+        return masked_step_relevance(model, src, rule, eps, max_seeds, target, recompute)
     rules = make_rules(rule, eps)
     forward = model.lrp_forward()
     pad = model.special.pad
@@ -286,10 +294,13 @@ def step_relevance(
             # step x source work was padding). Their encoder pass is rebuilt when the set grows.
             rows = (steps_per_sentence > first).nonzero().squeeze(1)  # (B',)
             if encoded_rows is None or not torch.equal(rows, encoded_rows):
-                encoded = forward.encode(src[rows, : int(src_lengths[rows].max())], rules)
+                S = int(src_lengths[rows].max())
+                forward.recompute = wants_recompute(recompute, S)
+                encoded = forward.encode(src[rows, :S], rules)
                 encoded_rows = rows
             # Steps first..last-1 only reach decoder positions < last: decode that prefix alone, so
             # the backward passes skip the later positions (half the decoder's work on average).
+            forward.recompute = wants_recompute(recompute, encoded.memory.shape[1], last)
             trace = forward.decode(encoded, tgt_in[rows, :last], rules, top1[rows, :last])
             top1[rows, :last] = trace.target
             steps = torch.arange(first, last, device=src.device)  # (N,)
@@ -354,15 +365,18 @@ def masked_step_relevance(
     eps: float = 1e-6,
     max_seeds: int = 8,
     target: Tensor | None = None,
+    recompute: bool | None = None,
 ) -> StepRelevance:
     """step_relevance for an encoder-only (masked) LM: one step per masked position, relevance 1
     on the top-1 logit of the MLM head there. Steps are indexed by source position: heads
     (S, B, L, H), valid (S, B) True at the masked positions. The encoder is bidirectional, so one
     forward pass serves every chunk of `max_seeds` positions (each seeded in every sentence masked
     there); the LRP forward's `predict_masked` gives the trace (hf_lm_lrp.BertLRPForward).
-    target (B, S): the token explained at each masked position, -1 (default) for the top-1 one."""
+    target (B, S): the token explained at each masked position, -1 (default) for the top-1 one.
+    `recompute` as step_relevance's: recomputed, each chunk's backward pass runs the encoder again."""
     rules = make_rules(rule, eps)
     forward = model.lrp_forward()
+    forward.recompute = wants_recompute(recompute, src.shape[1])
     B, S = src.shape
     masked = src.eq(model.special.mask)  # (B, S)
     wanted = torch.full_like(src, -1) if target is None else target.clone()

@@ -23,6 +23,7 @@ from headcount.models.lrp import (
     step_relevance,
     top1_targets,
 )
+from headcount.models.recompute import checkpointed
 from headcount.models.seq2seq import ATTENTION_TYPES
 
 if TYPE_CHECKING:  # annotations only: the Transformer builds this pass (Transformer.lrp_forward)
@@ -71,6 +72,7 @@ class TransformerLRPForward:
         self.pre_norm = cfg.norm == "pre"
         # The hand-written "ding" backward below covers headcount's own architecture.
         self.hand_written = self.pre_norm and cfg.activation == "relu" and not cfg.layernorm_embedding
+        self.recompute = False  # each layer recomputed in the backward pass (lrp.step_relevance sets it)
 
     def ding_relevance(self, src: Tensor, tgt_in: Tensor, target: Tensor | None = None) -> StepRelevance:
         """lrp.step_relevance(rule="ding"), faster: ding_step_relevance below, which holds every
@@ -107,21 +109,46 @@ class TransformerLRPForward:
     def _final(self, rules, x: Tensor, norm: nn.Module) -> Tensor:
         return rules.layer_norm(x, norm) if self.pre_norm else x  # post-LN stacks have no final norm
 
+    def _encoder_layer(self, rules, layer, x: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor]:
+        """One encoder layer: -> its output (B, S, D) and its head contexts (B, H, S, Dh). A function
+        of its inputs alone (no side effects), so that it can be recomputed (models.recompute)."""
+        contexts = []
+
+        def attend(h):
+            out, ctx = _attention_block(rules, layer.self_attn, h, h, allowed)
+            contexts.append(ctx)
+            return out
+
+        x = self._block(rules, x, layer.self_attn_norm, attend)
+        x = self._block(rules, x, layer.ffn_norm, lambda h: _feed_forward(rules, layer, h))
+        return x, contexts[0]
+
+    def _decoder_layer(self, rules, layer, y: Tensor, causal: Tensor, mem: Tensor, allowed: Tensor):
+        """One decoder layer over y (B, T, D), reading the encoder output through `mem`, this
+        layer's own view of it: -> its output and its self and cross head contexts."""
+        contexts = []
+
+        def attend(h, attention, kv, mask):
+            out, ctx = _attention_block(rules, attention, h, kv, mask)
+            contexts.append(ctx)
+            return out
+
+        y = self._block(rules, y, layer.self_attn_norm, lambda h: attend(h, layer.self_attn, h, causal))
+        y = self._block(rules, y, layer.cross_attn_norm, lambda h: attend(h, layer.cross_attn, mem, allowed))
+        y = self._block(rules, y, layer.ffn_norm, lambda h: _feed_forward(rules, layer, h))
+        return y, contexts[0], contexts[1]
+
     def encode(self, src: Tensor, rules) -> EncoderTrace:
-        """The encoder's forward pass with LRP backward rules."""
+        """The encoder's forward pass with LRP backward rules; each layer recomputed in the backward
+        pass when `self.recompute` (models.recompute)."""
         model = self.model
         allowed = ~src.eq(model.special.pad)[:, None, None, :]  # (B, 1, 1, S)
         x = self._embed("src", src, rules)  # (B, S, D)
         inputs, contexts = [x], []
         for layer in model.encoder_layers:
-
-            def attend(h, layer=layer):
-                out, ctx = _attention_block(rules, layer.self_attn, h, h, allowed)
-                contexts.append(ctx)
-                return out
-
-            x = self._block(rules, x, layer.self_attn_norm, attend)
-            x = self._block(rules, x, layer.ffn_norm, lambda h, layer=layer: _feed_forward(rules, layer, h))
+            x, ctx = checkpointed(self._encoder_layer, rules, layer, x, allowed, layer=layer,
+                                  recompute=self.recompute)
+            contexts.append(ctx)
             inputs.append(x)
         memory = self._final(rules, x, model.encoder_norm)  # (B, S, D)
         return EncoderTrace(memory, allowed, contexts, inputs)
@@ -141,22 +168,12 @@ class TransformerLRPForward:
         y = self._embed("tgt", tgt_in, rules)  # (B, T, D)
         dec_inputs, memories = [y], []
         for layer in model.decoder_layers:
-
-            def attend_self(h, layer=layer):
-                out, ctx = _attention_block(rules, layer.self_attn, h, h, causal)
-                contexts["dec_self"].append(ctx)
-                return out
-
-            def attend_source(h, layer=layer):
-                mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
-                memories.append(mem)
-                out, ctx = _attention_block(rules, layer.cross_attn, h, mem, encoded.allowed)
-                contexts["dec_enc"].append(ctx)
-                return out
-
-            y = self._block(rules, y, layer.self_attn_norm, attend_self)
-            y = self._block(rules, y, layer.cross_attn_norm, attend_source)
-            y = self._block(rules, y, layer.ffn_norm, lambda h, layer=layer: _feed_forward(rules, layer, h))
+            mem = encoded.memory.view_as(encoded.memory)  # a node of its own: what this layer sends to the encoder
+            memories.append(mem)
+            y, ctx_self, ctx_cross = checkpointed(self._decoder_layer, rules, layer, y, causal, mem, encoded.allowed,
+                                                  layer=layer, recompute=self.recompute)
+            contexts["dec_self"].append(ctx_self)
+            contexts["dec_enc"].append(ctx_cross)
             dec_inputs.append(y)
         hidden = self._final(rules, y, model.decoder_norm)  # (B, T, D)
 
