@@ -468,9 +468,20 @@ def made_up_report(tmp_path):
              "prune/all/lambda_0.5/scratch": system(0.3)}
     write_lines(tmp_path / "ref.txt", refs)
     inputs = {"gates": [], "pruned_scores": [], "scratch_scores": [], "pruned_translations": [],
-              "scratch_translations": [], "scratch_training": []}
+              "scratch_translations": [], "scratch_training": [], "pruned_nll": [], "scratch_nll": []}
+    tokens = [rng.randint(4, 9) for _ in refs]
     for model, hyps in texts.items():
         write_lines(tmp_path / model / "translations/test.txt", hyps)
+        # each reference's NLL: more for the noisier systems, in proportion to its length
+        noise = sum(h != r for h, r in zip(hyps, refs)) / len(refs)
+        nll = [n * (1.5 + noise) + rng.random() for n in tokens]
+        (tmp_path / model / "scores").mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"sentence": range(len(refs)), "nll": nll, "tokens": tokens}).to_csv(
+            tmp_path / model / "scores/test.nll.tsv", sep="\t", index=False)
+        if model.endswith("scratch"):
+            inputs["scratch_nll"].append(str(tmp_path / model / "scores/test.nll.tsv"))
+        elif model != "baseline":
+            inputs["pruned_nll"].append(str(tmp_path / model / "scores/test.nll.tsv"))
         _write_json(tmp_path / model / "scores/test.json", {"bleu": 50.0, "chrf": 60.0, "split": "test",
                                                               "bleu_signature": "nrefs:1|case:mixed"})
     heads = [{"type": t, "layer": layer, "head": h, "pruned": False} for t in TYPES_ for layer in range(2)
@@ -503,7 +514,8 @@ def made_up_report(tmp_path):
     report = dict(experiment="toy", baseline_scores=str(tmp_path / "baseline/scores/test.json"),
                   roles=str(tmp_path / "roles.csv"), out=out, log=lambda m: None, references=str(tmp_path / "ref.txt"),
                   baseline_translations=str(tmp_path / "baseline/translations/test.txt"),
-                  baseline_training=str(tmp_path / "baseline/training.json"), **inputs)
+                  baseline_training=str(tmp_path / "baseline/training.json"),
+                  baseline_nll=str(tmp_path / "baseline/scores/test.nll.tsv"), **inputs)
     return report, texts, refs, system
 
 
@@ -522,6 +534,7 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     the control is its own row, and the steps the table states are those the runs recorded."""
     from headcount.report.pruning_report import pruning_report
     from headcount.training.evaluate import paired_bootstrap
+    from headcount.training.perplexity import paired_bootstrap_nll
 
     report, texts, refs, system = made_up_report(tmp_path)
     out = report["out"]
@@ -549,6 +562,14 @@ def test_pruning_report_intervals_control_row_and_matched_budget(tmp_path):
     assert saved[saved["setting"] == "baseline"]["steps"].item() == 20
     markdown = (tmp_path / "report/table2").read_text()
     assert "| 0 (control) |" in markdown and "32 (20 + 12 + 0) / 32" in markdown
+    # NLL beside BLEU: the same paired bootstrap over the references' per-sentence NLL
+    nll = {m: pd.read_csv(tmp_path / m / "scores/test.nll.tsv", sep="\t") for m in texts}
+    expected = paired_bootstrap_nll(nll["prune/all/lambda_0.5"]["nll"], nll["prune/all/lambda_0"]["nll"],
+                                    nll["prune/all/lambda_0"]["tokens"])
+    assert (pruned["dnll_control"], pruned["dnll_control_low"], pruned["dnll_control_high"]) == pytest.approx(
+        (expected["difference"], expected["low"], expected["high"]))
+    assert pruned["nll"] == pytest.approx(nll["prune/all/lambda_0.5"]["nll"].sum() / sum(nll["baseline"]["tokens"]))
+    assert f"{expected['difference']:+.4f} [{expected['low']:+.4f}, {expected['high']:+.4f}]" in markdown
     # both counting rules and the gates left undecided (strictly inside 0.1-0.9: 2 of the 24 gated)
     assert pruned["gates_undecided"] == 2 and pruned["gates_gated"] == 24 and control["gates_gated"] == 0
     assert "| 3/8/8 | 2/8/8 | 2 of 24 | 0.5 |" in markdown

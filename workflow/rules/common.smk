@@ -568,6 +568,16 @@ def pruning_report_inputs(wildcards):
             for s in settings
             for m in scratch_models(exp, s)
         ],
+        # each reference's NLL under every model: paired NLL intervals beside BLEU's
+        "baseline_nll": f"results/{exp}/baseline/scores/{split}.nll.tsv",
+        "pruned_nll": [
+            f"results/{exp}/{m}/scores/{split}.nll.tsv" for s in settings for m in models[s]
+        ],
+        "scratch_nll": [
+            f"results/{exp}/{m}/scratch/scores/{split}.nll.tsv"
+            for s in settings
+            for m in scratch_models(exp, s)
+        ],
     }
 
 

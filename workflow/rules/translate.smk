@@ -57,6 +57,37 @@ rule score:
         "../scripts/score.py"
 
 
+rule reference_nll:
+    """Each reference's NLL under one model given its source, for paired NLL intervals beside BLEU's."""
+    input:
+        model="results/{exp}/{model}/model.pt",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
+        src="results/{exp}/data/{split}.src.txt",
+        tgt="results/{exp}/data/{split}.tgt.txt",
+    output:
+        "results/{exp}/{model}/scores/{split}.nll.tsv",
+    log:
+        log_path("{model}/reference_nll_{split}"),
+    benchmark:
+        benchmark_path("{model}/reference_nll_{split}")
+    wildcard_constraints:
+        exp=TRANSLATION_EXPERIMENTS,
+    conda:
+        ENV
+    threads: evaluation_threads
+    resources:
+        gpu=gpu_count,
+        gpu_model=gpu_model,
+        mem_mb=4000,
+        runtime=30,
+    params:
+        max_tokens=lambda w: exp_config(w)["heads"]["max_tokens"],
+        device=lambda w: exp_config(w)["training"]["device"],
+    script:
+        "../scripts/reference_nll.py"
+
+
 rule score_table:
     """The baseline's scores on every test set, one table (BLEU and chrF, or a language model's perplexity)."""
     input:

@@ -21,5 +21,8 @@ with job(snakemake) as log:
         scratch_training=list(snakemake.input.scratch_training),
         lowercase=snakemake.params.lowercase,
         control_layers=snakemake.input.get("control_layers"),
+        baseline_nll=snakemake.input.baseline_nll,
+        pruned_nll=list(snakemake.input.pruned_nll),
+        scratch_nll=list(snakemake.input.scratch_nll),
         log=log,
     )

@@ -33,7 +33,8 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                    references: str | None = None, baseline_translations: str | None = None,
                    pruned_translations: list[str] = (), scratch_translations: list[str] = (),
                    baseline_training: str | None = None, scratch_training: list[str] = (),
-                   lowercase: bool = False, control_layers: str | None = None) -> pd.DataFrame:
+                   lowercase: bool = False, control_layers: str | None = None, baseline_nll: str | None = None,
+                   pruned_nll: list[str] = (), scratch_nll: list[str] = ()) -> pd.DataFrame:
     """The pruning table, Table 2 beside the paper's, the heads kept per layer (layer_survival),
     the paper's findings checked (claims.py; with the positive control's layer-survival table
     `control_layers`, where given, as evidence for "specialised heads last"), and Figures 7 to 10.
@@ -47,6 +48,11 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     method. `ranked` and `ranked_translations` are the curves' files, .../prune/<setting>/<method>.tsv
     and <method>_translations.jsonl. Each row states its training steps in all and its checkpoint
     selection, for the pruned model and its twin.
+
+    Given each model's per-reference NLL (`baseline_nll`, `pruned_nll`, `scratch_nll`: the
+    .../scores/<split>.nll.tsv files), the same differences in mean token NLL with their paired
+    intervals (perplexity.paired_bootstrap_nll): columns nll, nll_scratch and dnll_<difference>
+    (positive: the first model is worse), far less noisy than BLEU.
     """
     from headcount.report import plots
 
@@ -62,6 +68,9 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     curve_points = {_curve_of(path, "_translations.jsonl"): [json.loads(line) for line in read_lines(path) if line]
                     for path in ranked_translations}
     role_of = {(r.layer, r.head): r.role for r in pd.read_csv(roles).itertuples()}
+    nlls = {_model_dir(p): _read_nll(p) for p in pruned_nll}
+    scratch_nlls = {str(Path(_model_dir(p)).parent): _read_nll(p) for p in scratch_nll}
+    base_nll = _read_nll(baseline_nll) if baseline_nll else None
     first = _read_json(gates[0]) if gates else None
     n_heads = {kind: sum(1 for h in first["heads"] if h["type"] == kind) for kind in ATTENTION_TYPES} if first else {}
     rows, heads = [], []
@@ -71,6 +80,7 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
                     "steps": baseline_run.get("steps", float("nan")),
                     "selection": baseline_run.get("train_config", {}).get("select", "")}
     baseline_row.update(_role_counts([(layer, head) for layer, head in role_of], role_of))
+    baseline_row.update(nll_mean("nll", base_nll))
     rows.append(baseline_row)
     records = {str(Path(p).parent): _read_json(p) for p in gates}
     controls = {r["setting"]: folder for folder, r in records.items() if is_control(r["lambda"])}
@@ -80,6 +90,16 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
             return {name: float("nan"), f"{name}_low": float("nan"), f"{name}_high": float("nan")}
         result = paired_bootstrap(system, reference, refs, lowercase=lowercase)
         return {name: result["difference"], f"{name}_low": result["low"], f"{name}_high": result["high"]}
+
+    def nll_interval(name: str, system: pd.DataFrame | None, reference: pd.DataFrame | None) -> dict:
+        if system is None or reference is None:
+            return {}
+        from headcount.training.perplexity import paired_bootstrap_nll  # torch: only where NLL files are given
+
+        result = paired_bootstrap_nll(system["nll"].to_numpy(), reference["nll"].to_numpy(),
+                                      reference["tokens"].to_numpy())
+        return {f"dnll_{name}": result["difference"], f"dnll_{name}_low": result["low"],
+                f"dnll_{name}_high": result["high"]}
 
     for folder, record in records.items():
         table = pd.DataFrame(record["heads"])
@@ -106,6 +126,10 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
         row.update(interval("d_control", hyps.get(folder) if control != folder else None, hyps.get(control)))
         row.update(interval("d_scratch_baseline", scratch_hyps.get(folder), baseline_hyps))
         row.update(interval("d_pruned_scratch", hyps.get(folder), scratch_hyps.get(folder)))
+        row.update(nll_mean("nll", nlls.get(folder)) | nll_mean("nll_scratch", scratch_nlls.get(folder)))
+        row.update(nll_interval("baseline", nlls.get(folder), base_nll))
+        row.update(nll_interval("control", nlls.get(folder) if control != folder else None, nlls.get(control)))
+        row.update(nll_interval("pruned_scratch", nlls.get(folder), scratch_nlls.get(folder)))
         for method in ranked_methods():
             point = curve_match(record["setting"], record["retained"],
                                 curve_points.get((method, record["setting"]), []))
@@ -165,6 +189,15 @@ def pruning_report(experiment: str, baseline_scores: str, gates: list[str], prun
     return pruning
 
 
+def _read_nll(path: str) -> pd.DataFrame:
+    return pd.read_csv(path, sep="\t")
+
+
+def nll_mean(name: str, table: pd.DataFrame | None) -> dict:
+    """A model's mean NLL per reference token on the set (nothing without its per-sentence file)."""
+    return {} if table is None else {name: float(table["nll"].sum() / max(table["tokens"].sum(), 1))}
+
+
 def undecided_gates(table: pd.DataFrame) -> dict:
     """How far a run's gates decided: of its gated heads (`gates_gated`), those whose P(open) ended
     strictly inside the undecided band (`gates_undecided`; preregistered.GATE_UNDECIDED). A control's
@@ -207,7 +240,9 @@ TABLE2_COLUMNS = ["setting", "lam", "control", *[f"retained_{k}" for k in ATTENT
                   "d_baseline",
                   "d_baseline_low", "d_baseline_high", "d_control", "d_control_low", "d_control_high", "bleu_scratch",
                   "d_scratch_baseline", "d_scratch_baseline_low", "d_scratch_baseline_high", "d_pruned_scratch",
-                  "d_pruned_scratch_low", "d_pruned_scratch_high", "steps", "selection", "steps_scratch",
+                  "d_pruned_scratch_low", "d_pruned_scratch_high", "nll", "dnll_control", "dnll_control_low",
+                  "dnll_control_high", "dnll_pruned_scratch", "dnll_pruned_scratch_low", "dnll_pruned_scratch_high",
+                  "steps", "selection", "steps_scratch",
                   "selection_scratch"]
 
 
@@ -277,6 +312,15 @@ def _lambda_label(r) -> str:
     return "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
 
 
+def _nll_cell(r, name: str) -> str:
+    """A mean token NLL difference (nats; positive: worse) with its paired interval, 4 decimals."""
+    diff, low, high = (_row_value(r, n) for n in (name, f"{name}_low", f"{name}_high"))
+    if pd.isna(diff):
+        return ""
+    verdict = "difference" if interval_excludes_zero(low, high) else "no difference shown"
+    return f"{diff:+.4f} [{low:+.4f}, {high:+.4f}], {verdict}"
+
+
 def _difference_cell(r, name: str) -> str:
     return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"))
 
@@ -326,9 +370,9 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
 
     lines = [f"### {experiment}", "",
              "| heads (enc-self/dec-self/dec-enc) | paper's rule | undecided gates | lambda | BLEU pruned | "
-             "pruned - baseline | pruned - control | "
+             "pruned - baseline | pruned - control | pruned - control, NLL | "
              "BLEU from scratch | from scratch - baseline | pruned - from scratch | steps pruned / from scratch | "
-             "selection |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "selection |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table2.itertuples():
         counts = "/".join(str(int(getattr(r, f"retained_{k}"))) for k in ATTENTION_TYPES)
         paper = ("/".join(str(int(row_value(r, f"retained_paper_rule_{k}"))) for k in ATTENTION_TYPES)
@@ -344,7 +388,8 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
         selection = str(row_value(r, "selection") or "")
         if isinstance(row_value(r, "selection_scratch"), str) and row_value(r, "selection_scratch"):
             selection += f" / {r.selection_scratch}"
-        lines.append(f"| {counts} | {paper} | {decided} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | "
+        nll = _nll_cell(r, "dnll_control")
+        lines.append(f"| {counts} | {paper} | {decided} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | {nll} | "
                      f"{bleu(row_value(r, 'bleu_scratch'))} | {cells[2]} | {cells[3]} | {budget} | {selection} |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences: BLEU points with a 95% interval from paired "
               f"bootstrap resampling of the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a "
@@ -353,7 +398,8 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
               f"steps in all (baseline plus fine-tuning for a pruned model; the same number for its "
               f"from-scratch twin), with a pruned model's parts: baseline + gate training + healing with the "
               f"gates fixed. Selection: which checkpoint each kept (last, or best dev BLEU among those "
-              f"with the final heads). Heads: kept by headcount's rule (the evaluation gate is not 0); paper's "
+              f"with the final heads). Pruned - control, NLL: the difference in mean NLL per reference token (nats; "
+              f"positive: the pruned model is worse), paired bootstrap over the same sentences. Heads: kept by headcount's rule (the evaluation gate is not 0); paper's "
               f"rule: log alpha >= 0 (Voita et al.'s). Undecided gates: of the gated heads, those whose P(open) "
               f"ended strictly between {GATE_UNDECIDED[0]:g} and {GATE_UNDECIDED[1]:g}; above "
               f"{MAX_UNDECIDED_SHARE:.0%} of them the run's gates have not decided (docs/method.md).",
