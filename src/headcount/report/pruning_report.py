@@ -399,8 +399,9 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
               f"from-scratch twin), with a pruned model's parts: baseline + gate training + healing with the "
               f"gates fixed. Selection: which checkpoint each kept (last, or best dev BLEU among those "
               f"with the final heads). Pruned - control, NLL: the difference in mean NLL per reference token (nats; "
-              f"positive: the pruned model is worse), paired bootstrap over the same sentences. Heads: kept by headcount's rule (the evaluation gate is not 0); paper's "
-              f"rule: log alpha >= 0 (Voita et al.'s). Undecided gates: of the gated heads, those whose P(open) "
+              f"positive: the pruned model is worse), paired bootstrap over the same sentences. Heads: kept by "
+              f"headcount's rule (the evaluation gate is not 0); paper's rule: log alpha >= 0 (Voita et al.'s). "
+              f"Undecided gates: of the gated heads, those whose P(open) "
               f"ended strictly between {GATE_UNDECIDED[0]:g} and {GATE_UNDECIDED[1]:g}; above "
               f"{MAX_UNDECIDED_SHARE:.0%} of them the run's gates have not decided (docs/method.md).",
               "", "### Voita et al. (2019), EN-RU", "",
