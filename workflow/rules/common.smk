@@ -171,7 +171,11 @@ def test_splits(exp):
 POOLS = {name for e in EXPERIMENTS.values() for name in pooled_sets(e)}
 POOLED_SPLITS = "|".join(re.escape(p) for p in sorted(POOLS)) or "(?!)"
 UNPOOLED_SPLITS = "|".join(
-    ["dev"] + sorted({re.escape(t) for e in EXPERIMENTS.values() for t in test_sets(e)} - {re.escape(p) for p in POOLS})
+    ["dev"]
+    + sorted(
+        {re.escape(t) for e in EXPERIMENTS.values() for t in test_sets(e)}
+        - {re.escape(p) for p in POOLS}
+    )
 )
 
 
@@ -571,7 +575,9 @@ def pruning_report_inputs(wildcards):
         # each reference's NLL under every model: paired NLL intervals beside BLEU's
         "baseline_nll": f"results/{exp}/baseline/scores/{split}.nll.tsv",
         "pruned_nll": [
-            f"results/{exp}/{m}/scores/{split}.nll.tsv" for s in settings for m in models[s]
+            f"results/{exp}/{m}/scores/{split}.nll.tsv"
+            for s in settings
+            for m in models[s]
         ],
         "scratch_nll": [
             f"results/{exp}/{m}/scratch/scores/{split}.nll.tsv"

@@ -111,10 +111,17 @@ rule prepare_evaluation_data:
 
 rule pool_test_sets:
     """A pooled test set: its member sets' prepared sources and references one after another, with
-    the sentences each member holds (for power: one set of 3,532 sentences, not four of 461-1,071)."""
+    the sentences each member holds (for power: one set of 3,532 sentences, not four of 461-1,071).
+    """
     input:
-        src=lambda w: [f"results/{w.exp}/data/{m}.src.txt" for m in pooled_sets(exp_config(w))[w.split]],
-        tgt=lambda w: [f"results/{w.exp}/data/{m}.tgt.txt" for m in pooled_sets(exp_config(w))[w.split]],
+        src=lambda w: [
+            f"results/{w.exp}/data/{m}.src.txt"
+            for m in pooled_sets(exp_config(w))[w.split]
+        ],
+        tgt=lambda w: [
+            f"results/{w.exp}/data/{m}.tgt.txt"
+            for m in pooled_sets(exp_config(w))[w.split]
+        ],
     output:
         src="results/{exp}/data/{split}.src.txt",
         tgt="results/{exp}/data/{split}.tgt.txt",
@@ -124,6 +131,8 @@ rule pool_test_sets:
     wildcard_constraints:
         exp=CORPUS_EXPERIMENTS,
         split=POOLED_SPLITS,
+    conda:
+        ENV
     resources:
         mem_mb=500,
         runtime=5,
