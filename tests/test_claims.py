@@ -25,6 +25,7 @@ from headcount.report.claims import (
     hypergeometric_upper_tail,
     mean_layer_tails,
     on_lambdas,
+    order_gap,
     over_seeds_verdict,
     pruned_beats_scratch,
     runs_over_seeds,
@@ -32,6 +33,7 @@ from headcount.report.claims import (
     shared_lambdas,
     specialised_heads_last,
     types_order,
+    types_order_tails,
     within_layer_test,
 )
 
@@ -263,11 +265,30 @@ def test_pruned_against_scratch_is_read_against_the_schedules_share():
 
 
 def test_attention_types_order():
-    assert types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 0, 4, 18))).verdict == HOLDS
-    assert types_order(_table(_row("all", 0.1, 30, 19, 36))).verdict == FAILS
+    """The order now has a test (issue 61): each run against as many heads kept at random among
+    all types, Holm across runs; an order shown by a count alone no longer holds."""
+    assert types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 2, 10, 30))).verdict == HOLDS
+    assert types_order(_table(_row("all", 0.1, 40, 20, 5))).verdict == FAILS  # the reverse, significantly
+    assert types_order(_table(_row("all", 0.1, 30, 19, 36))).verdict == NOT_RESOLVED  # out of order, no test
     assert types_order(_table(_row("all", 0.01, 48, 48, 48))).verdict == NOT_SHOWN  # nothing pruned
-    half = types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 30, 19, 36)))
-    assert half.verdict == MIXED and half.basis.startswith("1 of 2 runs")
+    half = types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 40, 20, 5)))
+    assert half.verdict == MIXED and half.basis == "1 of 2 significant after Holm, 1 the other way"
+    # in order, but too close to random to count once two runs share the correction
+    weak = types_order(_table(_row("all", 0.1, 9, 19, 36), _row("all", 1, 0, 2, 19), _row("all", 3, 1, 2, 3)))
+    assert weak.verdict == NOT_RESOLVED and weak.basis == "1 of 3 significant after Holm"
+
+
+@pytest.mark.parametrize("kept", [(1, 2, 4), (0, 2, 3), (2, 2, 2), (4, 1, 0), (0, 0, 4)])
+def test_the_type_order_tail_against_every_subset(kept):
+    """Exact: every way to keep as many of 3 x 4 heads, the share of them at least as far in order."""
+    heads = (4, 4, 4)
+    labels = [t for t in range(3) for _ in range(heads[t])]
+    subsets = list(combinations(range(12), sum(kept)))
+    counts = [[sum(labels[i] == t for i in s) for t in range(3)] for s in subsets]
+    exact = sum(order_gap(c, heads) >= order_gap(kept, heads) - 1e-12 for c in counts) / len(subsets)
+    exact_rev = sum(order_gap(c[::-1], heads) >= order_gap(kept[::-1], heads) - 1e-12 for c in counts) / len(subsets)
+    p, p_rev = types_order_tails(list(kept), list(heads), draws=40_000)
+    assert p == pytest.approx(exact, abs=0.01) and p_rev == pytest.approx(exact_rev, abs=0.01)
 
 
 def _decoder(kind, kept_per_layer, lam=0.3, heads=8):
@@ -293,7 +314,7 @@ def test_a_directional_finding_holds_only_in_most_runs():
     runs = pd.concat([_decoder("dec_enc", LOW[::-1], lam=0.1), _decoder("dec_enc", LOW[::-1], lam=0.3),
                       _decoder("dec_enc", SPREAD, lam=0.5), _decoder("dec_enc", SPREAD, lam=1.0)])
     claim = decoder_layers(runs, "dec_enc")
-    assert claim.verdict == NOT_RESOLVED and claim.basis == "2 of 4 significant"  # was "holds"
+    assert claim.verdict == NOT_RESOLVED and claim.basis == "2 of 4 significant after Holm"  # was "holds"
     three = pd.concat([runs, _decoder("dec_enc", LOW[::-1], lam=2.0)])
     assert decoder_layers(three, "dec_enc").verdict == HOLDS  # 3 of 5
 

@@ -29,7 +29,7 @@ tail, and a seeded Monte Carlo tail for the mean layer of the survivors.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import ceil, comb
 
@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.roles.registry import NO_ROLE
+from headcount.report.power import holm
 from headcount.report.preregistered import ALPHA, MONTE_CARLO_DRAWS, NO_LOSS_MARGIN
 from headcount.report.seed_statistics import t_interval
 
@@ -146,6 +147,35 @@ def mean_layer_tails(layers: list[int], kept: list[bool], draws: int = MONTE_CAR
     low = (1 + int((means <= observed + eps).sum())) / (draws + 1)
     high = (1 + int((means >= observed - eps).sum())) / (draws + 1)
     return low, high
+
+
+def order_gap(kept: Sequence[int], heads: Sequence[int]) -> float:
+    """How far three attention types' retained shares are in the paper's order (enc-self, then
+    dec-self, then dec-enc, fewest to most): the smaller of the two gaps; negative where out of order."""
+    share = [k / h for k, h in zip(kept, heads)]
+    return min(share[1] - share[0], share[2] - share[1])
+
+
+def types_order_tails(kept: Sequence[int], heads: Sequence[int], draws: int = MONTE_CARLO_DRAWS,
+                      seed: int = 0) -> tuple[float, float]:
+    """(P(gap >= observed), P(reversed gap >= observed reversed)) with as many heads kept at random
+    among all the types' heads, without replacement (Monte Carlo, add-one smoothed): the test behind
+    "encoder self-attention first, decoder-encoder last", and the same for the opposite order."""
+    rng = np.random.default_rng(seed)
+    counts = rng.multivariate_hypergeometric(list(heads), sum(kept), size=draws)  # (draws, 3)
+    shares = counts / np.asarray(heads, dtype=float)
+    gaps = np.minimum(shares[:, 1] - shares[:, 0], shares[:, 2] - shares[:, 1])
+    reversed_gaps = np.minimum(shares[:, 0] - shares[:, 1], shares[:, 1] - shares[:, 2])
+    eps = 1e-12
+    observed, observed_reversed = order_gap(kept, heads), order_gap(kept[::-1], heads[::-1])
+    return ((1 + int((gaps >= observed - eps).sum())) / (draws + 1),
+            (1 + int((reversed_gaps >= observed_reversed - eps).sum())) / (draws + 1))
+
+
+def holm_counts(p_agree: Sequence[float], p_disagree: Sequence[float]) -> tuple[int, int]:
+    """Runs significant for the finding and against it, each family corrected by Holm's method
+    (preregistered.CORRECTION) across the finding's runs."""
+    return (sum(p < ALPHA for p in holm(list(p_agree))), sum(p < ALPHA for p in holm(list(p_disagree))))
 
 
 @dataclass(frozen=True)
@@ -340,18 +370,24 @@ def types_order(pruning: pd.DataFrame) -> Claim:
     runs = runs[runs["retained_total"] < total]  # runs that pruned something
     if runs.empty:
         return Claim("attention types", paper, "no all-types run pruned a head", NOT_SHOWN)
-    agree = 0
-    parts = []
+    base = _baseline(pruning)
+    heads = [int(base[f"retained_{k}"]) for k in ("enc_self", "dec_self", "dec_enc")]
+    in_order, p_agree, p_disagree, parts = 0, [], [], []
     for r in runs.itertuples():
-        enc, dec, cross = int(r.retained_enc_self), int(r.retained_dec_self), int(r.retained_dec_enc)
-        ok = enc <= min(dec, cross) and cross >= max(enc, dec)
-        agree += ok
-        parts.append(f"lambda {r.lam:g}: {enc}/{dec}/{cross}{'' if ok else ' (not in that order)'}")
-    measured = (f"retained enc-self/dec-self/dec-enc in that order in {agree} of {len(runs)} runs: "
-                + "; ".join(parts))
-    disagree = len(runs) - agree
+        kept = [int(r.retained_enc_self), int(r.retained_dec_self), int(r.retained_dec_enc)]
+        ok = kept[0] <= min(kept[1:]) and kept[2] >= max(kept[:2])
+        in_order += ok
+        p, p_reversed = types_order_tails(kept, heads)
+        p_agree.append(p)
+        p_disagree.append(p_reversed)
+        parts.append(f"lambda {r.lam:g}: {'/'.join(map(str, kept))}{'' if ok else ' (not in that order)'}, "
+                     f"p = {p:.3f}")
+    agree, disagree = holm_counts(p_agree, p_disagree)
+    measured = (f"retained enc-self/dec-self/dec-enc in that order in {in_order} of {len(runs)} runs; against as "
+                f"many heads kept at random among all types (one-sided, Holm across runs, p < {ALPHA}): {agree} "
+                f"of {len(runs)} significant. " + "; ".join(parts))
     return Claim("attention types", paper, measured, directional_verdict(agree, disagree, len(runs)),
-                 f"{agree} of {len(runs)} runs in that order; a count, no test")
+                 significant_basis(agree, disagree, len(runs), "significant after Holm"))
 
 
 DECODER_LAYER_FINDING = {"dec_self": "lower", "dec_enc": "higher"}  # where the paper finds survivors
@@ -366,8 +402,7 @@ def decoder_layers(layers: pd.DataFrame, kind: str) -> Claim:
     name = f"{kind} heads in {where} layers"
     rows = _layer_rows(layers, "all", kind)
     rows = rows[rows["lam"] > 0]
-    agree = disagree = 0
-    parts = []
+    p_agrees, p_disagrees, parts = [], [], []
     for lam, run in rows.groupby("lam"):
         per_layer = run.groupby("layer")[["heads", "kept"]].sum()
         heads_layer = np.repeat(per_layer.index.to_numpy() + 1, per_layer["heads"])
@@ -376,16 +411,17 @@ def decoder_layers(layers: pd.DataFrame, kind: str) -> Claim:
             continue
         low, high = mean_layer_tails(heads_layer.tolist(), kept.tolist())
         p_agree, p_disagree = (low, high) if where == "lower" else (high, low)
-        agree += p_agree < ALPHA
-        disagree += p_disagree < ALPHA
+        p_agrees.append(p_agree)
+        p_disagrees.append(p_disagree)
         parts.append(f"lambda {lam:g}: {int(kept.sum())} kept, mean layer {heads_layer[kept].mean():.2f} "
                      f"(all: {heads_layer.mean():.2f}), p {where} = {p_agree:.3f}")
     if not parts:
         return Claim(name, paper, "no all-types run kept some but not all of these heads", NOT_SHOWN)
-    measured = (f"against as many heads kept at random (one-sided, p < {ALPHA}): {agree} of {len(parts)} runs "
-                f"{where}, {disagree} the other way. " + "; ".join(parts))
+    agree, disagree = holm_counts(p_agrees, p_disagrees)
+    measured = (f"against as many heads kept at random (one-sided, Holm across runs, p < {ALPHA}): {agree} of "
+                f"{len(parts)} runs {where}, {disagree} the other way. " + "; ".join(parts))
     return Claim(name, paper, measured, directional_verdict(agree, disagree, len(parts)),
-                 significant_basis(agree, disagree, len(parts)))
+                 significant_basis(agree, disagree, len(parts), "significant after Holm"))
 
 
 def within_layer_runs(layers: pd.DataFrame | None, setting: str = "enc") -> list[tuple[float, WithinLayers]]:
@@ -448,11 +484,10 @@ def specialised_heads_last(pruning: pd.DataFrame, layers: pd.DataFrame | None = 
     if not pooled:
         return Claim(name, paper, "no encoder-only run kept some but not all heads", NOT_SHOWN)
     runs = within_layer_runs(layers)
-    agree = sum(t.p_more < ALPHA for _, t in runs)
-    disagree = sum(t.p_fewer < ALPHA for _, t in runs)
+    agree, disagree = holm_counts([t.p_more for _, t in runs], [t.p_fewer for _, t in runs])
     reading = directional_verdict(agree, disagree, len(runs))
     missing = ", ".join(f"{lam:g}" for lam in pooled_lams if not any(np.isclose(lam, done) for done, _ in runs))
-    measured = (f"within layers (role labels permuted within each layer, exact; p < {ALPHA}): "
+    measured = (f"within layers (role labels permuted within each layer, exact; Holm across runs, p < {ALPHA}): "
                 + significant_basis(agree, disagree, len(runs), "runs significant") + ". "
                 + (_within_layer_text(runs) + ". " if runs else "")
                 + (f"Runs with no per-layer record: lambda {missing}. " if missing else ""))
@@ -460,8 +495,7 @@ def specialised_heads_last(pruning: pd.DataFrame, layers: pd.DataFrame | None = 
     control_reading = None
     if control_layers is not None:
         control = within_layer_runs(control_layers)
-        c_agree = sum(t.p_more < ALPHA for _, t in control)
-        c_disagree = sum(t.p_fewer < ALPHA for _, t in control)
+        c_agree, c_disagree = holm_counts([t.p_more for _, t in control], [t.p_fewer for _, t in control])
         control_reading = directional_verdict(c_agree, c_disagree, len(control))
         measured += (f"Positive control, within layers: "
                      f"{significant_basis(c_agree, c_disagree, len(control), 'runs significant')}"
@@ -494,8 +528,11 @@ def claims_markdown(experiment: str, claims: list[Claim]) -> str:
               f"paper's own largest cost, {margins}; it does not hold when every such run that keeps at least "
               f"the paper's fewest heads ({PAPER_FEWEST}) shows a loss beyond it, and "
               f"is {NOT_RESOLVED} otherwise, at the resolution of half the interval's width. A "
-              f"directional finding holds when more than half of the runs show it at p < {ALPHA} (one-sided, "
-              f"against as many heads kept at random) and none the opposite; \"{MIXED}\" when runs show both, "
+              f"directional finding holds when more than half of the runs show it at p < {ALPHA} after Holm's "
+              f"correction across the finding's runs (one-sided, against as many heads kept at random; the "
+              f"attention types' order: the smaller of its two gaps in retained share, against as many heads "
+              f"kept at random among all types; since 2026-11-27) and none the opposite; \"{MIXED}\" when runs "
+              f"show both, "
               f"\"{NOT_RESOLVED}\" otherwise. Pruned - from scratch counts for pruning only where its interval "
               f"lies above that of a run that pruned no head against its twin (the schedules alone); "
               f"\"{NOT_SEPARABLE}\" where the intervals overlap. Specialised heads last: role labels "
