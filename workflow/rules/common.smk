@@ -448,6 +448,65 @@ def claims_over_seeds_inputs(wildcards):
     }
 
 
+def matched_runs(exp):
+    """Every pruning run of every seed of `exp`, for the findings at matched head counts: its seed,
+    setting, lambda, gates, and the translations and reference NLL of it, its setting's control and
+    its from-scratch twin (where trained) on the set pruned models are compared on."""
+    split = prune_eval_split(exp)
+    runs = []
+    for seed, run in zip(EXPERIMENTS[exp]["seeds"], seed_runs(exp)):
+        for setting in prune_settings(run):
+            models = pruned_models(run, setting)
+            control = next(
+                (m for m in models if m.rsplit("lambda_", 1)[1] == lambda_label(0)),
+                None,
+            )
+            twins = set(scratch_models(run, setting))
+            for m in models:
+                if m == control or control is None:
+                    continue
+
+                def files(model):
+                    return {
+                        "hyps": f"results/{run}/{model}/translations/{split}.txt",
+                        "nll": f"results/{run}/{model}/scores/{split}.nll.tsv",
+                    }
+
+                runs.append(
+                    {
+                        "seed": seed,
+                        "setting": setting,
+                        "lam": float(m.rsplit("lambda_", 1)[1]),
+                        "gates": f"results/{run}/{m}/gates.json",
+                        "pruned": files(m),
+                        "control": files(control),
+                        **({"scratch": files(f"{m}/scratch")} if m in twins else {}),
+                    }
+                )
+    return runs
+
+
+def matched_inputs(wildcards):
+    """The files matched_runs names, and the references they are scored against."""
+    exp = wildcards.exp
+    paths = {
+        path
+        for r in matched_runs(exp)
+        for path in [
+            r["gates"],
+            *(
+                f
+                for part in ("pruned", "control", "scratch")
+                for f in r.get(part, {}).values()
+            ),
+        ]
+    }
+    return {
+        "runs": sorted(paths),
+        "references": f"results/{exp}/data/{prune_eval_split(exp)}.tgt.txt",
+    }
+
+
 def control_layers_input(exp):
     """The positive control's heads kept per layer, evidence for "specialised heads last", where
     the experiment names a control."""
@@ -493,6 +552,7 @@ def final_outputs(exp):
             [
                 f"results/{exp}/seeds/spread.tsv",
                 f"results/{exp}/seeds/claims.md",
+                f"results/{exp}/seeds/matched.md",
                 f"results/{exp}/seeds/runs_over_seeds.png",
                 f"results/{exp}/seeds/heads.md",
             ]

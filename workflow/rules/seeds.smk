@@ -94,6 +94,35 @@ rule claims_over_seeds:
         "../scripts/claims_over_seeds.py"
 
 
+rule matched_over_seeds:
+    """The pruning findings over seeds at matched head counts: each seed's curve read at the paper's
+    counts, intervals over seeds and sentences together in BLEU and NLL, what each resolves, and the
+    prunable verdicts by the rules fixed before the rerun (docs/method.md)."""
+    input:
+        unpack(matched_inputs),
+    output:
+        markdown=report(
+            "results/{exp}/seeds/matched.md",
+            caption="../report/matched_over_seeds.rst",
+            category="Pruning",
+            subcategory="{exp}",
+        ),
+        table="results/{exp}/seeds/matched.tsv",
+    log:
+        log_path("seeds/matched_over_seeds"),
+    conda:
+        ENV
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        experiment=lambda w: w.exp,
+        runs=lambda w: matched_runs(w.exp),
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+    script:
+        "../scripts/matched_over_seeds.py"
+
+
 rule plot_runs_over_seeds:
     """The runs behind the verdicts over seeds, drawn: each seed's pruned - control and pruned - from
     scratch against the heads it kept, on the lambdas all seeds ran."""

@@ -1,0 +1,62 @@
+"""The findings over seeds at matched head counts, from files: what matched_over_seeds.py calls
+(report.matched_heads holds the statistics)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pandas as pd
+
+from headcount.io import atomic_path, read_lines
+from headcount.report.matched_heads import (
+    RunEvidence,
+    bleu_difference,
+    bleu_statistics,
+    matched_markdown,
+    matched_rows,
+    nll_difference,
+)
+
+
+def heads_kept(record: dict) -> int:
+    """A run's count in its setting: encoder self-attention heads (enc) or all heads (all)."""
+    retained = record["retained"]
+    return int(retained["enc_self"]) if record["setting"] == "enc" else int(sum(retained.values()))
+
+
+def write_matched_over_seeds(experiment: str, runs: list[dict], references: str, out_markdown: str, out_table: str,
+                             lowercase: bool = False, log=print) -> pd.DataFrame:
+    """`runs`: workflow/rules/common.smk's matched_runs (seed, setting, lam, gates, and the
+    translations and NLL files of the pruned model, its control and its twin)."""
+    refs = read_lines(references)
+
+    @cache
+    def stats(path: str):
+        hyps = read_lines(path)
+        return bleu_statistics(hyps, refs, lowercase)
+
+    @cache
+    def nll(path: str) -> pd.DataFrame:
+        return pd.read_csv(path, sep="\t")
+
+    evidence = []
+    for run in runs:
+        with open(run["gates"], encoding="utf-8") as f:
+            record = json.load(f)
+        values = {}
+        for difference in ("control", "scratch"):
+            if difference in run:
+                values[(difference, "bleu")] = bleu_difference(stats(run["pruned"]["hyps"]),
+                                                               stats(run[difference]["hyps"]))
+                values[(difference, "nll")] = nll_difference(nll(run["pruned"]["nll"]), nll(run[difference]["nll"]))
+        evidence.append(RunEvidence(run["seed"], run["setting"], run["lam"], heads_kept(record), values))
+        log(f"seed {run['seed']}, {run['setting']} lambda {run['lam']:g}: {heads_kept(record)} heads kept")
+    rows = matched_rows(evidence, len(refs))
+    with atomic_path(out_table) as tmp:
+        rows.to_csv(tmp, sep="\t", index=False, float_format="%.10g")
+    text = matched_markdown(experiment, rows, len(refs))
+    with atomic_path(out_markdown) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    log(text)
+    return rows
