@@ -763,3 +763,42 @@ def test_a_twin_on_the_pruned_models_schedule(tmp_path):
                                     str(tmp_path / "plain"), str(tmp_path / "p.pt"), str(tmp_path / "p.json"),
                                     log=lambda m: None)
     assert plain["lr_schedule"] == "noam"
+
+
+def test_seed_spread_states_each_baselines_plateau_and_the_controls_nll_gain(tmp_path):
+    """The plateau rule read from each seed's training record, and control - baseline in token NLL
+    with its paired interval, seed by seed (issue 61)."""
+    import numpy as np
+
+    from headcount.report.pruning_report import seed_spread
+    from headcount.training.perplexity import paired_bootstrap_nll
+
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(4, 10, size=50)
+    files = {}
+    for seed, losses in ((1, [4.0, 3.0, 2.5, 2.499, 2.498, 2.497]), (2, [4.0, 3.0, 2.5, 2.2, 2.0, 1.8])):
+        evaluations = [[500 * (i + 1), x] for i, x in enumerate(losses)]
+        _write_json(tmp_path / f"training{seed}.json", {"dev_losses": evaluations})
+        for system, shift in (("baseline", 0.0), ("control", -0.05 * seed)):
+            _write_json(tmp_path / f"{system}{seed}.json", {"bleu": 30.0, "bleu_signature": "nrefs:1"})
+            pd.DataFrame({"sentence": range(50), "nll": tokens * (2.0 + shift) + rng.random(50), "tokens": tokens}
+                         ).to_csv(tmp_path / f"{system}{seed}.nll.tsv", sep="\t", index=False)
+            files[system, seed] = tmp_path / f"{system}{seed}.nll.tsv"
+    table = seed_spread("toy", [1, 2], ["enc"], [str(tmp_path / f"baseline{s}.json") for s in (1, 2)],
+                        [str(tmp_path / f"control{s}.json") for s in (1, 2)], str(tmp_path / "spread.tsv"),
+                        str(tmp_path / "spread.md"), log=lambda m: None,
+                        baseline_training=[str(tmp_path / f"training{s}.json") for s in (1, 2)],
+                        baseline_nll=[str(files["baseline", s]) for s in (1, 2)],
+                        control_nll=[str(files["control", s]) for s in (1, 2)]).set_index("system")
+    # seed 1: 2.5 -> 2.497 over the last three evaluations is below 0.01: plateau at step 3000; seed 2 still falls
+    steps = table.loc["baseline plateau step"]
+    assert steps["seed_1"] == 3000 and pd.isna(steps["seed_2"])
+    assert list(table.loc["baseline at plateau", ["seed_1", "seed_2"]]) == [1.0, 0.0]
+    for seed in (1, 2):
+        c, b = (pd.read_csv(files[s, seed], sep="\t") for s in ("control", "baseline"))
+        expected = paired_bootstrap_nll(c["nll"], b["nll"], b["tokens"])
+        row = table.loc["control enc - baseline, NLL"]
+        assert (row[f"seed_{seed}"], row[f"seed_{seed}_low"], row[f"seed_{seed}_high"]) == pytest.approx(
+            (expected["difference"], expected["low"], expected["high"]))
+    text = (tmp_path / "spread.md").read_text()
+    assert "| baseline at plateau | yes | no |" in text and "| baseline plateau step | 3000 |  |" in text

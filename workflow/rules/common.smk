@@ -428,6 +428,16 @@ def seed_spread_inputs(wildcards):
             for setting in prune_settings(exp)
             for run in runs
         ],
+        # the plateau rule on each baseline's dev losses; control - baseline in token NLL
+        "baseline_training": [f"results/{run}/baseline/training.json" for run in runs],
+        "baseline_nll": [
+            f"results/{run}/baseline/scores/{split}.nll.tsv" for run in runs
+        ],
+        "control_nll": [
+            f"results/{run}/prune/{setting}/lambda_0/scores/{split}.nll.tsv"
+            for setting in prune_settings(exp)
+            for run in runs
+        ],
     }
 
 

@@ -15,5 +15,8 @@ with job(snakemake) as log:
         baseline_translations=list(snakemake.input.baseline_translations),
         control_translations=list(snakemake.input.control_translations),
         lowercase=snakemake.params.lowercase,
+        baseline_training=list(snakemake.input.baseline_training),
+        baseline_nll=list(snakemake.input.baseline_nll),
+        control_nll=list(snakemake.input.control_nll),
         log=log,
     )

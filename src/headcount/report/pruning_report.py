@@ -416,13 +416,21 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
 def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline_scores: list[str],
                 control_scores: list[str], out_table: str, out_markdown: str, log=print,
                 references: str | None = None, baseline_translations: list[str] = (),
-                control_translations: list[str] = (), lowercase: bool = False) -> pd.DataFrame:
+                control_translations: list[str] = (), lowercase: bool = False,
+                baseline_training: list[str] = (), baseline_nll: list[str] = (),
+                control_nll: list[str] = ()) -> pd.DataFrame:
     """BLEU of the baseline and of each setting's lambda = 0 control for every seed, with the mean,
     sample standard deviation, minimum and maximum across seeds; "control - baseline" rows give
     the cost of fine-tuning seed by seed. `control_scores` (and `control_translations`) list, per
     setting, one file per seed. Given the translations and references, each seed's control -
     baseline gets a 95% paired bootstrap interval over the test sentences (evaluate.paired_bootstrap):
-    columns seed_{s}_low and seed_{s}_high."""
+    columns seed_{s}_low and seed_{s}_high.
+
+    Given each seed's baseline training record (`baseline_training`), whether its dev loss had reached
+    the plateau rule's plateau by its last evaluation (training.convergence; the rows "baseline
+    plateau step" and "baseline at plateau"); given each model's per-reference NLL (`baseline_nll`,
+    `control_nll` as the translations), control - baseline in mean token NLL with its paired
+    interval (rows "control <setting> - baseline, NLL")."""
     if len(baseline_scores) != len(seeds) or len(control_scores) != len(seeds) * len(settings):
         raise HeadcountError(f"seed spread: {len(baseline_scores)} baseline and {len(control_scores)} control "
                              f"scores for seeds {seeds} and settings {settings}; the rule's inputs are wrong")
@@ -444,13 +452,33 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
         if with_intervals:
             intervals[name] = [paired_bootstrap(read_lines(c), read_lines(b), refs, lowercase=lowercase)
                                for c, b in zip(control_translations[part], baseline_translations)]
+    for i, setting in enumerate(settings[:len(control_nll) // max(len(seeds), 1)] if baseline_nll else []):
+        from headcount.training.perplexity import paired_bootstrap_nll  # torch: only where NLL files are given
+
+        part = control_nll[i * len(seeds):(i + 1) * len(seeds)]
+        name = f"control {setting} - baseline, NLL"
+        results = []
+        for c, b in zip(part, baseline_nll):
+            control_table, base_table = _read_nll(c), _read_nll(b)
+            results.append(paired_bootstrap_nll(control_table["nll"].to_numpy(), base_table["nll"].to_numpy(),
+                                                base_table["tokens"].to_numpy()))
+        systems[name], intervals[name] = [r["difference"] for r in results], results
+    if baseline_training:
+        from headcount.report.preregistered import PLATEAU_MIN_DELTA, PLATEAU_PATIENCE
+        from headcount.training.convergence import plateau_step
+
+        steps = [plateau_step([tuple(e) for e in _read_json(p).get("dev_losses", [])], PLATEAU_PATIENCE,
+                              PLATEAU_MIN_DELTA) for p in baseline_training]
+        systems["baseline plateau step"] = [float("nan") if s is None else s for s in steps]
+        systems["baseline at plateau"] = [float(s is not None) for s in steps]
     rows = []
     for system, values in systems.items():
         series = pd.Series(values, dtype=float)
         bounds = {}
         for s, result in zip(seeds, intervals.get(system, [])):
             bounds |= {f"seed_{s}_low": result["low"], f"seed_{s}_high": result["high"]}
-        mean, half = t_interval(list(values))
+        finite = [v for v in values if not pd.isna(v)]  # a seed without a plateau has no plateau step
+        mean, half = t_interval(finite) if finite else (float("nan"), None)
         rows.append({"experiment": experiment, "system": system,
                      **{f"seed_{s}": v for s, v in zip(seeds, values)}, **bounds, "seeds": len(values),
                      "mean": mean, "mean_low": mean - half if half is not None else float("nan"),
@@ -464,8 +492,10 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
              "| system | " + " | ".join(f"seed {s}" for s in seeds) + " | mean [95% t-interval] | sd | min | max |",
              "|---|" + "---|" * (len(seeds) + 4)]
     for r in rows:
-        mean = f"{r['mean']:.2f}" + ("" if pd.isna(r["mean_low"]) else f" [{r['mean_low']:.2f}, {r['mean_high']:.2f}]")
-        cells = [_seed_cell(r, s) for s in seeds] + [mean] + [f"{r[k]:.2f}" for k in ("sd", "min", "max")]
+        d = _digits(r["system"])
+        mean = f"{r['mean']:.{d}f}" + ("" if pd.isna(r["mean_low"]) else
+                                       f" [{r['mean_low']:.{d}f}, {r['mean_high']:.{d}f}]")
+        cells = [_seed_cell(r, s) for s in seeds] + [mean] + [f"{r[k]:.{d}f}" for k in ("sd", "min", "max")]
         lines.append(f"| {r['system']} | " + " | ".join(cells) + " |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Mean with its 95% Student's t interval over the seeds "
               f"(headcount.report.seed_statistics: training seeds on this one test set); sd: sample standard "
@@ -473,15 +503,31 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
               f"control is fine-tuned from that seed's baseline (the same fine-tuning, gates that cannot close)."
               + (f" Brackets: 95% interval of the seed's control - baseline from paired bootstrap resampling of "
                  f"the test sentences ({BOOTSTRAP_SAMPLES} resamples, sacrebleu's); a \"difference\" is one "
-                 f"whose interval excludes 0." if intervals else "")]
+                 f"whose interval excludes 0." if intervals else "")
+              + (" NLL rows: mean NLL per reference token (nats; positive: the control is worse), paired "
+                 "bootstrap over the same sentences." if baseline_nll else "")
+              + (f" Baseline at plateau: whether the seed's dev loss had stopped improving by "
+                 f"{PLATEAU_MIN_DELTA} nats over {PLATEAU_PATIENCE} evaluations by its last one (the plateau "
+                 f"rule, docs/method.md); its plateau step where it had." if baseline_training else "")]
     with atomic_path(out_markdown) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     log("\n" + table.to_string(index=False))
     return table
 
 
+def _digits(system: str) -> int:
+    """Decimals a seed-spread row is shown with: NLL in nats to 4, steps and yes/no whole, BLEU to 2."""
+    return 4 if system.endswith("NLL") else 0 if system.startswith("baseline plateau") or system.endswith(
+        "at plateau") else 2
+
+
 def _seed_cell(row: dict, seed: int) -> str:
-    value, low = row[f"seed_{seed}"], row.get(f"seed_{seed}_low")
-    if low is None:
-        return f"{value:.2f}"
+    value, low, digits = row[f"seed_{seed}"], row.get(f"seed_{seed}_low"), _digits(row["system"])
+    if row["system"].endswith("at plateau"):
+        return "yes" if value == 1 else "no"
+    if low is None or pd.isna(low):
+        return "" if pd.isna(value) else f"{value:.{digits}f}"
+    if digits == 4:
+        verdict = "difference" if interval_excludes_zero(low, row[f"seed_{seed}_high"]) else "no difference shown"
+        return f"{value:+.4f} [{low:+.4f}, {row[f'seed_{seed}_high']:+.4f}], {verdict}"
     return describe_difference(value, low, row[f"seed_{seed}_high"])

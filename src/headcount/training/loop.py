@@ -30,6 +30,7 @@ from headcount.models.device import pick_autocast_dtype, pick_device
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
+from headcount.training.convergence import dev_losses
 from headcount.training.schedules import noam_lr
 
 
@@ -404,6 +405,7 @@ def train(
                  for n in _snapshot_steps(out_dir / "snapshots")]
     spent = time_so_far()
     return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
+            "dev_losses": dev_losses(metrics_path),  # every evaluation: the plateau rule reads them
             "train_seconds": time.perf_counter() - run_start, "train_seconds_all": spent["seconds"],
             "train_cpu_seconds_all": spent["cpu_seconds"], "attempts": spent["attempts"], "snapshots": snapshots}
 
