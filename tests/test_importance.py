@@ -344,3 +344,18 @@ def test_rank_correlations_carry_intervals():
     assert (per_layer["spearman"] == 1.0).all() and (per_layer["spearman_low"] == 1.0).all()  # monotone
     overall = corr[corr["layer"] == "all"].iloc[0]
     assert overall["spearman_low"] <= overall["spearman"] <= overall["spearman_high"] <= 1.0
+
+
+def test_correlations_count_the_reference_heads_their_intervals_resolve():
+    """Issue 61: a reference whose heads sit within their noise ranks noise; each correlation says how
+    many of its heads' ablation intervals exclude 0, and whether that reaches the rule's minimum."""
+    import pandas as pd
+
+    rows = [{"type": "enc_self", "layer": layer, "head": h, "michel": float(h), "delta_loss": float(h),
+             # heads 0-1 of each layer straddle 0, heads 2-5 are clear of it
+             "delta_loss_low": -0.1 if h < 2 else 0.5 * h, "delta_loss_high": 0.1 if h < 2 else 2.0 * h}
+            for layer in range(2) for h in range(6)]
+    corr = rank_correlations(pd.DataFrame(rows), scores=("michel",), n_samples=50, min_resolved=5)
+    by_layer = corr.set_index("layer")
+    assert by_layer.loc[0, "resolved"] == 4 and by_layer.loc["all", "resolved"] == 8
+    assert not by_layer.loc[0, "reference_meaningful"] and by_layer.loc["all", "reference_meaningful"]

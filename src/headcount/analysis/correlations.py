@@ -44,14 +44,18 @@ def spearman_interval(x, y, n_samples: int = 1000, seed: int = 0) -> tuple[float
 
 
 def rank_correlations(table: pd.DataFrame, reference: str | None = None, scores: Sequence[str] | None = None,
-                      n_samples: int = 1000, seed: int = 0) -> pd.DataFrame:
+                      n_samples: int = 1000, seed: int = 0, min_resolved: int | None = None) -> pd.DataFrame:
     """Spearman between each score and the reference, per (type, layer) and per type overall.
 
     By default the reference is the reference measure's score (ablation's delta_loss) and the
     scores are every ranked measure's, in name order (`ranked_scores`).
 
     Rows: type, layer ("all" for the pooled heads of a type), score, spearman, spearman_low and
-    spearman_high (95% bootstrap interval over heads, spearman_interval), n (heads used).
+    spearman_high (95% bootstrap interval over heads, spearman_interval), n (heads used), and where
+    the reference has per-head intervals (`<reference>_low`, `<reference>_high`: ablation's paired
+    bootstrap), `resolved`: the heads whose interval excludes 0. With `min_resolved`,
+    `reference_meaningful` says whether the group has that many: a reference whose heads sit within
+    their noise ranks noise, and its correlations are published without a reading.
     """
     reference = reference_score() if reference is None else reference
     scores = ranked_scores() if scores is None else scores
@@ -62,7 +66,16 @@ def rank_correlations(table: pd.DataFrame, reference: str | None = None, scores:
             for layer, g in groups:
                 pair = g[[score, reference]].dropna()
                 low, high = spearman_interval(pair[score], pair[reference], n_samples, seed)
-                rows.append({"type": kind, "layer": layer, "score": score,
-                             "spearman": spearman(pair[score], pair[reference]), "spearman_low": low,
-                             "spearman_high": high, "n": len(pair)})
-    return pd.DataFrame(rows, columns=["type", "layer", "score", "spearman", "spearman_low", "spearman_high", "n"])
+                row = {"type": kind, "layer": layer, "score": score,
+                       "spearman": spearman(pair[score], pair[reference]), "spearman_low": low,
+                       "spearman_high": high, "n": len(pair)}
+                bounds = [f"{reference}_low", f"{reference}_high"]
+                if all(b in g.columns for b in bounds):
+                    interval = g.loc[pair.index, bounds]
+                    row["resolved"] = int(((interval[bounds[0]] > 0) | (interval[bounds[1]] < 0)).sum())
+                    if min_resolved is not None:
+                        row["reference_meaningful"] = row["resolved"] >= min_resolved
+                rows.append(row)
+    columns = ["type", "layer", "score", "spearman", "spearman_low", "spearman_high", "n"]
+    return pd.DataFrame(rows, columns=columns + [c for c in ("resolved", "reference_meaningful")
+                                                 if any(c in r for r in rows)])

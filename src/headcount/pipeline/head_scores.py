@@ -23,6 +23,7 @@ from headcount.io import atomic_path, read_lines
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.seq2seq import kind_of
+from headcount.report.preregistered import ABLATION_MIN_RESOLVED_HEADS
 from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 
@@ -123,7 +124,8 @@ def score_model(model, reference_batches: list, own_batches: list, lrp_rule: str
                 and not (lrp_missing and m.name == LRP_MEASURE) and m.name not in undefined
                 and (only is None or m.name in only)]
     table = score_table(inputs, measures)
-    correlations = rank_correlations(table) if reference_score() in table else pd.DataFrame()
+    correlations = (rank_correlations(table, min_resolved=ABLATION_MIN_RESOLVED_HEADS) if reference_score() in table
+                    else pd.DataFrame())
     if lrp_missing:
         conservation = pd.DataFrame({"note": [f"LRP not computed: {lrp_missing}"]})
     elif LRP_MEASURE in measures:
