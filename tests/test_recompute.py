@@ -66,8 +66,8 @@ def headcount_model(biases: bool = True, **overrides) -> Transformer:
 
 def michel_batches(model, family: str):
     rng = np.random.default_rng(0)
-    if family == "headcount":
-        src = [list(rng.integers(4, 23, rng.integers(2, 12))) for _ in range(7)]
+    if family in ("headcount", "marian", "t5"):
+        src = [list(rng.integers(4, 19, rng.integers(2, 12))) for _ in range(7)]
         tgt = [list(rng.integers(4, 19, rng.integers(2, 12))) for _ in range(7)]
         return dev_batches(src, tgt, max_tokens=40, special=model.special)
     ids = [list(rng.integers(5, VOCAB, rng.integers(2, 30))) for _ in range(7)]
@@ -75,6 +75,10 @@ def michel_batches(model, family: str):
 
 
 def model_of(family: str):
+    if family in ("marian", "t5"):  # transformers' encoder-decoders (hf.py)
+        from test_hf_models import tiny
+
+        return tiny(family).double()
     return headcount_model() if family == "headcount" else tiny_lm(family)
 
 
@@ -134,13 +138,15 @@ def test_the_layers_are_the_stacks_elements():
     assert layers_of(model) == [*model.encoder_layers, *model.decoder_layers]
     llama = tiny_lm("llama")
     assert layers_of(llama) == list(llama.hf.base_model.layers)
+    t5 = model_of("t5")  # its blocks, not the sublayer lists inside them
+    assert [type(layer).__name__ for layer in layers_of(t5)] == ["T5Block"] * 4
 
 
 # --------------------------------------------------------------------------------------------
 # Michel importance
 
 
-@pytest.mark.parametrize("family", ["headcount", "llama", "gpt2"])
+@pytest.mark.parametrize("family", ["headcount", "llama", "gpt2", "marian", "t5"])
 def test_michel_importance_recomputed_equals_kept(family):
     model = model_of(family)
     batches = michel_batches(model, family)
