@@ -20,6 +20,10 @@ own, so its max RSS (CPU) or torch.cuda.max_memory_allocated (GPU) is its own. S
   the last `max_seeds` steps, 8, one vmapped backward), attnlrp rule; a whole document is about
   T / 8 such chunks of growing prefix, so about T / 16 times this time
 
+`--recompute off,on` measures Michel and LRP without and with per-layer recomputation
+(models.recompute), alternating per length; the default, auto, is the library's rule (on above
+recompute.RECOMPUTE_ABOVE positions). Their rows say which ran ("recompute": true/false).
+
 `--layers` builds the model with fewer layers than its shape's (per-layer costs; `--stage-layers
 lrp=2` for one stage). Prints a Markdown table (and `--json` writes the rows).
 """
@@ -89,11 +93,14 @@ class WordSegmenter:
 
 
 def measure(stage: str, length: int, shape: str, layers: int | None, dtype_name: str, device: str,
-            heads_per_pass: int, model=None) -> dict:
+            heads_per_pass: int, model=None, recompute: str = "auto") -> dict:
     import torch
 
     from headcount.analysis import importance
     from headcount.data.batching import causal_lm_tensors
+    from headcount.models.recompute import wants_recompute
+
+    recomputed = wants_recompute({"auto": None, "on": True, "off": False}[recompute], length)
 
     dtype = getattr(torch, dtype_name)
     model = model if model is not None else build(shape, layers, dtype, device)
@@ -126,11 +133,12 @@ def measure(stage: str, length: int, shape: str, layers: int | None, dtype_name:
                  for head in range(model.attention_modules()["dec_self"][0].n_heads)][:heads_per_pass]
         importance.masked_mean_nlls(model, [batch], heads)
     elif stage == "michel":
-        importance.michel_importance(model, [batch])
+        importance.michel_importance(model, [batch], recompute=recomputed)
     elif stage == "lrp":
         from headcount.models.lrp import _seeded_backward, make_rules
 
         rules, forward = make_rules("attnlrp"), model.lrp_forward()
+        forward.recompute = recomputed
         src, tgt_in = batch[0], batch[1]
         encoded = forward.encode(src, rules)
         trace = forward.decode(encoded, tgt_in, rules, None)
@@ -145,6 +153,8 @@ def measure(stage: str, length: int, shape: str, layers: int | None, dtype_name:
            "seconds": seconds, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if stage == "ablation":
         row["copies"] = heads_per_pass
+    if stage in ("michel", "lrp"):
+        row["recompute"] = recomputed
     if cuda:
         row["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
         row["cuda_peak_over_weights_mb"] = (torch.cuda.max_memory_allocated() - base) / 2**20
@@ -170,6 +180,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--heads-per-pass", type=int, default=None)
+    parser.add_argument("--recompute", default="auto",
+                        help="Michel and LRP: auto, on, off, or a list (off,on) measured alternately per length")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement")
     parser.add_argument("--json", default=None)
     parser.add_argument("--in-process", action="store_true",
@@ -183,48 +195,51 @@ def main() -> None:
     if args.one:
         stage, length = args.stages, int(args.lengths)
         print(json.dumps(measure(stage, length, args.model, stage_layers.get(stage, args.layers), args.dtype,
-                                 args.device, heads_per_pass)))
+                                 args.device, heads_per_pass, recompute=args.recompute)))
         return
     rows = []
     models = {}
-    for stage in args.stages.split(","):
-        for length in map(int, args.lengths.split(",")):
-            if args.in_process:
-                import torch
+    modes = args.recompute.split(",")
+    lengths = [int(x) for x in args.lengths.split(",")]
+    runs = [(stage, length, recompute) for stage in args.stages.split(",") for length in lengths
+            for recompute in (modes if stage in ("michel", "lrp") else ["auto"])]  # the modes alternate per length
+    for stage, length, recompute in runs:
+        if args.in_process:
+            import torch
 
-                layers = stage_layers.get(stage, args.layers)
-                if layers not in models:
-                    models.clear()
-                    torch.cuda.empty_cache() if torch.cuda.is_available() else None
-                    models[layers] = build(args.model, layers, getattr(torch, args.dtype), args.device)
-                try:
-                    rows.append(measure(stage, length, args.model, layers, args.dtype, args.device, heads_per_pass,
-                                        models[layers]))
-                except torch.OutOfMemoryError as error:
-                    rows.append({"stage": stage, "length": length, "error": f"out of memory: {str(error)[:80]}"})
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-                continue
-            cmd = [sys.executable, __file__, "--one", "--stages", stage, "--lengths", str(length), "--model",
-                   args.model, "--device", args.device, "--dtype", args.dtype, "--heads-per-pass",
-                   str(heads_per_pass), "--stage-layers", args.stage_layers]
-            if args.layers:
-                cmd += ["--layers", str(args.layers)]
+            layers = stage_layers.get(stage, args.layers)
+            if layers not in models:
+                models.clear()
+                torch.cuda.empty_cache() if torch.cuda.is_available() else None
+                models[layers] = build(args.model, layers, getattr(torch, args.dtype), args.device)
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                      env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")})
-            except subprocess.TimeoutExpired:
-                rows.append({"stage": stage, "length": length, "error": f"over {args.timeout:.0f} s"})
-                print(f"{stage} {length}: over {args.timeout:.0f} s", file=sys.stderr, flush=True)
-                continue
-            if done.returncode != 0:
-                message = (done.stderr.strip().splitlines() or ["?"])[-1]
-                rows.append({"stage": stage, "length": length, "error": message[:120]})
-                print(f"{stage} {length}: {message}", file=sys.stderr, flush=True)
-                continue
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                rows.append(measure(stage, length, args.model, layers, args.dtype, args.device, heads_per_pass,
+                                    models[layers], recompute))
+            except torch.OutOfMemoryError as error:
+                rows.append({"stage": stage, "length": length, "error": f"out of memory: {str(error)[:80]}"})
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            continue
+        cmd = [sys.executable, __file__, "--one", "--stages", stage, "--lengths", str(length), "--model",
+               args.model, "--device", args.device, "--dtype", args.dtype, "--heads-per-pass",
+               str(heads_per_pass), "--stage-layers", args.stage_layers, "--recompute", recompute]
+        if args.layers:
+            cmd += ["--layers", str(args.layers)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                  env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")})
+        except subprocess.TimeoutExpired:
+            rows.append({"stage": stage, "length": length, "error": f"over {args.timeout:.0f} s"})
+            print(f"{stage} {length}: over {args.timeout:.0f} s", file=sys.stderr, flush=True)
+            continue
+        if done.returncode != 0:
+            message = (done.stderr.strip().splitlines() or ["?"])[-1]
+            rows.append({"stage": stage, "length": length, "error": message[:120]})
+            print(f"{stage} {length}: {message}", file=sys.stderr, flush=True)
+            continue
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(f"{args.model} shape, {args.dtype}, {args.device}, one document per batch; {machine()}\n")
     gpu = args.device.startswith("cuda")
     print("| stage | layers | tokens | time (s) | " + ("peak GPU memory (MB) | over the weights (MB) |" if gpu
@@ -233,6 +248,7 @@ def main() -> None:
     gpu = gpu and any("cuda_peak_mb" in row for row in rows)
     for row in rows:
         name = row["stage"] + (f" ({row['copies']} copies)" if "copies" in row else "")
+        name += {True: ", recomputed", False: ", not recomputed"}.get(row.get("recompute"), "")
         if "error" in row:
             print(f"| {name} | | {row['length']} | {row['error']} | |")
         elif gpu:
