@@ -10,6 +10,7 @@ import torch
 
 from headcount.analysis.roles.statistics import PositionalStats
 from headcount.io import HeadcountError
+from headcount.report.claims import FAILS, HOLDS
 from headcount.report.model_comparison import (
     ABLATION_BLEU_COST,
     ABLATION_LOSS_COST,
@@ -341,3 +342,23 @@ def test_a_bad_comparison_names_the_key_and_the_fix(compare, run, expected):
     config = shipped_config(run=run, compare=compare)
     config["experiments"]["multi30k_en_fr"]["analysis"] = {"max_sentences": 100}
     assert expected in compare_problems(config)
+
+
+def test_the_lrp_rule_reads_each_layers_top_heads_averaged_over_the_models(tmp_path):
+    """Issue 61's rule for "a few heads carry most relevance": each layer's top two heads' share,
+    averaged over the models, above one half in more than half of the layers."""
+    from headcount.report.model_comparison import lrp_concentration_verdict
+
+    outputs = two_experiments(tmp_path)
+    table = comparison_table([model_row(o) for o in outputs])
+    # 2 heads a layer: the top two hold everything in every layer, for every model
+    verdict, basis = lrp_concentration_verdict(table, "enc_self")
+    assert verdict == HOLDS and basis.startswith("2 of 2 layers")
+    # 4 heads a layer, two models: layer 0 concentrated in one (0.9 + 0.1 of 1) and even in the other
+    # (0.5 of 1): mean 0.7 > 0.5; layer 1 even in both (0.5): not above; 1 of 2 layers is not more than half
+    table = pd.DataFrame({"lrp_top_shares_enc_self": ["0.900000,0.500000", "0.500000,0.500000"]})
+    verdict, basis = lrp_concentration_verdict(table, "enc_self")
+    assert verdict == FAILS and basis.startswith("1 of 2 layers") and "per layer 0.70, 0.50" in basis
+    assert lrp_concentration_verdict(pd.DataFrame({"x": [1]}), "enc_self") is None
+    text = comparison_markdown("toolkits", comparison_table([model_row(o) for o in outputs]))
+    assert "| a few heads carry most relevance, enc_self (over these models) | **holds**: 2 of 2 layers" in text

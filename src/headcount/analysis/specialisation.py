@@ -66,6 +66,12 @@ def layer_columns(table: pd.DataFrame, statistic: str, kind: str) -> dict[int, s
     return dict(sorted(found.items()))
 
 
+def lrp_top_share(scores: pd.DataFrame, top: int) -> pd.Series:
+    """Per (type, layer), the share of the layer's LRP relevance its `top` heads hold together (the
+    `lrp` column is each head's share of its layer): top/H when every head gets the same share."""
+    return scores.groupby(["type", "layer"])["lrp"].apply(lambda s: float(s.nlargest(top).sum()))
+
+
 def lrp_concentration(scores: pd.DataFrame) -> pd.Series:
     """LRP concentration per (type, layer): the top head's share of the layer's LRP relevance, the
     largest `lrp` of a layer's heads (a head-score table with type, layer, head, lrp: relevance's

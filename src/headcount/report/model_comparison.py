@@ -26,10 +26,12 @@ import numpy as np
 import pandas as pd
 
 from headcount.analysis.roles.registry import ROLE_ATTENTION, role_names
-from headcount.analysis.specialisation import lrp_concentration
+from headcount.analysis.specialisation import lrp_concentration, lrp_top_share
 from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.report import head_label
+from headcount.report.claims import FAILS, HOLDS
+from headcount.report.preregistered import LRP_LAYER_SHARE, LRP_TOP_HEADS, LRP_TOP_SHARE
 from headcount.training.evaluate import (
     BOOTSTRAP_SAMPLES,
     BOOTSTRAP_SEED,
@@ -93,12 +95,15 @@ def model_row(outputs: ModelOutputs) -> dict:
     row.update(positional_share=float(top["positional_fraction"]),
                positional_head=head_label(top["layer"], top["head"]), positional_offset=int(top["positional_offset"]))
     concentration = lrp_concentration(heads) if "lrp" in heads else None
+    top_share = lrp_top_share(heads, LRP_TOP_HEADS) if "lrp" in heads else None
     for kind in ATTENTION_TYPES:
         part = heads[heads["type"] == kind]
         if part.empty:
             continue
         if concentration is not None:
             row[f"lrp_concentration_{kind}"] = float(concentration[kind].mean())
+            # each layer's top heads' share, in layer order: the LRP rule averages them over models
+            row[f"lrp_top_shares_{kind}"] = ",".join(f"{v:.6f}" for v in top_share[kind].sort_index())
         row[f"heads_{kind}"] = len(part)
         for column, cost, threshold in (("delta_bleu", "bleu", ABLATION_BLEU_COST),
                                         ("delta_loss", "loss", ABLATION_LOSS_COST)):
@@ -193,6 +198,23 @@ def comparison_table(rows: list[dict], shares: pd.DataFrame | None = None,
     return table
 
 
+def lrp_concentration_verdict(table: pd.DataFrame, kind: str) -> tuple[str, str] | None:
+    """"A few heads carry most relevance" (docs/method.md, rules fixed before the rerun) over the
+    models of the table (e.g. the seeds of one experiment): each layer's top-LRP_TOP_HEADS share
+    averaged over the models; it holds where more than LRP_LAYER_SHARE of the layers exceed
+    LRP_TOP_SHARE, and does not hold otherwise. None without LRP for this type."""
+    column = f"lrp_top_shares_{kind}"
+    if column not in table or table[column].isna().all():
+        return None
+    per_model = np.array([[float(v) for v in str(cell).split(",")] for cell in table[column].dropna()])
+    mean = per_model.mean(axis=0)  # (layers,)
+    over = int((mean > LRP_TOP_SHARE).sum())
+    verdict = HOLDS if over > LRP_LAYER_SHARE * len(mean) else FAILS
+    return verdict, (f"{over} of {len(mean)} layers have their top {LRP_TOP_HEADS} heads above "
+                     f"{LRP_TOP_SHARE:g} of the relevance (mean over {len(per_model)} models; per layer "
+                     + ", ".join(f"{v:.2f}" for v in mean) + ")")
+
+
 def _value(row: pd.Series, column: str, fmt: str) -> str:
     value = row.get(column)
     return "" if value is None or pd.isna(value) else format(value, fmt)
@@ -236,6 +258,11 @@ def comparison_markdown(name: str, table: pd.DataFrame, differences: pd.DataFram
     add(f"largest {ROLE_TYPE} positional share [95% interval] (head, offset)", [_share(r) for r in rows])
     for kind in ATTENTION_TYPES:
         add(f"LRP concentration, {kind}", [_value(r, f"lrp_concentration_{kind}", ".2f") for r in rows])
+    for kind in ATTENTION_TYPES:
+        reading = lrp_concentration_verdict(table, kind)
+        if reading is not None:
+            add(f"a few heads carry most relevance, {kind} (over these models)",
+                [f"**{reading[0]}**: {reading[1]}"] + [""] * (len(rows) - 1))
     for kind in ATTENTION_TYPES:
         add(f"largest ablation BLEU cost, {kind} (head)", [_cost(r, "bleu", kind) for r in rows])
         add(f"heads costing > {ABLATION_BLEU_COST:g} BLEU, {kind}",
