@@ -133,6 +133,17 @@ def test_recomputation_is_on_by_default_only_above_the_threshold():
     assert not wants_recompute(None)
 
 
+def test_the_layers_forward_is_restored_afterwards():
+    model = headcount_model()
+    layer = model.encoder_layers[0]
+    own = layer.forward
+    model.decoder_layers[0].forward = planted = model.decoder_layers[0].forward  # one set on the instance
+    with recomputed_layers(model):
+        assert "forward" in vars(layer)
+    assert "forward" not in vars(layer) and layer.forward == own
+    assert vars(model.decoder_layers[0])["forward"] is planted
+
+
 def test_the_layers_are_the_stacks_elements():
     model = headcount_model()
     assert layers_of(model) == [*model.encoder_layers, *model.decoder_layers]

@@ -101,13 +101,19 @@ def recomputed_layers(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     layers = layers_of(model)
     for layer in layers:
         _check_eval(layer)
-        own = layer.forward  # the class's forward, bound (transformers' wrapper included)
-        layer.forward = _recomputing(own, layer)
+    # A layer's forward as it is (the class's, bound, transformers' wrapper included; or one set on
+    # the instance), put back afterwards.
+    own = [layer.__dict__.get("forward") for layer in layers]
+    for layer in layers:
+        layer.forward = _recomputing(layer.forward, layer)
     try:
         yield
     finally:
-        for layer in layers:
-            del layer.forward  # the instance attribute: the class's forward again
+        for layer, forward in zip(layers, own):
+            if forward is None:
+                del layer.forward  # the class's forward again
+            else:
+                layer.forward = forward
 
 
 def _recomputing(forward: Callable, layer: nn.Module) -> Callable:
