@@ -18,7 +18,7 @@ from toyflow import CORES, REPO, plan, snakemake, write_config
 # model or what was made from one. Data preparation, subwords and parsing stay.
 MODEL_DOWNSTREAM = {"train_baseline", "translate", "score", "score_table", "score_heads", "plot_head_scores",
                     "head_roles", "prune_heads", "train_from_scratch", "ranked_curve", "plot_gate_trajectory",
-                    "pruning_report", "snapshot_statistics", "atlas", "all"}
+                    "pruning_report", "snapshot_statistics", "atlas", "reference_nll", "all"}
 UPSTREAM = {"fetch_source", "prepare_training_data", "prepare_evaluation_data", "train_subwords",
             "fit_training_data", "parse_analysis_sentences"}
 
@@ -90,8 +90,9 @@ def test_forcing_a_rule_reruns_it_and_its_dependents_only(done):
 def test_adding_a_seed_adds_its_jobs_and_reruns_nothing_else(done):
     """A second seed is an experiment of its own (toy_seed2): the main run's data, subwords and
     parses copied, its baseline, its two lambda = 0 controls (one per setting, no seed_lambdas),
-    their translations and scores, its heads, roles, ranked curves and pruning report, then the
-    spread table, the claims over seeds and the heads over seeds; the main run's results all stand."""
+    their translations, scores and reference NLL, its heads, roles, ranked curves and pruning report,
+    then the spread table, the claims over seeds (and at matched head counts) and the heads over
+    seeds; the main run's results all stand."""
     workdir, config = done
     seeded = copy.deepcopy(config)
     seeded["defaults"]["seeds"] = [1, 2]
@@ -100,7 +101,7 @@ def test_adding_a_seed_adds_its_jobs_and_reruns_nothing_else(done):
                     "translate": 4, "score": 3, "score_table": 1, "score_heads": 1, "plot_head_scores": 1,
                     "head_roles": 1, "ranked_curve": 2, "pruning_report": 1, "seed_spread": 1,
                     "claims_over_seeds": 1, "plot_runs_over_seeds": 1, "heads_over_seeds": 1,
-                    "all": 1}, jobs
+                    "reference_nll": 3, "matched_over_seeds": 1, "all": 1}, jobs
     # the train_baseline and pruning_report above are the seed's: the main run's have nothing to do
     # ("--cores" ends --configfile's list of files, so that the targets read as targets)
     assert plan(workdir, seeded, "--cores", "1", "results/toy/baseline/model.pt", "results/toy/prune/pruning.tsv") == {}
