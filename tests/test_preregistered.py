@@ -106,3 +106,25 @@ def test_a_pool_of_a_set_the_experiment_lacks_names_the_key():
     config["experiments"]["multi30k_en_de"]["test"]["pooled"]["pool"].append("test_2099")
     with pytest.raises(ConfigError, match=r"'experiments.multi30k_en_de.test.pooled.pool': test_2099 is not a test"):
         load_experiments(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def trajectory(p_open_by_step: dict[int, list[float]]):
+    import pandas as pd
+    return pd.DataFrame([{"step": step, "type": "enc_self", "layer": 0, "head": h, "p_closed": 1 - p}
+                         for step, ps in p_open_by_step.items() for h, p in enumerate(ps)])
+
+
+def test_the_gate_budget_is_where_every_run_has_decided_and_stays_decided():
+    from headcount.report.pruning_report import gate_budget, undecided_share_by_step
+
+    # 20 heads a run; undecided: P(open) strictly inside 0.1-0.9
+    fast = trajectory({50: [0.5] * 20, 100: [0.5] + [0.95] * 19, 150: [0.99] * 20})
+    slow = trajectory({50: [0.5] * 20, 300: [0.5] * 2 + [0.01] * 18, 350: [0.5] + [0.01] * 19,
+                       400: [0.9] + [0.01] * 19})  # 0.9 sits on the band's edge: decided
+    assert list(undecided_share_by_step(slow)) == [1.0, 0.1, 0.05, 0.0]
+    # fast: 1 of 20 (5%) at step 100 is at the limit, so decided from 100; slow from 350: 500 in 250s
+    assert gate_budget([fast]) == 250 and gate_budget([fast, slow]) == 500
+    assert gate_budget([fast], every=50) == 100 and gate_budget([slow], every=50) == 350
+    relapse = trajectory({50: [0.01] * 20, 100: [0.5] * 20, 150: [0.01] * 20})  # decided, undecided, decided
+    assert gate_budget([relapse]) == 250  # decided for good only from 150
+    assert gate_budget([trajectory({50: [0.01] * 20, 100: [0.5] * 20})]) is None  # undecided at its end

@@ -210,6 +210,29 @@ def undecided_gates(table: pd.DataFrame) -> dict:
     return {"gates_gated": len(gated), "gates_undecided": int(undecided.sum())}
 
 
+def undecided_share_by_step(trajectory: pd.DataFrame) -> pd.Series:
+    """Over a run's gate training (its trajectory.csv: step, type, layer, head, p_closed), the share
+    of its gated heads whose P(open) lies strictly inside the undecided band at each logged step."""
+    low, high = GATE_UNDECIDED
+    p_open = 1 - trajectory["p_closed"]
+    return ((p_open > low) & (p_open < high)).groupby(trajectory["step"]).mean()
+
+
+def gate_budget(trajectories: list[pd.DataFrame], every: int = 250) -> int | None:
+    """The rerun's gate-training budget (docs/method.md, order of the rerun, step 2): the fewest steps,
+    a multiple of `every`, by which every run's undecided share is at or below MAX_UNDECIDED_SHARE
+    and stays there; None if some run never gets there."""
+    needed = 0
+    for trajectory in trajectories:
+        share = undecided_share_by_step(trajectory)
+        above = share[share > MAX_UNDECIDED_SHARE]
+        if len(above) and above.index.max() == share.index.max():
+            return None  # still undecided at its last logged step
+        first_decided = share.index[share.index > above.index.max()].min() if len(above) else share.index.min()
+        needed = max(needed, int(first_decided))
+    return -(-needed // every) * every
+
+
 def run_heads(record: dict, role_of: dict) -> pd.DataFrame:
     """One pruning run's heads (its gates.json record): type, layer, head, pruned, ..., with its
     setting, lam, retained and the encoder heads' roles (role "" for decoder heads)."""
