@@ -120,3 +120,10 @@ def test_the_seeds_a_margin_needs_are_the_fewest_that_resolve_it():
     assert POWER_FACTOR * math.sqrt(0.1 * 1000 / hopeless.sentences_needed) <= 0.25
     assert POWER_FACTOR * math.sqrt(0.1 * 1000 / (hopeless.sentences_needed - 1)) > 0.25
     assert "needs more than 1000 sentences" in hopeless.text()
+
+
+def test_without_a_margin_only_the_resolution_is_stated():
+    got = power_statement(0.0004, 0.0001, 3, 3532, None)
+    assert got.resolvable == pytest.approx(POWER_FACTOR * math.sqrt(0.0005))
+    assert got.seeds_needed is None and got.sentences_needed is None and not got.resolves_margin
+    assert "margin" not in got.text()

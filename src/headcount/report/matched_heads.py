@@ -89,15 +89,14 @@ def matched_rows(runs: list[RunEvidence], n_sentences: int, n_samples: int = BOO
                     row = {"setting": setting, "difference": difference, "measure": measure, "heads": heads,
                            "seeds_run": len(curves)}
                     if got is not None:
-                        margin = NO_LOSS_MARGIN[setting] if measure == "bleu" else float("nan")
+                        margin = NO_LOSS_MARGIN[setting] if measure == "bleu" else None  # the paper's are BLEU
                         power = power_statement(got.var_seeds, got.var_sentences, len(got.seeds), n_sentences,
-                                                margin if measure == "bleu" else 1.0)
+                                                margin)
                         row.update(estimate=got.estimate, low=got.low, high=got.high,
                                    seeds=",".join(map(str, got.seeds)), var_seeds=got.var_seeds,
                                    var_sentences=got.var_sentences, resolvable=power.resolvable,
                                    half_width=power.half_width,
-                                   seeds_needed=power.seeds_needed if measure == "bleu" else None,
-                                   sentences_needed=power.sentences_needed if measure == "bleu" else None,
+                                   seeds_needed=power.seeds_needed, sentences_needed=power.sentences_needed,
                                    p_loss_beyond_margin=(got.p_at_most(-margin)
                                                          if measure == "bleu" and difference == "control"
                                                          else float("nan")))

@@ -41,17 +41,20 @@ def holm(p_values: Sequence[float]) -> list[float]:
 class PowerStatement:
     resolvable: float  # smallest true difference detected with 80% power
     half_width: float  # of the 95% interval: what it tells apart once observed
-    margin: float
+    margin: float | None  # None: no margin to resolve (e.g. NLL, where the paper states none)
     seeds: int
     sentences: int
     seeds_needed: int | None  # for the margin with this many sentences; None: no number of seeds does
-    sentences_needed: int  # for the margin with unlimited seeds (the sentences' share alone)
+    sentences_needed: int | None  # for the margin with unlimited seeds (the sentences' share alone)
 
     @property
     def resolves_margin(self) -> bool:
-        return self.resolvable <= self.margin
+        return self.margin is not None and self.resolvable <= self.margin
 
     def text(self) -> str:
+        if self.margin is None:
+            return (f"resolves {self.resolvable:.4g} (80% power; ±{self.half_width:.4g} interval) with "
+                    f"{self.seeds} seeds")
         if self.resolves_margin:
             need = f"resolves the {self.margin:g} margin"
         elif self.seeds_needed is not None:
@@ -64,11 +67,13 @@ class PowerStatement:
 
 
 def power_statement(var_seeds: float, var_sentences: float, seeds: int, sentences: int,
-                    margin: float) -> PowerStatement:
+                    margin: float | None) -> PowerStatement:
     """From a two-level bootstrap's variance components at the current design (`var_seeds`: the
     mean's variance from drawing seeds, `var_sentences`: from drawing sentences), what the design
-    resolves and what the margin would need."""
+    resolves and what the margin would need (nothing of that without a margin)."""
     se = math.sqrt(var_seeds + var_sentences)
+    if margin is None:
+        return PowerStatement(POWER_FACTOR * se, Z975 * se, None, seeds, sentences, None, None)
     budget = (margin / POWER_FACTOR) ** 2  # the variance at which the margin is resolvable
     sigma2_seed = var_seeds * seeds
     if var_sentences < budget:
