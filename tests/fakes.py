@@ -1,5 +1,6 @@
 """Small stand-ins the unit tests share."""
 
+import random
 from types import SimpleNamespace
 
 import torch
@@ -106,3 +107,34 @@ class PlantedMaskedLM(torch.nn.Module):
                     probs[b, h, q, last] += on_sep
                     probs[b, h, q, q + 1 if q + 1 < last else max(q - 1, 1)] += 1 - on_cls - on_sep
         return torch.zeros(B, S, 1), src.eq(self.special.pad), [probs]
+
+
+def louder(model):
+    """Weights of std ~0.2 instead of transformers' initial 0.02, so that every head moves the loss
+    (agreement between two ways of masking heads is then not trivial)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(10.0)
+    return model
+
+
+def random_texts(vocab: int, avoid: set[int], n: int = 6, seed: int = 0) -> list[list[int]]:
+    """`n` texts of 3-9 ids drawn from the vocabulary less `avoid` (the special ids)."""
+    rng = random.Random(seed)
+    ordinary = [i for i in range(vocab) if i not in avoid]
+    return [[rng.choice(ordinary) for _ in range(rng.randint(3, 9))] for _ in range(n)]
+
+
+def tiny_marian(layers: int):
+    """A random MarianMT of `layers` + `layers` layers, 4 heads, d 16, 40 words (39: pad), louder."""
+    import transformers
+
+    from headcount.models.hf import HFSeq2Seq
+
+    config = transformers.MarianConfig(vocab_size=40, d_model=16, encoder_layers=layers, decoder_layers=layers,
+                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32,
+                                       decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0,
+                                       attention_dropout=0.0, activation_dropout=0.0, pad_token_id=39,
+                                       decoder_start_token_id=39, eos_token_id=0, scale_embedding=True)
+    return HFSeq2Seq(louder(transformers.MarianMTModel(config))).eval()

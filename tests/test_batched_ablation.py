@@ -4,11 +4,11 @@ model's own 0/1 gates, on tiny models of every kind: headcount's Transformer, a 
 encoder-decoder (Marian), causal LMs (GPT-2; Llama and Qwen2 with grouped-query attention) and a
 BERT. fp32, as the models run in the workflow."""
 
-import random
 
 import pytest
 import torch
 from conftest import tiny_config, toy_corpus
+from fakes import louder, random_texts, tiny_marian
 
 from headcount.analysis.importance import dev_batches, head_ablation, masked_mean_nlls, mean_nll
 from headcount.models.gates import row_head_masks
@@ -50,21 +50,6 @@ def assert_batched_equals_reference(model, batches, heads_per_pass: int):
     assert all(torch.equal(m, masks[kind]) for kind, m in model.head_mask().items())  # restored
 
 
-def louder(model):
-    """Weights of std ~0.2 instead of transformers' initial 0.02, so that every head moves the loss."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(10.0)
-    return model
-
-
-def random_texts(vocab: int, avoid: set[int], n: int = 6, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    ordinary = [i for i in range(vocab) if i not in avoid]
-    return [[rng.choice(ordinary) for _ in range(rng.randint(3, 9))] for _ in range(n)]
-
-
 def test_headcount_transformer_with_a_masked_head():
     torch.manual_seed(0)
     model = Transformer(tiny_config(d_model=16, n_heads=4, enc_layers=2, dec_layers=2)).eval()
@@ -83,16 +68,9 @@ def test_headcount_transformer_with_a_masked_head():
 
 
 def test_a_transformers_encoder_decoder_with_masked_and_removed_heads():
-    transformers = pytest.importorskip("transformers")
-    from headcount.models.hf import HFSeq2Seq
-
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.MarianConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=2,
-                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32,
-                                       decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0,
-                                       attention_dropout=0.0, activation_dropout=0.0, pad_token_id=39,
-                                       decoder_start_token_id=39, eos_token_id=0, scale_embedding=True)
-    model = HFSeq2Seq(louder(transformers.MarianMTModel(config))).eval()
+    model = tiny_marian(2)
     model.attention_modules()["enc_self"][1].keep_heads([0, 2])  # physically pruned: 2 of 4 heads left
     model.set_head_mask({"dec_self": torch.tensor([[1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])})
     sp = model.special

@@ -5,11 +5,11 @@ heads), a transformers encoder-decoder (Marian), causal LMs (Llama with rotary e
 grouped-query attention, GPT-2) and a BERT; each pass holds heads of several layers. And the
 sharing happens: the layers below the lowest head see the batch once, those from it on k copies."""
 
-import random
 
 import pytest
 import torch
 from conftest import tiny_config, toy_corpus
+from fakes import louder, random_texts, tiny_marian
 
 import headcount.models.shared_prefix as shared_prefix
 from headcount.analysis.importance import dev_batches, head_ablation, masked_sentence_losses
@@ -17,21 +17,6 @@ from headcount.models.seq2seq import kind_of
 from headcount.models.transformer import Transformer
 
 torch.set_num_threads(1)
-
-
-def random_texts(vocab: int, avoid: set[int], n: int = 7, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    ordinary = [i for i in range(vocab) if i not in avoid]
-    return [[rng.choice(ordinary) for _ in range(rng.randint(3, 9))] for _ in range(n)]
-
-
-def louder(model):
-    """Weights 10x larger, so that every head moves the loss (agreement is not trivial)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.mul_(10.0)
-    return model
 
 
 def rows_per_layer(model, run, layer_stacks=shared_prefix.layer_stacks) -> dict[tuple[str, int], list[int]]:
@@ -91,8 +76,8 @@ def test_headcount_transformer_encoder_and_decoder_heads(monkeypatch):
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     sp = model.special
-    src = random_texts(model.cfg.src_vocab, {sp.pad, sp.bos, sp.eos}, seed=1)
-    tgt = random_texts(model.cfg.tgt_vocab, {sp.pad, sp.bos, sp.eos}, seed=2)
+    src = random_texts(model.cfg.src_vocab, {sp.pad, sp.bos, sp.eos}, n=7, seed=1)
+    tgt = random_texts(model.cfg.tgt_vocab, {sp.pad, sp.bos, sp.eos}, n=7, seed=2)
     batches = dev_batches(src, tgt, max_tokens=40, special=sp)
     assert len(batches) > 1 and any(b[0].shape[0] > 1 for b in batches)
     # copies made in encoder layer 1; the decoder runs on them all
@@ -105,19 +90,13 @@ def test_headcount_transformer_encoder_and_decoder_heads(monkeypatch):
 
 
 def test_a_transformers_encoder_decoder(monkeypatch):
-    transformers = pytest.importorskip("transformers")
-    from headcount.models.hf import HFSeq2Seq
-
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    config = transformers.MarianConfig(vocab_size=40, d_model=16, encoder_layers=3, decoder_layers=3,
-                                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=32,
-                                       decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0,
-                                       attention_dropout=0.0, activation_dropout=0.0, pad_token_id=39,
-                                       decoder_start_token_id=39, eos_token_id=0, scale_embedding=True)
-    model = HFSeq2Seq(louder(transformers.MarianMTModel(config))).eval()
+    model = tiny_marian(3)
     sp = model.special
     avoid = {sp.pad, sp.bos, sp.eos, 0, 1, 2, 3}
-    batches = dev_batches(random_texts(40, avoid, seed=1), random_texts(40, avoid, seed=2), max_tokens=40, special=sp)
+    batches = dev_batches(random_texts(40, avoid, n=7, seed=1), random_texts(40, avoid, n=7, seed=2), max_tokens=40,
+                          special=sp)
     assert_shared_equals_replicated(model, batches, [("dec_enc", 1, 2), ("enc_self", 2, 0), ("enc_self", 1, 3)],
                                     monkeypatch)
     assert_shared_equals_replicated(model, batches, [("dec_self", 2, 1), ("dec_enc", 1, 0), ("dec_self", 1, 3)],
@@ -193,6 +172,7 @@ def test_a_time_major_family_falls_back_to_full_replication():
     assert shared_prefix.layer_stacks(model) is None
     sp = model.special
     avoid = {0, 1, 2, 3}
-    batches = dev_batches(random_texts(30, avoid, seed=1), random_texts(30, avoid, seed=2), max_tokens=40, special=sp)
+    batches = dev_batches(random_texts(30, avoid, n=7, seed=1), random_texts(30, avoid, n=7, seed=2), max_tokens=40,
+                          special=sp)
     sums, _ = masked_sentence_losses(model, batches, [("dec_self", 1, 0), ("enc_self", 1, 2)])
     assert sums.shape[0] == 2 and (sums[0] != sums[1]).any()
