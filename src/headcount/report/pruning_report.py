@@ -311,12 +311,13 @@ def _role_counts(kept: list[tuple[int, int]], role_of: dict) -> dict:
     return counts
 
 
-def describe_difference(diff: float, low: float, high: float) -> str:
-    """A BLEU difference with its interval; called a difference only when the interval excludes 0."""
+def describe_difference(diff: float, low: float, high: float, digits: int = 2) -> str:
+    """A difference with its interval (BLEU to 2 decimals, NLL in nats to 4); called a difference only
+    when the interval excludes 0."""
     if pd.isna(diff):
         return ""
     verdict = "difference" if interval_excludes_zero(low, high) else "no difference shown"
-    return f"{diff:+.2f} [{low:+.2f}, {high:+.2f}], {verdict}"
+    return f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}], {verdict}"
 
 
 def _number(value, fmt: str = ".2f") -> str:
@@ -335,17 +336,9 @@ def _lambda_label(r) -> str:
     return "baseline" if r.setting == "baseline" else ("0 (control)" if r.control else f"{r.lam:g}")
 
 
-def _nll_cell(r, name: str) -> str:
-    """A mean token NLL difference (nats; positive: worse) with its paired interval, 4 decimals."""
-    diff, low, high = (_row_value(r, n) for n in (name, f"{name}_low", f"{name}_high"))
-    if pd.isna(diff):
-        return ""
-    verdict = "difference" if interval_excludes_zero(low, high) else "no difference shown"
-    return f"{diff:+.4f} [{low:+.4f}, {high:+.4f}], {verdict}"
-
-
-def _difference_cell(r, name: str) -> str:
-    return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"))
+def _difference_cell(r, name: str, digits: int = 2) -> str:
+    return describe_difference(_row_value(r, name), _row_value(r, f"{name}_low"), _row_value(r, f"{name}_high"),
+                               digits)
 
 
 def encoder_markdown(experiment: str, pruning: pd.DataFrame, signature: str) -> str:
@@ -411,7 +404,7 @@ def table2_markdown(experiment: str, table2: pd.DataFrame, signature: str) -> st
         selection = str(row_value(r, "selection") or "")
         if isinstance(row_value(r, "selection_scratch"), str) and row_value(r, "selection_scratch"):
             selection += f" / {r.selection_scratch}"
-        nll = _nll_cell(r, "dnll_control")
+        nll = _difference_cell(r, "dnll_control", digits=4)  # nats per token; positive: worse
         lines.append(f"| {counts} | {paper} | {decided} | {lam} | {bleu(r.bleu)} | {cells[0]} | {cells[1]} | {nll} | "
                      f"{bleu(row_value(r, 'bleu_scratch'))} | {cells[2]} | {cells[3]} | {budget} | {selection} |")
     lines += ["", f"BLEU: sacrebleu, `{signature}`. Differences: BLEU points with a 95% interval from paired "
@@ -475,9 +468,12 @@ def seed_spread(experiment: str, seeds: list[int], settings: list[str], baseline
         if with_intervals:
             intervals[name] = [paired_bootstrap(read_lines(c), read_lines(b), refs, lowercase=lowercase)
                                for c, b in zip(control_translations[part], baseline_translations)]
-    for i, setting in enumerate(settings[:len(control_nll) // max(len(seeds), 1)] if baseline_nll else []):
+    if baseline_nll and (len(baseline_nll) != len(seeds) or len(control_nll) != len(seeds) * len(settings)):
+        raise HeadcountError(f"seed spread: {len(baseline_nll)} baseline and {len(control_nll)} control NLL files "
+                             f"for seeds {seeds} and settings {settings}; the rule's inputs are wrong")
+    if baseline_nll:
         from headcount.training.perplexity import paired_bootstrap_nll  # torch: only where NLL files are given
-
+    for i, setting in enumerate(settings if baseline_nll else []):
         part = control_nll[i * len(seeds):(i + 1) * len(seeds)]
         name = f"control {setting} - baseline, NLL"
         results = []
@@ -550,7 +546,4 @@ def _seed_cell(row: dict, seed: int) -> str:
         return "yes" if value == 1 else "no"
     if low is None or pd.isna(low):
         return "" if pd.isna(value) else f"{value:.{digits}f}"
-    if digits == 4:
-        verdict = "difference" if interval_excludes_zero(low, row[f"seed_{seed}_high"]) else "no difference shown"
-        return f"{value:+.4f} [{low:+.4f}, {row[f'seed_{seed}_high']:+.4f}], {verdict}"
-    return describe_difference(value, low, row[f"seed_{seed}_high"])
+    return describe_difference(value, low, row[f"seed_{seed}_high"], digits)
