@@ -511,3 +511,46 @@ def test_training_on_a_token_corpus_takes_the_steps_training_on_lists_takes(toy_
                      model.state_dict()))
     assert runs[0][0] == runs[1][0] and len(runs[0][0]) == 4
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+
+
+def no_dropout_model(sizes):
+    torch.manual_seed(0)
+    return Transformer(tiny_config(src_vocab=sizes[0], tgt_vocab=sizes[1]))
+
+
+@pytest.mark.parametrize("compile_step,steps", [("buckets", 12), ("aot_eager", 3)])
+def test_a_padded_step_learns_what_the_eager_step_learns(toy_data, tmp_path, compile_step, steps):
+    """training.compile_step pads each batch to its bucket (and traces it, as the cudagraphs backend
+    does on a GPU); the padding is masked out, so without dropout the weights after each step equal
+    the eager loop's, and the logged losses too."""
+    data, dev, *sizes = toy_data
+    eager, padded = no_dropout_model(sizes), no_dropout_model(sizes)
+    train(eager, settings(max_steps=steps), data, dev, tmp_path / "eager", log=quiet)
+    train(padded, settings(max_steps=steps, compile_step=compile_step), data, dev, tmp_path / "padded", log=quiet)
+    for (name, a), b in zip(eager.state_dict().items(), padded.state_dict().values()):
+        if not name.endswith("k_proj.bias"):  # a zero gradient: Adam normalises its rounding noise
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
+    logged = [[json.loads(line)["train_loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+               if "train_loss" in line] for run in ("eager", "padded")]
+    assert len(logged[0]) == steps
+    torch.testing.assert_close(torch.tensor(logged[1]), torch.tensor(logged[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_resumes_across_a_change_of_compile_step(toy_data, tmp_path):
+    """compile_step changes the shapes a step runs on, not what it learns: a checkpoint written by
+    the eager step (or by a version without the key) resumes under buckets."""
+    data, dev, *sizes = toy_data
+    train(no_dropout_model(sizes), settings(max_steps=6), data, dev, tmp_path, log=quiet)
+    messages = []
+    train(no_dropout_model(sizes), settings(max_steps=8, compile_step="buckets"), data, dev, tmp_path,
+          log=messages.append)
+    assert any("resuming from" in m and "at step 6" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("compile_step,says", [("cudagraphs", "CUDA graphs"), ("xla", "not one of")])
+def test_a_compile_step_that_cannot_run_is_refused_by_its_key(toy_data, tmp_path, compile_step, says):
+    data, dev, *sizes = toy_data
+    with pytest.raises(HeadcountError, match=f"training.compile_step.*{says}"):
+        train(no_dropout_model(sizes), settings(max_steps=2, compile_step=compile_step), data, dev, tmp_path,
+              log=quiet)
+    assert not (tmp_path / "checkpoint.pt").exists()

@@ -32,6 +32,7 @@ from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
 from headcount.training.convergence import dev_losses
 from headcount.training.schedules import noam_lr
+from headcount.training.static_shapes import BACKENDS, Buckets, padded_loss
 
 
 @dataclass
@@ -55,6 +56,9 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    # The step's forward pass: eager on each batch's own shape, or on a few padded shapes
+    # (training.static_shapes: buckets | cudagraphs | inductor | aot_eager), which CUDA graphs need.
+    compile_step: str = "eager"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,10 +99,20 @@ def sequence_loss(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor, tgt_out:
 
 
 def forward_loss(model: Seq2SeqWithHeads, batch: tuple[Tensor, Tensor, Tensor], cfg: TrainConfig, device,
-                 autocast_dtype, extra_loss: Callable[[Seq2SeqWithHeads], Tensor] | None = None):
+                 autocast_dtype, extra_loss: Callable[[Seq2SeqWithHeads], Tensor] | None = None,
+                 padded: Callable | None = None):
     """The forward half of a training step: -> (the mean loss to minimise, summed loss, summed NLL,
-    target tokens). benchmarks/run.py times this same code."""
+    target tokens). benchmarks/run.py times this same code. `padded`: static_shapes.padded_loss, the
+    same sums on the batch padded to its bucket (training.compile_step)."""
     src, tgt_in, tgt_out = batch
+    if padded is not None:
+        loss_sum, nll_sum, n_real = padded(batch)
+        loss = loss_sum / n_real
+        if extra_loss is not None:  # e.g. the gates' L0 penalty: a few parameters, outside the graph
+            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32,
+                                enabled=autocast_dtype is not None):
+                loss = loss + extra_loss(model)
+        return loss, loss_sum, nll_sum, int(n_real)
     with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
         loss_sum, nll_sum, n_tokens = sequence_loss(model, src, tgt_in, tgt_out, cfg.label_smoothing)
         loss = loss_sum / n_tokens
@@ -239,6 +253,7 @@ def train(
     groups = parameter_groups(model if parameters is None else parameters)
     params = [p for group in groups for p in group["params"]]
     optimizer = make_optimizer(groups, cfg, device)
+    padded = padded_step_loss(model, cfg, device, autocast_dtype)
 
     step, epoch, batch_in_epoch, eval_pending = 0, 0, 0, False
     best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
@@ -350,7 +365,7 @@ def train(
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]
                 loss, loss_sum, nll_sum, n_tokens = forward_loss(model, (src, tgt_in, tgt_out), cfg, device,
-                                                                 autocast_dtype, extra_loss)
+                                                                 autocast_dtype, extra_loss, padded)
                 if not torch.isfinite(loss):
                     raise HeadcountError(
                         f"training loss became {float(loss.detach())} at step {step + 1}; the last good checkpoint "
@@ -428,10 +443,27 @@ def parameter_groups(parameters) -> list[dict]:
     return groups
 
 
+def padded_step_loss(model: Seq2SeqWithHeads, cfg: TrainConfig, device, autocast_dtype) -> Callable | None:
+    """training.compile_step's forward pass on padded shapes (static_shapes.padded_loss), or None
+    for the eager step on each batch's own shape."""
+    if cfg.compile_step == "eager":
+        return None
+    if cfg.compile_step not in BACKENDS:
+        raise HeadcountError(f"training.compile_step: {cfg.compile_step!r} is not one of eager, {', '.join(BACKENDS)}")
+    if kind_of(model).objective != "translation":
+        raise HeadcountError(f"training.compile_step: {cfg.compile_step} pads translation batches (an encoder-"
+                             f"decoder's); this model's objective is {kind_of(model).objective}. Set it to eager.")
+    if cfg.compile_step in ("cudagraphs", "inductor") and torch.device(device).type != "cuda":
+        raise HeadcountError(f"training.compile_step: {cfg.compile_step} replays CUDA graphs, and this run "
+                             f"trains on {device}. Set it to eager (or buckets) for a CPU, or train on a GPU.")
+    return padded_loss(model, cfg.label_smoothing, autocast_dtype, cfg.compile_step, Buckets())
+
+
 # Settings that do not change the weights up to a given step: a run may be extended (more
 # max_steps), evaluated differently or moved to other hardware and still resume its checkpoint.
+# compile_step changes the shapes a step runs on, not what it learns (the padding is masked out).
 RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "checkpoint_minutes",
-                     "snapshot_interval", "dev_bleu_sentences", "select", "device", "threads")
+                     "snapshot_interval", "dev_bleu_sentences", "select", "device", "threads", "compile_step")
 
 
 def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | None) -> str:

@@ -14,8 +14,9 @@ by multiplying with a 0/1 mask instead of selecting the real tokens (a selection
 depends on the data, which a graph cannot hold). The count of real tokens stays a tensor (no
 synchronisation with the host inside the graph).
 
-`compiled_step` is the training step on these shapes, for benchmarks/gpu_training.sh. It is not
-yet wired into training.loop: that waits for the measurement on a GPU (benchmarks/RESULTS.md).
+`padded_loss` is the forward half of training.loop's step on these shapes (`training.compile_step`
+chooses it and its backend); `compiled_step`, the whole step, is what benchmarks/gpu_training.sh
+times.
 """
 
 from __future__ import annotations
@@ -82,13 +83,19 @@ def static_sequence_loss(model, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, la
     return loss, nll.detach(), real.sum()
 
 
-def compiled_step(model, optimizer: torch.optim.Optimizer, params: list[Tensor], label_smoothing: float,
-                  clip_norm: float, autocast_dtype: torch.dtype | None, backend: str = "eager",
-                  buckets: Buckets | None = None) -> Callable:
-    """A training step, step(batch) -> (summed loss, real tokens), that pads each batch to its bucket
-    and runs the forward and backward passes through `backend`:
+# Bucket shapes a compiled step may record (a run with more falls back to eager for the rest).
+MAX_SHAPES = 64
 
-    - "eager": no compilation (with buckets: the padding alone, to see its cost);
+# The values of TrainConfig.compile_step besides "eager" (the loop's own step on each batch's shape).
+BACKENDS = ("buckets", "cudagraphs", "inductor", "inductor-default", "aot_eager")
+
+
+def padded_loss(model, label_smoothing: float, autocast_dtype: torch.dtype | None, backend: str = "buckets",
+                buckets: Buckets | None = None) -> Callable:
+    """The forward half of a training step on bucket shapes: loss(batch) -> (summed label-smoothed
+    loss, summed NLL, real target tokens), each batch padded to its bucket and run through `backend`:
+
+    - "buckets" (or "eager"): no compilation, the padding alone (to see its cost);
     - "cudagraphs": torch.compile's cudagraphs backend, no code generation: the kernels of eager
       mode, recorded once per shape and replayed;
     - "inductor": torch.compile(mode="reduce-overhead"): fused kernels, replayed as CUDA graphs;
@@ -96,17 +103,18 @@ def compiled_step(model, optimizer: torch.optim.Optimizer, params: list[Tensor],
     - "aot_eager": torch.compile's tracing (dynamo and AOT autograd, as cudagraphs traces) without
       graphs or code generation: the compiled path's logic, checked on a CPU by the tests.
 
-    Every shape is compiled once (dynamic=False). The optimizer and the gradient clipping run outside
-    (fused Adam and foreach norms are a few kernels each). buckets None: the batch's own shape.
-    """
+    Every shape is compiled once (dynamic=False). buckets None: the batch's own shape."""
     device_type = next(model.parameters()).device.type
 
     def loss_of(src, tgt_in, tgt_out):
         with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            loss_sum, _, n_tokens = static_sequence_loss(model, src, tgt_in, tgt_out, label_smoothing)
-        return loss_sum, n_tokens
+            return static_sequence_loss(model, src, tgt_in, tgt_out, label_smoothing)
 
-    if backend == "eager":
+    if backend not in ("buckets", "eager"):
+        # One compilation per bucket shape: Multi30k's batches fall into 17 (Buckets()), and dynamo
+        # falls back to eager after 8 recompilations of a function by default.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_SHAPES)
+    if backend in ("buckets", "eager"):
         run = loss_of
     elif backend == "cudagraphs":
         run = torch.compile(loss_of, backend="cudagraphs", dynamic=False)
@@ -117,16 +125,29 @@ def compiled_step(model, optimizer: torch.optim.Optimizer, params: list[Tensor],
     elif backend == "inductor-default":
         run = torch.compile(loss_of, dynamic=False)
     else:
-        raise ValueError(f"compiled_step: backend {backend!r}; expected eager, cudagraphs, inductor, "
-                         f"inductor-default, aot_eager")
+        raise ValueError(f"static_shapes: backend {backend!r}; expected one of {', '.join(BACKENDS)}")
 
-    def step(batch):
+    def loss(batch):
         if buckets is not None:
             src, tgt_in, _ = batch
             batch = pad_batch(batch, buckets.shape(src.shape[0], src.shape[1], tgt_in.shape[1]), model.special)
         if backend in ("cudagraphs", "inductor"):
             torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten
-        loss_sum, n_tokens = run(*batch)
+        return run(*batch)
+
+    return loss
+
+
+def compiled_step(model, optimizer: torch.optim.Optimizer, params: list[Tensor], label_smoothing: float,
+                  clip_norm: float, autocast_dtype: torch.dtype | None, backend: str = "eager",
+                  buckets: Buckets | None = None) -> Callable:
+    """A whole training step, step(batch) -> (summed loss, real tokens), on `padded_loss` (its
+    backends); the optimizer and the gradient clipping run outside (fused Adam and foreach norms are
+    a few kernels each). For benchmarks/gpu_training.py."""
+    loss_of = padded_loss(model, label_smoothing, autocast_dtype, backend, buckets)
+
+    def step(batch):
+        loss_sum, _, n_tokens = loss_of(batch)
         loss = loss_sum / n_tokens
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
