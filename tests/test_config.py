@@ -191,6 +191,17 @@ def test_each_extra_seed_is_an_experiment_with_that_seed_and_the_seed_lambdas(co
     assert main["prune"]["lambdas"]["enc"] == config["defaults"]["prune"]["lambdas"]["enc"]  # untouched
 
 
+def test_seed_from_scratch_false_leaves_the_twins_to_training_seed(config):
+    exp = config["experiments"]["multi30k_en_de"]
+    exp.update(seed_lambdas={"all": [1.0]}, seed_from_scratch=False, prune={"from_scratch": {"all": [0.1, 1.0]}})
+    experiments = load_experiments(config, SCHEMA)
+    assert experiments["multi30k_en_de_seed2"]["prune"]["lambdas"]["all"] == [0, 1.0]  # the lambdas still run
+    assert experiments["multi30k_en_de_seed2"]["prune"]["from_scratch"] == {}
+    assert experiments["multi30k_en_de"]["prune"]["from_scratch"] == {"all": [0.1, 1.0]}
+    exp["seed_from_scratch"] = "no"
+    assert "seed_from_scratch" in problems(config)
+
+
 def test_without_seed_lambdas_the_extra_seeds_run_the_controls_only(config):
     config["experiments"]["multi30k_en_de"]["seed_lambdas"] = None
     seed2 = load_experiments(config, SCHEMA)["multi30k_en_de_seed2"]
