@@ -363,6 +363,22 @@ def test_the_frozen_gate_phase_changes_no_gate(toy_run):
     assert record["steps"] == {"baseline": 20, "fine_tuning": 12, "heal": 6, "total": 38}
 
 
+def test_a_longer_gated_phase_heals_again(toy_run):
+    """Raising prune.training.max_steps resumes the gated phase from its checkpoint; the healing
+    phase after it must then start afresh from the new gates, not resume the finished healing of
+    the shorter run: the extended run ends with the weights of a run that was that long from the
+    start."""
+    tmp_path, files, _ = toy_run
+    longer = {**PRUNE["training"], "max_steps": 16}
+    straight = prune_with(tmp_path, files, "all", 2.0, "straight", heal_steps=4, training=longer)
+    prune_with(tmp_path, files, "all", 2.0, "extended", heal_steps=4)
+    extended = prune_with(tmp_path, files, "all", 2.0, "extended", heal_steps=4, training=longer)
+    assert extended["steps"] == straight["steps"] == {"baseline": 20, "fine_tuning": 16, "heal": 4, "total": 40}
+    a, b = load_model(tmp_path / "straight/model.pt"), load_model(tmp_path / "extended/model.pt")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
 def test_best_dev_bleu_selection_picks_among_checkpoints_with_the_final_heads(toy_run):
     tmp_path, files, _ = toy_run
     from headcount.pipeline.pruning_runs import prune_heads

@@ -178,7 +178,9 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
         log(f"healing: {recipe['heal_steps']} steps with the gates frozen at their evaluation values, learning "
             f"rate decaying linearly from {final_lr:.2e}")
         heal_summary = train(model, heal_cfg, data, dev, Path(work_dir) / "heal", parameters=weights,
-                             run_fingerprint={**fingerprint, "phase": "heal"},
+                             # the gated steps it follows: a longer gated phase (max_steps raised,
+                             # resumed) must heal afresh, not resume the shorter run's finished healing
+                             run_fingerprint={**fingerprint, "phase": "heal", "after_step": summary["steps"]},
                              lr_at=healing_lr(final_lr, recipe["heal_steps"]),
                              init_optimizer=optimizer_state_loader(phase_one["optimizer"], trained_before,
                                                                    str(Path(work_dir) / "checkpoint.pt")),
