@@ -90,6 +90,20 @@ def test_a_count_no_seed_reaches_is_said_not_guessed():
     assert "fewer than two seeds reach 4 heads" in matched_markdown("toy", rows, 2000)
 
 
+def test_a_difference_one_seed_ran_says_so():
+    """Twins for training.seed alone (seed_from_scratch: false): pruned - from scratch has one seed's
+    curve, which the table names instead of an interval over seeds or a count not reached."""
+    runs = [RunEvidence(r.seed, r.setting, r.lam, r.heads,
+                        {**r.values, **({("scratch", m): r.values[("control", m)] for m in ("bleu", "nll")}
+                                        if r.seed == 1 else {})}) for r in made_up_runs(0.0, 1.0)]
+    rows = matched_rows(runs, n_sentences=2000, n_samples=100)
+    scratch = rows[(rows["setting"] == "enc") & (rows["difference"] == "scratch")]
+    assert (scratch["seeds_run"] == 1).all() and scratch["estimate"].isna().all()
+    text = matched_markdown("toy", rows, 2000)
+    assert "| enc | 10 | pruned - from scratch | 1 seed ran this difference: no interval over seeds |" in text
+    assert "| enc | 10 | pruned - control | +" in text or "| enc | 10 | pruned - control | -" in text
+
+
 def test_the_workflow_step_reads_each_seeds_runs_from_files(tmp_path):
     """write_matched_over_seeds on the files the workflow names: two seeds, encoder-only runs
     keeping 20, 12 and 2 heads (the first seed) and 16 and 6 (the second), against one control each."""

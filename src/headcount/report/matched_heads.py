@@ -135,6 +135,9 @@ def needs_text(row) -> str:
 
 def _cell(row, digits: int) -> str:
     if pd.isna(row.get("estimate", float("nan"))):
+        if row.get("seeds_run", 2) < 2:  # e.g. twins for training.seed alone (seed_from_scratch: false)
+            n = int(row.seeds_run)
+            return f"{n} seed{'' if n == 1 else 's'} ran this difference: no interval over seeds"
         return f"fewer than two seeds reach {int(row.heads)} heads"
     return (f"{row.estimate:+.{digits}f} [{row.low:+.{digits}f}, {row.high:+.{digits}f}] "
             f"(seeds {row.seeds}; resolves {row.resolvable:.{digits}f})")
