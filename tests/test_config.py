@@ -175,6 +175,7 @@ def test_a_yaml_error_names_file_line_and_column(tmp_path, text, line, column, p
 def test_each_extra_seed_is_an_experiment_with_that_seed_and_the_seed_lambdas(config):
     config["experiments"]["multi30k_en_de"]["seed_lambdas"] = {"enc": [0.3, 0.1, 0.7], "all": [1.0]}
     config["experiments"]["multi30k_en_de"]["prune"] = {"from_scratch": {"all": [0.1, 1.0]}}
+    config["experiments"]["multi30k_en_de"]["seed_from_scratch"] = True  # config/powered.yaml's
     experiments = load_experiments(config, SCHEMA)
     main = experiments["multi30k_en_de"]
     assert [name for name in experiments if name.startswith("multi30k_en_de_")] == [
@@ -212,3 +213,20 @@ def test_without_seed_lambdas_the_extra_seeds_run_the_controls_only(config):
 def test_a_seed_experiment_cannot_take_the_name_of_another(config):
     config["experiments"]["multi30k_en_de_seed2"] = copy.deepcopy(config["experiments"]["multi30k_en_fr"])
     assert "'experiments.multi30k_en_de_seed2': the name of multi30k_en_de's seed 2" in problems(config)
+
+
+def test_the_powered_experiment_adds_the_seeds_twins_on_gpus(config):
+    """config/powered.yaml over config/config.yaml (as --configfile merges it): the default's CPU
+    design plus the from-scratch twins of every seed, each job on one GPU and one thread; nothing
+    else of the experiment changes, so it can follow a finished CPU run in the same directory."""
+    default = load_experiments(config, SCHEMA)
+    with open(REPO / "config/powered.yaml") as f:
+        powered = load_experiments(deep_merge(config, yaml.safe_load(f)), SCHEMA)
+    for seed in ("multi30k_en_de_seed2", "multi30k_en_de_seed3"):
+        assert default[seed]["prune"]["from_scratch"] == {}
+        assert powered[seed]["prune"]["from_scratch"] == default["multi30k_en_de"]["prune"]["from_scratch"]
+    for name in ("multi30k_en_de", "multi30k_en_de_seed2"):
+        assert powered[name]["resources"] == {**default[name]["resources"], "gpu": 1, "train_threads": 1,
+                                              "eval_threads": 1}
+        same = {k for k in default[name] if k not in ("resources", "seed_from_scratch", "prune")}
+        assert {k: powered[name][k] for k in same} == {k: default[name][k] for k in same}
