@@ -6,7 +6,7 @@ Every variant trains its own copy of the default experiment's model (same initia
 relu_dropout 0) with training.loop's optimizer (fused Adam), label smoothing and clipping, on the
 same synthetic Multi30k-like batches (benchmarks/run.py's). Variants:
 - eager: training.loop's own step (loop.forward_loss and loop.update), no padding;
-- eager-buckets: static_shapes.compiled_step without compiling: the padding to buckets alone;
+- eager-buckets: static_shapes.padded_loss without compiling: the padding to buckets alone;
 - cudagraphs: the same step through torch.compile's cudagraphs backend (the eager kernels, recorded
   once per shape and replayed with one launch);
 - inductor: torch.compile(mode="reduce-overhead"): fused kernels, replayed as CUDA graphs.
@@ -45,7 +45,7 @@ def make_variant(name: str, precision: str, device, buckets):
 
     from headcount.models.transformer import ModelConfig, Transformer
     from headcount.training.loop import TrainConfig, forward_loss, make_optimizer, parameter_groups, update
-    from headcount.training.static_shapes import compiled_step
+    from headcount.training.static_shapes import padded_loss
 
     d, ff, layers, vocab = SIZES["default"]
     torch.manual_seed(0)
@@ -59,15 +59,15 @@ def make_variant(name: str, precision: str, device, buckets):
     for group in optimizer.param_groups:
         group["lr"] = 1e-4
     dtype = torch.bfloat16 if precision == "bf16" else None
-    if name == "eager":
-        def step(batch):
-            loss, loss_sum, _, n_tokens = forward_loss(model, batch, cfg, device, dtype)
-            update(optimizer, loss, params, cfg.clip_norm)
-            return loss_sum.detach(), n_tokens
-        return step
-    backend = "eager" if name == "eager-buckets" else name
-    return compiled_step(model, optimizer, params, cfg.label_smoothing, cfg.clip_norm, dtype, backend=backend,
-                         buckets=buckets)
+    # The loop's own step (forward_loss, update); every variant but eager on padded bucket shapes.
+    padded = None if name == "eager" else padded_loss(
+        model, cfg.label_smoothing, dtype, "buckets" if name == "eager-buckets" else name, buckets)
+
+    def step(batch):
+        loss, loss_sum, _, n_tokens = forward_loss(model, batch, cfg, device, dtype, padded=padded)
+        update(optimizer, loss, params, cfg.clip_norm)
+        return loss_sum.detach(), n_tokens
+    return step
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from conftest import tiny_config
 from headcount.models.gates import attach_gates
 from headcount.models.transformer import Transformer
 from headcount.training.loop import TrainConfig, forward_loss, make_optimizer, parameter_groups, sequence_loss, update
-from headcount.training.static_shapes import Buckets, compiled_step, pad_batch, static_sequence_loss
+from headcount.training.static_shapes import Buckets, pad_batch, padded_loss, static_sequence_loss
 
 
 def batch(model, rows=4, src_len=9, tgt_len=7, seed=0):
@@ -142,11 +142,10 @@ def test_static_loss_on_a_padded_batch_equals_the_loop_loss(label_smoothing):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_bucketed_step_trains_as_the_loop_step(backend):
-    """compiled_step on buckets takes the loop's own step, eagerly or traced by torch.compile (dynamo
-    and AOT autograd, what the cudagraphs backend replays on a GPU): the same weights after two
-    updates (no dropout, so no random stream to tell them apart)."""
+def test_bucketed_step_trains_as_the_loop_step():
+    """forward_loss on batches padded to their buckets (static_shapes.padded_loss, what
+    training.compile_step selects) takes the loop's own step: the same weights after two updates
+    (no dropout, so no random stream to tell them apart). Traced by torch.compile: test_train."""
     torch.manual_seed(0)
     models = [Transformer(tiny_config(enc_layers=1, dec_layers=1)).train() for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
@@ -155,16 +154,15 @@ def test_bucketed_step_trains_as_the_loop_step(backend):
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             group["lr"] = 1e-3
-    step = compiled_step(models[1], optimizers[1], list(models[1].parameters()), cfg.label_smoothing, cfg.clip_norm,
-                         None, backend=backend, buckets=Buckets(8, 4))
-    for seed in (1, 2) if backend == "eager" else (1,):  # compiling costs ~10 s a shape
+    padded = padded_loss(models[1], cfg.label_smoothing, None, "buckets", Buckets(8, 4))
+    for seed in (1, 2):
         data = batch(models[0], rows=5, src_len=9, tgt_len=6, seed=seed)
-        loss = forward_loss(models[0], data, cfg, torch.device("cpu"), None)[0]
-        update(optimizers[0], loss, list(models[0].parameters()), cfg.clip_norm)
-        loss_sum, n_tokens = step(data)
-        assert int(n_tokens) == int(data[2].ne(0).sum())
+        for model, optimizer, pad in zip(models, optimizers, (None, padded)):
+            loss, _, _, n_tokens = forward_loss(model, data, cfg, torch.device("cpu"), None, padded=pad)
+            update(optimizer, loss, list(model.parameters()), cfg.clip_norm)
+            assert n_tokens == int(data[2].ne(0).sum())
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         if not name.endswith("k_proj.bias"):  # a zero gradient: Adam normalises its rounding noise
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
     with pytest.raises(ValueError, match="backend"):
-        compiled_step(models[1], optimizers[1], [], 0.1, 1.0, None, backend="xla")
+        padded_loss(models[1], 0.1, None, backend="xla")

@@ -605,10 +605,11 @@ def seed_replicas(name: str, exp: dict) -> dict[str, dict]:
         replica["prune"]["lambdas"] = {setting: list(grid.get(setting, [])) for setting in exp["prune"]["lambdas"]}
         # seed_from_scratch false: the twins of training.seed alone (they cost as much as a baseline
         # each, and a CPU default cannot afford them for every seed; docs/method.md, "Cost").
+        twins = exp["prune"]["from_scratch"] if exp.get("seed_from_scratch", True) else {}
         replica["prune"]["from_scratch"] = {
             setting: ([v for v in choice if lambda_label(v) in labels.get(setting, set())]
                       if isinstance(choice, list) else choice)
-            for setting, choice in exp["prune"]["from_scratch"].items()} if exp.get("seed_from_scratch", True) else {}
+            for setting, choice in twins.items()}
         replicas[SEED_REPLICA.format(name=name, seed=seed)] = replica
     return replicas
 

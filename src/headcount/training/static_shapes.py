@@ -15,8 +15,7 @@ depends on the data, which a graph cannot hold). The count of real tokens stays 
 synchronisation with the host inside the graph).
 
 `padded_loss` is the forward half of training.loop's step on these shapes (`training.compile_step`
-chooses it and its backend); `compiled_step`, the whole step, is what benchmarks/gpu_training.sh
-times.
+chooses it and its backend; benchmarks/gpu_training.sh times that step on a GPU).
 """
 
 from __future__ import annotations
@@ -95,7 +94,7 @@ def padded_loss(model, label_smoothing: float, autocast_dtype: torch.dtype | Non
     """The forward half of a training step on bucket shapes: loss(batch) -> (summed label-smoothed
     loss, summed NLL, real target tokens), each batch padded to its bucket and run through `backend`:
 
-    - "buckets" (or "eager"): no compilation, the padding alone (to see its cost);
+    - "buckets": no compilation, the padding alone (to see its cost);
     - "cudagraphs": torch.compile's cudagraphs backend, no code generation: the kernels of eager
       mode, recorded once per shape and replayed;
     - "inductor": torch.compile(mode="reduce-overhead"): fused kernels, replayed as CUDA graphs;
@@ -110,11 +109,11 @@ def padded_loss(model, label_smoothing: float, autocast_dtype: torch.dtype | Non
         with torch.autocast(device_type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
             return static_sequence_loss(model, src, tgt_in, tgt_out, label_smoothing)
 
-    if backend not in ("buckets", "eager"):
+    if backend != "buckets":
         # One compilation per bucket shape: Multi30k's batches fall into 17 (Buckets()), and dynamo
         # falls back to eager after 8 recompilations of a function by default.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MAX_SHAPES)
-    if backend in ("buckets", "eager"):
+    if backend == "buckets":
         run = loss_of
     elif backend == "cudagraphs":
         run = torch.compile(loss_of, backend="cudagraphs", dynamic=False)
@@ -136,23 +135,3 @@ def padded_loss(model, label_smoothing: float, autocast_dtype: torch.dtype | Non
         return run(*batch)
 
     return loss
-
-
-def compiled_step(model, optimizer: torch.optim.Optimizer, params: list[Tensor], label_smoothing: float,
-                  clip_norm: float, autocast_dtype: torch.dtype | None, backend: str = "eager",
-                  buckets: Buckets | None = None) -> Callable:
-    """A whole training step, step(batch) -> (summed loss, real tokens), on `padded_loss` (its
-    backends); the optimizer and the gradient clipping run outside (fused Adam and foreach norms are
-    a few kernels each). For benchmarks/gpu_training.py."""
-    loss_of = padded_loss(model, label_smoothing, autocast_dtype, backend, buckets)
-
-    def step(batch):
-        loss_sum, _, n_tokens = loss_of(batch)
-        loss = loss_sum / n_tokens
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, clip_norm)
-        optimizer.step()
-        return loss_sum.detach(), n_tokens
-
-    return step
