@@ -231,3 +231,32 @@ def test_the_powered_experiment_adds_the_seeds_twins_on_gpus(config):
         assert powered[name]["training"] == {**default[name]["training"], "precision": "fp32"}
         same = {k for k in default[name] if k not in ("resources", "seed_from_scratch", "prune", "training")}
         assert {k: powered[name][k] for k in same} == {k: default[name][k] for k in same}
+
+
+def test_the_paper_gate_recipe_prunes_the_default_baseline_with_the_authors_recipe(config, tmp_path, monkeypatch):
+    """config/paper_gates.yaml (issue 61, item 2): seed 1's baseline of the default, pruned with the
+    authors' recipe (one learning rate, restarted Noam warm-up, no healing) for the longest gated
+    phase the gate-budget rule allows; the data, subwords and gate settings are the default's."""
+    with open(REPO / "config/paper_gates.yaml") as f:
+        overlay = yaml.safe_load(f)
+    paths = overlay["experiments"]["multi30k_en_de_paper_gates"]["pretrained"]
+    monkeypatch.chdir(tmp_path)  # the checkpoint it names is checked, relative to where snakemake runs
+    for path in (paths["checkpoint"], *paths["sentencepiece"].values()):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"")
+    merged = deep_merge(config, overlay)
+    paper = load_experiments(merged, SCHEMA)["multi30k_en_de_paper_gates"]
+    config["run"] = ["multi30k_en_de"]
+    default = load_experiments(config, SCHEMA)["multi30k_en_de"]
+    assert paths["checkpoint"] == "results/multi30k_en_de/baseline/model.pt"
+    assert {k: paper["prune"][k] for k in ("gate_lr_scale", "lr_schedule", "resume_optimizer", "heal_steps")} == {
+        "gate_lr_scale": 1.0, "lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0}
+    assert paper["prune"]["training"]["max_steps"] == 2000
+    for key in ("log_alpha_init", "select"):
+        assert paper["prune"][key] == default["prune"][key]
+    assert {k: paper["prune"]["training"][k] for k in ("warmup_steps", "lr_scale")} == {
+        k: default["prune"]["training"][k] for k in ("warmup_steps", "lr_scale")}
+    for key in ("cleaning", "train", "dev"):
+        assert paper[key] == default[key]
+    assert set(paper["prune"]["lambdas"]["enc"]) <= set(default["prune"]["lambdas"]["enc"])
+    assert set(paper["prune"]["lambdas"]["all"]) <= set(default["prune"]["lambdas"]["all"])
