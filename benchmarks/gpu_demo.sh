@@ -13,11 +13,8 @@ OUT=${OUT:-/tmp/gpu-demo-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .smkwhl/*.whl || exit
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  echo "cores: $(nproc)"
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-  python3 -m snakemake --version
-} 2>&1 | tee "$OUT/machine.txt"
+source benchmarks/gpu_machine.sh
+gpu_machine "$OUT/machine.txt" python3 -m snakemake --version
 rm -rf results/demo results/demo_seed2
 extra=()
 if [ -n "${EVAL_THREADS:-}" ]; then

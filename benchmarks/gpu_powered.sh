@@ -10,10 +10,8 @@ set -u
 OUT=${OUT:-/tmp/gpu-powered-out}
 mkdir -p "$OUT/amx"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  echo "cores: $(nproc)"
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-} 2>&1 | tee "$OUT/machine.txt"
+source benchmarks/gpu_machine.sh
+gpu_machine "$OUT/machine.txt"
 OUT=$OUT/amx LIMIT=${AMX_LIMIT:-420} bash benchmarks/amx_host.sh > "$OUT/amx/run.log" 2>&1 &
 amx=$!
 start=$(date +%s)

@@ -12,10 +12,8 @@ OUT=${OUT:-/tmp/ttq-gpu-out}
 RUNS=${RUNS:-/tmp/ttq-gpu}
 mkdir -p "$OUT" "$RUNS"
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  nproc
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-} 2>&1 | tee "$OUT/machine.txt"
+source benchmarks/gpu_machine.sh
+gpu_machine "$OUT/machine.txt"
 fairseq_venv=()
 if ls .whl/fairseq*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit

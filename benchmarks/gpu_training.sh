@@ -10,10 +10,8 @@ set -u
 OUT=${OUT:-/tmp/gpu-training-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  echo "cores: $(nproc)"
-  python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-} 2>&1 | tee "$OUT/machine.txt"
+source benchmarks/gpu_machine.sh
+gpu_machine "$OUT/machine.txt"
 start=$(date +%s)
 timeout "${LIMIT:-225}" python3 benchmarks/gpu_training.py --deadline "${DEADLINE:-200}" --steps "${STEPS:-40}" \
   --out "$OUT/gpu_training.json" > "$OUT/gpu_training.log" 2>&1
