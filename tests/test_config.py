@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from headcount.config import ConfigError, check_yaml_syntax, deep_merge, load_experiments, resolve_mirror
+from headcount.report.preregistered import GATE_BUDGET_CAP
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
@@ -251,7 +252,7 @@ def test_the_paper_gate_recipe_prunes_the_default_baseline_with_the_authors_reci
     assert paths["checkpoint"] == "results/multi30k_en_de/baseline/model.pt"
     assert {k: paper["prune"][k] for k in ("gate_lr_scale", "lr_schedule", "resume_optimizer", "heal_steps")} == {
         "gate_lr_scale": 1.0, "lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0}
-    assert paper["prune"]["training"]["max_steps"] == 2000
+    assert paper["prune"]["training"]["max_steps"] == GATE_BUDGET_CAP  # the longest the gate-budget rule allows
     for key in ("log_alpha_init", "select"):
         assert paper["prune"][key] == default["prune"][key]
     assert {k: paper["prune"]["training"][k] for k in ("warmup_steps", "lr_scale")} == {

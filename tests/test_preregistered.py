@@ -115,7 +115,7 @@ def trajectory(p_open_by_step: dict[int, list[float]]):
 
 
 def test_the_gate_budget_is_where_every_run_has_decided_and_stays_decided():
-    from headcount.report.pruning_report import gate_budget, undecided_share_by_step
+    from headcount.report.pruning_report import gate_budget, undecided_at_the_end, undecided_share_by_step
 
     # 20 heads a run; undecided: P(open) strictly inside 0.1-0.9
     fast = trajectory({50: [0.5] * 20, 100: [0.5] + [0.95] * 19, 150: [0.99] * 20})
@@ -128,3 +128,9 @@ def test_the_gate_budget_is_where_every_run_has_decided_and_stays_decided():
     relapse = trajectory({50: [0.01] * 20, 100: [0.5] * 20, 150: [0.01] * 20})  # decided, undecided, decided
     assert gate_budget([relapse]) == 250  # decided for good only from 150
     assert gate_budget([trajectory({50: [0.01] * 20, 100: [0.5] * 20})]) is None  # undecided at its end
+    # the cap (2,000 steps): a run undecided there leaves the budget at the cap; short of it, it must go on
+    stuck = trajectory({1000: [0.5] * 20, 2000: [0.5] * 20})
+    assert gate_budget([fast, stuck]) == 2000 and undecided_at_the_end(stuck) and not undecided_at_the_end(fast)
+    assert gate_budget([stuck], cap=2500) is None
+    late = trajectory({50: [0.5] * 20, 2100: [0.01] * 20})  # decided only past the cap
+    assert gate_budget([late]) == 2000 and gate_budget([late], cap=2500) == 2250

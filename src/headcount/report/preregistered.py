@@ -36,6 +36,10 @@ PLATEAU_MIN_DELTA = 0.01  # nats: the best of the last PATIENCE evaluations must
 GATE_UNDECIDED = (0.1, 0.9)  # P(gate open) strictly inside this band at the end of gate training
 MAX_UNDECIDED_SHARE = 0.05  # of a run's gated heads: above it the run's gates have not decided
 COUNTING_RULES_AGREE = 2  # heads: headcount's rule (evaluation gate 0) and the paper's (log alpha < 0)
+# The gate-training budget: the fewest gated steps, in these steps, at which every one of seed 1's runs
+# is at or below MAX_UNDECIDED_SHARE, at most the cap (docs/method.md's prose of the same date).
+GATE_BUDGET_STEP = 250
+GATE_BUDGET_CAP = 2000
 
 # --- the single-head ablation reference
 ABLATION_MIN_RESOLVED_HEADS = 10  # heads whose paired interval excludes 0, for a correlation to be read

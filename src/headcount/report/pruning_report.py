@@ -14,7 +14,12 @@ from headcount.io import HeadcountError, atomic_path, read_lines
 from headcount.models.seq2seq import ATTENTION_TYPES
 from headcount.pruning.methods import METHODS, is_control, ranked_method, ranked_methods
 from headcount.report.claims import claims_markdown, claims_table, pruning_claims
-from headcount.report.preregistered import GATE_UNDECIDED, MAX_UNDECIDED_SHARE
+from headcount.report.preregistered import (
+    GATE_BUDGET_CAP,
+    GATE_BUDGET_STEP,
+    GATE_UNDECIDED,
+    MAX_UNDECIDED_SHARE,
+)
 from headcount.report.seed_statistics import t_interval
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, interval_excludes_zero, paired_bootstrap
 
@@ -218,19 +223,31 @@ def undecided_share_by_step(trajectory: pd.DataFrame) -> pd.Series:
     return ((p_open > low) & (p_open < high)).groupby(trajectory["step"]).mean()
 
 
-def gate_budget(trajectories: list[pd.DataFrame], every: int = 250) -> int | None:
+def gate_budget(trajectories: list[pd.DataFrame], every: int = GATE_BUDGET_STEP,
+                cap: int = GATE_BUDGET_CAP) -> int | None:
     """The rerun's gate-training budget (docs/method.md, order of the rerun, step 2): the fewest steps,
     a multiple of `every`, by which every run's undecided share is at or below MAX_UNDECIDED_SHARE
-    and stays there; None if some run never gets there."""
+    and stays there, and at most `cap`: a run still undecided at the cap leaves the budget at the cap
+    (its verdicts say it has not decided). None if some run is undecided at a last step short of
+    the cap: it must train further before the budget can be read."""
     needed = 0
     for trajectory in trajectories:
         share = undecided_share_by_step(trajectory)
         above = share[share > MAX_UNDECIDED_SHARE]
-        if len(above) and above.index.max() == share.index.max():
-            return None  # still undecided at its last logged step
+        if len(above) and above.index.max() == share.index.max():  # still undecided at its last logged step
+            if share.index.max() < cap:
+                return None
+            needed = cap
+            continue
         first_decided = share.index[share.index > above.index.max()].min() if len(above) else share.index.min()
         needed = max(needed, int(first_decided))
-    return -(-needed // every) * every
+    return min(-(-needed // every) * every, cap)
+
+
+def undecided_at_the_end(trajectory: pd.DataFrame) -> bool:
+    """Whether a run's gates are above MAX_UNDECIDED_SHARE undecided at its last logged step."""
+    share = undecided_share_by_step(trajectory)
+    return bool(len(share)) and share.iloc[-1] > MAX_UNDECIDED_SHARE
 
 
 def run_heads(record: dict, role_of: dict) -> pd.DataFrame:
