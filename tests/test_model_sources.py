@@ -153,6 +153,27 @@ def test_a_gguf_quantisation_gguf_cannot_dequantise_is_refused(tmp_path):
         check_gguf(path)
 
 
+def test_a_gguf_that_passed_is_not_parsed_again_until_it_changes(tmp_path, monkeypatch):
+    """Every load resolves its source; a GGUF's header takes seconds to parse (SmolLM2's: its
+    49,152-piece vocabulary field by field), so a file that passed is read once while unchanged."""
+    import os
+
+    import gguf
+
+    path = _gguf(tmp_path / "m.gguf", "llama")
+    reads = []
+    real = gguf.GGUFReader
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *a, **k: reads.append(a) or real(*a, **k))
+    for _ in range(3):
+        assert resolve_source(str(path)).gguf_file == "m.gguf"
+    assert len(reads) == 1
+    _gguf(path, "madeup")  # rewritten in place: read again, and refused
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(PretrainedModelUnavailable, match="architecture 'madeup'"):
+        resolve_source(str(path))
+    assert len(reads) == 2
+
+
 def test_a_gguf_without_the_gguf_package_names_the_install(tmp_path, monkeypatch):
     import importlib.util
 

@@ -14,6 +14,7 @@ use, unless the experiment allows them by name (`allow_weights:`).
 from __future__ import annotations
 
 import fnmatch
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -118,7 +119,16 @@ def _refuse_remote_code(config_json: Path, label: str) -> None:
 
 def check_gguf(path: Path) -> None:
     """Refuse a GGUF file transformers cannot convert, before the slow part: no `gguf` package, an
-    architecture transformers has no mapping for, or a quantisation `gguf` cannot dequantise."""
+    architecture transformers has no mapping for, or a quantisation `gguf` cannot dequantise. A file
+    that passed is not read again while unchanged: every load resolves its source, and parsing a
+    GGUF's header (its vocabulary field by field) takes seconds."""
+    stat = path.stat()
+    _check_gguf_once(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)  # a refusal raises, and is not cached
+def _check_gguf_once(path_text: str, size: int, mtime_ns: int) -> None:
+    path = Path(path_text)
     if importlib.util.find_spec("gguf") is None:
         raise PretrainedModelUnavailable(
             f"{path}: reading a GGUF model needs the `gguf` package, which is not installed; "
