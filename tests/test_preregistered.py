@@ -130,7 +130,8 @@ def test_the_gate_budget_is_where_every_run_has_decided_and_stays_decided():
     assert gate_budget([trajectory({50: [0.01] * 20, 100: [0.5] * 20})]) is None  # undecided at its end
     # the cap (2,000 steps): a run undecided there leaves the budget at the cap; short of it, it must go on
     stuck = trajectory({1000: [0.5] * 20, 2000: [0.5] * 20})
-    assert gate_budget([fast, stuck]) == 2000 and undecided_at_the_end(stuck) and not undecided_at_the_end(fast)
+    assert gate_budget([fast, stuck]) == 2000 and undecided_at_the_end(undecided_share_by_step(stuck))
+    assert not undecided_at_the_end(undecided_share_by_step(fast))
     assert gate_budget([stuck], cap=2500) is None
     late = trajectory({50: [0.5] * 20, 2100: [0.01] * 20})  # decided only past the cap
     assert gate_budget([late]) == 2000 and gate_budget([late], cap=2500) == 2250

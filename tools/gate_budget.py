@@ -33,7 +33,7 @@ def main() -> int:
         tables.append(table)
         share = undecided_share_by_step(table)
         print(f"{path}: undecided share " + ", ".join(f"{step}: {s:.2f}" for step, s in share.items()))
-        if undecided_at_the_end(table):
+        if undecided_at_the_end(share):
             undecided.append(path)
     budget = gate_budget(tables)
     if budget is None:

@@ -233,20 +233,19 @@ def gate_budget(trajectories: list[pd.DataFrame], every: int = GATE_BUDGET_STEP,
     needed = 0
     for trajectory in trajectories:
         share = undecided_share_by_step(trajectory)
-        above = share[share > MAX_UNDECIDED_SHARE]
-        if len(above) and above.index.max() == share.index.max():  # still undecided at its last logged step
+        if undecided_at_the_end(share):
             if share.index.max() < cap:
                 return None
             needed = cap
             continue
+        above = share[share > MAX_UNDECIDED_SHARE]
         first_decided = share.index[share.index > above.index.max()].min() if len(above) else share.index.min()
         needed = max(needed, int(first_decided))
     return min(-(-needed // every) * every, cap)
 
 
-def undecided_at_the_end(trajectory: pd.DataFrame) -> bool:
-    """Whether a run's gates are above MAX_UNDECIDED_SHARE undecided at its last logged step."""
-    share = undecided_share_by_step(trajectory)
+def undecided_at_the_end(share: pd.Series) -> bool:
+    """Whether a run (its undecided_share_by_step) is above MAX_UNDECIDED_SHARE at its last logged step."""
     return bool(len(share)) and share.iloc[-1] > MAX_UNDECIDED_SHARE
 
 
