@@ -2,6 +2,7 @@
 
 import gzip
 import importlib.util
+import os
 import random
 import subprocess
 import sys
@@ -13,6 +14,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+# `make test` runs two pytest-xdist workers on 2 cores. A workflow test whose jobs each took both
+# cores would put four OpenMP threads on two cores, and their spin-waiting slowed a toy baseline
+# 4x (5,000 against 23,000 tokens/s). So each worker's workflows and tools get one core; set
+# HEADCOUNT_TEST_CORES to override.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("HEADCOUNT_TEST_CORES", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import toyflow  # noqa: E402
 

@@ -302,7 +302,7 @@ def test_a_sentence_encoder_runs_through_every_stage_that_applies(tmp_path):
     atlas."""
     from conftest import make_toy_mirror
     from test_lm_workflow import TRAINED_BERT, lm_config
-    from toyflow import copy_workflow, snakemake, write_config
+    from toyflow import CORES, copy_workflow, snakemake, write_config
 
     encoder = tmp_path / "encoder"
     transformers.BertModel.from_pretrained(str(TRAINED_BERT)).save_pretrained(str(encoder))
@@ -316,7 +316,7 @@ def test_a_sentence_encoder_runs_through_every_stage_that_applies(tmp_path):
     config["experiments"]["toy"]["objective"] = "sentence_embedding"
     config["run"] = ["toy"]
     workdir = copy_workflow(tmp_path / "wf")
-    result = snakemake("all", "--cores", "2", "--configfile", write_config(workdir / "sentence.yaml", config),
+    result = snakemake("all", "--cores", CORES, "--configfile", write_config(workdir / "sentence.yaml", config),
                        cwd=workdir, snakefile=workdir / "Snakefile", timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     results = workdir / "results/toy"
