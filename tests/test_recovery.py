@@ -255,6 +255,33 @@ with job(snakemake):
     assert result.stdout.split() == ["False", "1"]
 
 
+# Jobs that run no model: data preparation, parsing, tables, figures, reports and the views over
+# seeds. Loading torch costs each of them about 2 s, many times in a run of a small experiment.
+TORCH_FREE_SCRIPTS = ("fetch_source", "prepare_training_data", "prepare_evaluation_data", "pool_test_sets",
+                      "train_subwords", "fit_training_data", "parse_analysis_sentences", "score", "score_table",
+                      "lm_quality", "pruning_report", "lm_pruning_report", "control_report", "plot_head_scores",
+                      "plot_gate_trajectory", "plot_runs_over_seeds", "seed_spread", "claims_over_seeds",
+                      "matched_over_seeds", "build_atlas")
+
+
+def test_jobs_that_run_no_model_load_no_torch():
+    """Each script's module-level imports, run in one fresh interpreter: none of them loads torch
+    (an import of a torch module from a shared one put 2-4 s on every report job)."""
+    import ast
+
+    scripts = toyflow.REPO / "workflow/scripts"
+    code = ["import sys", f"sys.path[:0] = [{str(scripts)!r}, {str(toyflow.REPO / 'src')!r}]", "loaded = []"]
+    for name in TORCH_FREE_SCRIPTS:
+        tree = ast.parse((scripts / f"{name}.py").read_text())
+        imports = [ast.unparse(node) for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+        code += [*imports, f"loaded.append(({name!r}, 'torch' in sys.modules))"]
+    code.append("print(*(name for name, torch in loaded if torch))")
+    result = subprocess.run([sys.executable, "-c", "\n".join(code)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # the first script whose imports load torch is the one to fix (later ones only inherit it)
+    assert result.stdout.split() == [], f"torch loaded from the imports of {result.stdout.split()[0]}.py"
+
+
 def test_random_bytes_named_gz_are_not_gzip_data(tmp_path):
     from headcount.data.corpora import fetch_source, read_text_lines
     from headcount.io import DataError

@@ -223,7 +223,8 @@ def test_a_head_right_80_percent_of_the_time_scores_0_8():
 def test_piece_kinds_show_a_head_that_joins_subwords_where_the_pooled_share_does_not():
     """Head 0 attends from each continuation piece to the piece before it and from each word-initial
     piece to itself: pooled it is no positional head, per kind it is exact at both."""
-    from headcount.analysis.roles.statistics import PIECE_KINDS, piece_kind_masks, with_piece_kinds
+    from headcount.analysis.roles.registry import PIECE_KINDS
+    from headcount.analysis.roles.statistics import piece_kind_masks, with_piece_kinds
 
     sentences = [["\u2581a", "b", "\u2581c", "\u2581d", "e", "f"], ["\u2581g", "h", "\u2581i"], ["\u2581j"]]
     S = max(map(len, sentences)) + 1

@@ -80,12 +80,6 @@ def check_lengths(src_ids: list[list[int]], tgt_ids: list[list[int]], max_positi
                     f"{max_positions - extra} tokens (e.g. at paragraph or sentence ends), or leave it out")
 
 
-def positions(n_subwords: int) -> int:
-    """The model positions a sentence of `n_subwords` takes, on either side: the source gets EOS,
-    the decoder's input BOS and its output EOS (source_tensor, target_tensors)."""
-    return n_subwords + 1
-
-
 def pad(sequences: list[list[int]], pad_id: int) -> Tensor:
     out = torch.full((len(sequences), max(len(s) for s in sequences)), pad_id, dtype=torch.long)
     for row, seq in enumerate(sequences):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from headcount.data.special import positions
 from headcount.io import DataError, atomic_path, iter_lines, read_lines, sha256_file, write_lines
 
 if TYPE_CHECKING:
@@ -325,8 +326,6 @@ def check_evaluation_pairs(src: list[str], tgt: list[str], max_chars: int, where
 
 def overlong_pairs(src_ids: list[list[int]], tgt_ids: list[list[int]], max_len: int) -> list[tuple[int, str, int]]:
     """(index, side, subwords) of the pairs with a side longer than a model of `max_len` takes."""
-    from headcount.data.batching import positions  # batching imports torch, which fetch and cleaning jobs need not load
-
     over = []
     for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
         for side, ids in (("source", s), ("target", t)):

@@ -55,3 +55,9 @@ class Tokenizer(Protocol):
     def pieces(self, line: str) -> list[str]: ...  # the subword strings, one per id (SPECIAL_PIECE for a tag)
 
     def decode(self, ids: list[list[int]]) -> list[str]: ...
+
+
+def positions(n_subwords: int) -> int:
+    """The model positions a sentence of `n_subwords` takes, on either side: the source gets EOS,
+    the decoder's input BOS and its output EOS (data.batching's source_tensor and target_tensors)."""
+    return n_subwords + 1

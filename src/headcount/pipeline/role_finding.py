@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 
 from headcount.io import atomic_path, read_lines
-from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
 
 # Table 1 of Voita et al. (2019): best head / positional baseline accuracy (%) on EN-RU.
@@ -102,6 +101,7 @@ def find_head_roles(model_path: str, src_spm: str, parses_path: str, train_src: 
     from headcount.analysis.roles.registry import ROLE_ATTENTION
     from headcount.analysis.roles.statistics import RELATIONS, count_words
     from headcount.data.parses import read_gold_treebanks
+    from headcount.models.device import pick_device  # torch, which the parse job need not load
     from headcount.models.seq2seq import kind_of
     from headcount.report.plots import head_function_map, relative_positions
 

@@ -26,9 +26,8 @@ import pandas as pd
 import torch
 
 from headcount.analysis.roles.alignment import align_pieces, aligned_words, sentence_tokens, word_attention
-from headcount.analysis.roles.registry import ROLE_ATTENTION
+from headcount.analysis.roles.registry import PIECE_KINDS, ROLE_ATTENTION
 from headcount.analysis.roles.statistics import (
-    PIECE_KINDS,
     PositionalStats,
     RareStats,
     SinkStats,

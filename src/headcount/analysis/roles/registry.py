@@ -8,8 +8,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from headcount.analysis.roles.statistics import PIECE_KINDS
 from headcount.models.seq2seq import MODEL_KINDS
+
+# Query tokens by their place in the word: its first subword, or one that continues it. A head that
+# joins a word's pieces (-1 from a continuation piece, +1 from an initial one) need not look at any
+# neighbour from the other kind, so its pooled positional share can stay low.
+# Defined here, not in statistics (which needs torch), so that report jobs need not load torch.
+PIECE_KINDS = ("initial", "continuation")
 
 # The attention type whose heads get roles, per model kind (models.seq2seq.MODEL_KINDS): the
 # encoder's self-attention where a model has an encoder, the causal self-attention of a decoder-only

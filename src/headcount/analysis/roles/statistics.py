@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from headcount.analysis.roles.alignment import WORD_START, aligned_words
+from headcount.analysis.roles.registry import PIECE_KINDS
 from headcount.data.parses import simple_tokenize
 from headcount.data.special import SPECIAL_PIECE
 
@@ -23,10 +24,6 @@ DIRECTION_NAMES = {
     ("amod", "head->dep"): "noun->adj", ("amod", "dep->head"): "adj->noun",
     ("advmod", "head->dep"): "v->adv", ("advmod", "dep->head"): "adv->v",
 }
-# Query tokens by their place in the word: its first subword, or one that continues it. A head that
-# joins a word's pieces (-1 from a continuation piece, +1 from an initial one) need not look at any
-# neighbour from the other kind, so its pooled positional share can stay low.
-PIECE_KINDS = ("initial", "continuation")
 
 
 # --------------------------------------------------------------------------------------------

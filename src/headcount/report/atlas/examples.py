@@ -62,7 +62,8 @@ from ...analysis.roles.statistics import (
     frequency_words,
     relation_pairs,
 )
-from ...data.batching import pad, positions, source_tensor, target_tensors
+from ...data.batching import pad, source_tensor, target_tensors
+from ...data.special import positions
 from ...models.seq2seq import kind_of
 from .data import ROLE_TYPE, head_key
 
