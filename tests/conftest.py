@@ -38,13 +38,27 @@ torch.set_num_threads(1)  # tests are small; keep the second core for the workfl
 SMOKE_RUN_FILES = {"test_atlas.py", "test_rerun.py", "test_workflow.py"}
 
 
+# The work units that take a worker longest, longest first (`--durations=0` of `make test`, 2026-11-28),
+# sent to the workers before the rest. xdist's own order (most tests first) started them last: three of
+# these have under 10 tests, and the suite ended with one worker idle while the other ran them.
+SLOWEST_UNITS = ("smoke_run", "tests/test_real_weights.py", "tests/test_lm_workflow.py", "tests/test_control.py",
+                 "tests/test_pretrained_workflow.py", "tests/test_sentence_encoder.py")
+
+
 def pytest_collection_modifyitems(items):
-    """A test that reads the smoke run outside SMOKE_RUN_FILES would rerun it on the other worker."""
+    """A test that reads the smoke run outside SMOKE_RUN_FILES would rerun it on the other worker.
+    The slowest work units go first (SLOWEST_UNITS; the rest keep their order)."""
     stray = [item.nodeid for item in items
              if "smoke_run" in getattr(item, "fixturenames", ()) and item.path.name not in SMOKE_RUN_FILES]
     if stray:
         raise pytest.UsageError(f"{', '.join(stray)} read(s) the smoke run: add the file to SMOKE_RUN_FILES in "
                                 "tests/conftest.py so that pytest-xdist keeps it on the smoke run's worker")
+    items.sort(key=lambda item: unit_rank(work_unit(item.nodeid)))  # stable: a unit's own order is kept
+
+
+def unit_rank(unit: str) -> int:
+    """Where a work unit goes in the queue: SLOWEST_UNITS by position, every other unit after them."""
+    return SLOWEST_UNITS.index(unit) if unit in SLOWEST_UNITS else len(SLOWEST_UNITS)
 
 
 def work_unit(nodeid: str) -> str:
@@ -62,6 +76,7 @@ if importlib.util.find_spec("xdist"):
 
     def pytest_xdist_make_scheduler(config, log):
         if config.getvalue("dist") == "load":  # -n without --dist; an explicit --dist is left alone
+            config.option.loadscopereorder = False  # the collection's order (slowest first), not test counts
             return ByFile(config, log)
 
 
