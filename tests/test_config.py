@@ -193,6 +193,26 @@ def test_each_extra_seed_is_an_experiment_with_that_seed_and_the_seed_lambdas(co
     assert main["prune"]["lambdas"]["enc"] == config["defaults"]["prune"]["lambdas"]["enc"]  # untouched
 
 
+def test_averaged_weights_need_snapshots_and_every_seed_and_no_twin_keeps_them(config):
+    """training.average_snapshots: a config error without a snapshot at every selectable step; the
+    seeds snapshot as the main run does (their model.pt is a mean too); a twin neither snapshots nor
+    averages (its pruned model does not)."""
+    from headcount.config import scratch_training
+
+    exp = config["experiments"]["multi30k_en_de"]
+    exp["training"].update(average_snapshots=3, snapshot_interval=300)  # eval_interval 500
+    assert ("'experiments.multi30k_en_de.training.average_snapshots': 3 needs a snapshot at every step the run "
+            "can select: set training.snapshot_interval to a divisor of training.eval_interval (500)"
+            ) in problems(config)
+    exp["training"]["snapshot_interval"] = 250
+    experiments = load_experiments(config, SCHEMA)
+    assert experiments["multi30k_en_de_seed2"]["training"]["snapshot_interval"] == 250
+    twin = scratch_training(experiments["multi30k_en_de"]["training"], experiments["multi30k_en_de"]["prune"])
+    assert "average_snapshots" not in twin
+    del exp["training"]["average_snapshots"]
+    assert load_experiments(config, SCHEMA)["multi30k_en_de_seed2"]["training"]["snapshot_interval"] == 0
+
+
 def test_seed_from_scratch_false_leaves_the_twins_to_training_seed(config):
     exp = config["experiments"]["multi30k_en_de"]
     exp.update(seed_lambdas={"all": [1.0]}, seed_from_scratch=False, prune={"from_scratch": {"all": [0.1, 1.0]}})

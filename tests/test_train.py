@@ -314,6 +314,36 @@ def test_snapshots_are_kept_every_interval_and_listed(toy_data, tmp_path):
         assert state["step"] == snapshot["step"] and "optimizer" not in state
 
 
+def test_the_output_is_the_mean_of_the_snapshots_ending_at_the_selected_step(toy_data, tmp_path):
+    """training.average_snapshots: the weights of model.pt against the mean of the snapshot files,
+    computed here parameter by parameter; the window ends at the selected step, not the last."""
+    data, dev, *sizes = toy_data
+    scores = iter([5.0, 6.0, 9.0, 7.0])  # dev "BLEU" at steps 10, 20, 30, 40: step 30 is selected
+    model = fresh_model(sizes)
+    summary = train(model, settings(max_steps=40, snapshot_interval=10, select="best_dev_bleu", average_snapshots=2),
+                    data, dev, tmp_path, dev_bleu=lambda m, d: next(scores), log=quiet)
+    assert summary["selected_step"] == 30 and summary["averaged_steps"] == [20, 30]
+    snaps = [load_checkpoint(tmp_path / "snapshots" / f"step_{n}.pt")["model"] for n in (20, 30)]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, (snaps[0][name] + snaps[1][name]) / 2, rtol=0, atol=1e-7, msg=name)
+    assert not torch.equal(snaps[0]["generator.weight"], snaps[1]["generator.weight"])  # a mean, not a copy
+
+
+def test_averaging_needs_a_snapshot_at_the_selected_step_and_enough_before_it():
+    from headcount.training.averaging import average_state_dicts, averaging_window
+
+    assert averaging_window([500, 1000, 1500, 2000], 1500, 3) == [500, 1000, 1500]
+    for available, selected in (([500, 1000, 2000], 1500), ([1000, 1500], 1500)):
+        with pytest.raises(HeadcountError, match="training.average_snapshots is 3"):
+            averaging_window(available, selected, 3)
+    a = {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor([4])}
+    b = {"w": torch.tensor([3.0, 6.0]), "n": torch.tensor([4])}
+    out = average_state_dicts([a, b])
+    assert out["w"].tolist() == [2.0, 4.0] and out["n"].tolist() == [4] and out["n"].dtype == torch.int64
+    with pytest.raises(ValueError, match="n: a non-float tensor differs"):
+        average_state_dicts([a, {**b, "n": torch.tensor([5])}])
+
+
 # --------------------------------------------------------------------------------------------
 # Untrusted checkpoints
 

@@ -553,6 +553,14 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
                 elif lambda_label(value) == lambda_label(0):
                     problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': 0 is the "
                                     f"control, which prunes no head; leave it out")
+        training = exp["training"]
+        if training.get("average_snapshots", 1) > 1 and not (
+                training["snapshot_interval"] and (training["select"] == "last"
+                                                   or training["eval_interval"] % training["snapshot_interval"] == 0)):
+            problems.append(f"config key 'experiments.{name}.training.average_snapshots': "
+                            f"{training['average_snapshots']} needs a snapshot at every step the run can select: "
+                            f"set training.snapshot_interval to a divisor of training.eval_interval "
+                            f"({training['eval_interval']}), or average_snapshots: 1")
         if exp["training"]["seed"] not in exp["seeds"]:
             problems.append(f"config key 'experiments.{name}.seeds': {exp['seeds']} lacks training.seed "
                             f"({exp['training']['seed']}), the main run; add it")
@@ -601,7 +609,9 @@ def seed_replicas(name: str, exp: dict) -> dict[str, dict]:
         replica = copy.deepcopy(exp)
         replica.update(replica_of=name, seeds=[seed], seed_lambdas=None,
                        description=f"{exp.get('description', name)}: seed {seed}")
-        replica["training"].update(seed=seed, snapshot_interval=0)
+        # Snapshots only where the seed's own model.pt is their mean (training.average_snapshots).
+        averaged = exp["training"].get("average_snapshots", 1) > 1
+        replica["training"].update(seed=seed, snapshot_interval=exp["training"]["snapshot_interval"] if averaged else 0)
         replica["prune"]["lambdas"] = {setting: list(grid.get(setting, [])) for setting in exp["prune"]["lambdas"]}
         # seed_from_scratch false: the twins of training.seed alone (they cost as much as a baseline
         # each, and a CPU default cannot afford them for every seed; docs/method.md, "Cost").
@@ -724,5 +734,6 @@ def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
 def scratch_training(baseline_training: dict, prune: dict) -> dict:
     """Training settings of a from-scratch twin: the baseline's, with as many steps as its pruned
     model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
-    return {**baseline_training, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
+    own = {k: v for k, v in baseline_training.items() if k != "average_snapshots"}  # a twin keeps no snapshots
+    return {**own, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
             "select": prune.get("select", "last")}

@@ -130,7 +130,8 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
     # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
     # least pruned weights: the loop keeps the last weights, and best_dev_bleu selection happens
     # here, among snapshots with the final head configuration (one per evaluation).
-    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0}
+    settings = {**train_settings, **prune_settings["training"], "select": "last", "dev_bleu_sentences": 0,
+                "average_snapshots": 1}
     settings["snapshot_interval"] = settings["eval_interval"] if select_best else 0
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     kind = kind_of(model)

@@ -30,6 +30,7 @@ from headcount.models.device import pick_autocast_dtype, pick_device
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
+from headcount.training.averaging import average_state_dicts, averaging_window
 from headcount.training.convergence import dev_losses
 from headcount.training.schedules import noam_lr
 from headcount.training.static_shapes import BACKENDS, Buckets, padded_loss
@@ -52,6 +53,7 @@ class TrainConfig:
     snapshot_interval: int = 0  # keep the weights every this many steps in snapshots/ (0: none)
     dev_bleu_sentences: int = 1014  # dev sentences greedily decoded for dev BLEU at each eval
     select: str = "best_dev_bleu"  # which weights become the output: best_dev_bleu | last
+    average_snapshots: int = 1  # the output: the mean of this many snapshots ending at the selected step
     seed: int = 1
     precision: str = "auto"  # auto | fp32 | bf16
     device: str = "auto"  # auto | cpu | cuda
@@ -418,8 +420,14 @@ def train(
     log(f"done: {step} steps; selected the weights of step {selected}")
     snapshots = [{"step": n, "path": str(out_dir / "snapshots" / f"step_{n}.pt")}
                  for n in _snapshot_steps(out_dir / "snapshots")]
+    averaged = [selected]
+    if cfg.average_snapshots > 1:
+        averaged = averaging_window(_snapshot_steps(out_dir / "snapshots"), selected, cfg.average_snapshots)
+        model.load_state_dict(average_state_dicts(
+            [load_checkpoint(out_dir / "snapshots" / f"step_{n}.pt", map_location=device)["model"] for n in averaged]))
+        log(f"the output: the mean of the snapshots of steps {', '.join(map(str, averaged))}")
     spent = time_so_far()
-    return {"steps": step, "epochs": epoch, "selected_step": selected, "best": best,
+    return {"steps": step, "epochs": epoch, "selected_step": selected, "averaged_steps": averaged, "best": best,
             "dev_losses": dev_losses(metrics_path),  # every evaluation: the plateau rule reads them
             "train_seconds": time.perf_counter() - run_start, "train_seconds_all": spent["seconds"],
             "train_cpu_seconds_all": spent["cpu_seconds"], "attempts": spent["attempts"], "snapshots": snapshots}
@@ -463,7 +471,8 @@ def padded_step_loss(model: Seq2SeqWithHeads, cfg: TrainConfig, device, autocast
 # max_steps), evaluated differently or moved to other hardware and still resume its checkpoint.
 # compile_step changes the shapes a step runs on, not what it learns (the padding is masked out).
 RESUMABLE_CHANGES = ("max_steps", "log_interval", "eval_interval", "checkpoint_interval", "checkpoint_minutes",
-                     "snapshot_interval", "dev_bleu_sentences", "select", "device", "threads", "compile_step")
+                     "snapshot_interval", "dev_bleu_sentences", "select", "average_snapshots", "device", "threads",
+                     "compile_step")
 
 
 def run_fingerprint_hash(train_config: dict, model_config: dict, run: dict | None) -> str:
