@@ -12,6 +12,7 @@ from toyflow import kill_when
 
 from headcount.data.subwords import train_bpe
 from headcount.io import HeadcountError, read_lines, write_lines
+from headcount.models.checkpoint import load_checkpoint
 from headcount.models.loading import load_model
 from headcount.pipeline.training_runs import train_translation_model
 from headcount.pruning.hard_concrete import fold_gates, gate_table, prepare_for_pruning
@@ -317,6 +318,32 @@ def test_the_control_trains_the_weights_with_gates_that_never_close(toy_run):
     base, tuned = load_model(tmp_path / "base.pt"), load_model(tmp_path / "control/model.pt")
     assert all(torch.equal(m, torch.ones_like(m)) for m in tuned.head_mask().values())
     assert not torch.equal(base.state_dict()[Q0], tuned.state_dict()[Q0])
+
+
+def test_a_lower_weight_rate_leaves_the_gates_rate_alone(toy_run):
+    """prune.weight_lr_scale 0.1: the weights fine-tune and heal at a tenth of the schedule's rate,
+    the gates still at gate_lr_scale times it (read from the optimizer's own groups), and a twin on
+    the pruned schedule follows the weights."""
+    from headcount.config import scratch_schedule
+    from headcount.training.schedules import baseline_last_lr, healing_lr, pruned_model_lr
+
+    tmp_path, files, _ = toy_run
+    record = prune_with(tmp_path, files, "all", 0.5, "slow", lr_schedule="constant", heal_steps=2,
+                        weight_lr_scale=0.1)
+    d_model = load_model(tmp_path / "base.pt").d_model
+    last = baseline_last_lr(training(20), d_model)
+    groups = load_checkpoint(tmp_path / "slow/train/checkpoint.pt")["optimizer"]["param_groups"]
+    assert [g["lr"] for g in groups] == pytest.approx([0.1 * last, 10.0 * last])  # weights, gates
+    assert record["lr"]["fine_tuning_last"] == pytest.approx(0.1 * last)
+    healed = {r["step"]: r["lr"] for r in map(json.loads, read_lines(tmp_path / "slow/train/heal/metrics.jsonl"))
+              if "lr" in r}
+    assert healed and all(lr == pytest.approx(healing_lr(0.1 * last, 2)(step)) for step, lr in healed.items())
+    prune = dict(PRUNE, scratch_schedule="pruned", lr_schedule="constant", heal_steps=2, weight_lr_scale=0.1)
+    schedule = scratch_schedule(training(20), prune)
+    twin = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], "constant", 12, 2, d_model,
+                           schedule["weight_lr_scale"])
+    assert twin(21) == pytest.approx(0.1 * last) and twin(20) == pytest.approx(last)
+    assert "weight_lr_scale" not in scratch_schedule(training(20), dict(prune, weight_lr_scale=1.0))
 
 
 @pytest.mark.parametrize("setting", ["all", "enc"])

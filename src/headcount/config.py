@@ -711,8 +711,8 @@ def check_yaml_syntax(path: str | os.PathLike) -> None:
 
 # The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
 # it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
-FINE_TUNING_KEYS = ("gate_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer", "heal_steps", "select",
-                    "training")
+FINE_TUNING_KEYS = ("gate_lr_scale", "weight_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer",
+                    "heal_steps", "select", "training")
 
 
 def fine_tuning_steps(prune: dict) -> int:
@@ -726,9 +726,12 @@ def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
     give it the pruned model's own schedule."""
     if prune.get("scratch_schedule", "noam") == "noam":
         return None
-    return {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
-            "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
-            "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0))}
+    schedule = {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
+                "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
+                "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0))}
+    if prune.get("weight_lr_scale", 1.0) != 1.0:  # only where set: twins from before the option keep their params
+        schedule["weight_lr_scale"] = float(prune["weight_lr_scale"])
+    return schedule
 
 
 def scratch_training(baseline_training: dict, prune: dict) -> dict:

@@ -141,15 +141,19 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
                              f"with its gates alone (its loss is the distance to its own unpruned output, which "
                              f"trained weights would move); set prune.heal_steps: 0")
     torch.manual_seed(cfg.seed)
+    weight_scale = float(prune_settings.get("weight_lr_scale", 1.0))
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
-                                        prune_settings["gate_lr_scale"], control=control)
-    lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, cfg.to_dict(), model.d_model)
+                                        prune_settings["gate_lr_scale"], control=control,
+                                        weight_lr_scale=weight_scale)
+    lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, cfg.to_dict(), model.d_model, weight_scale)
     log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
         + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
     if kind.gates_only:
         log(f"a {kind.name} model: only the gates train, every weight stays frozen (its loss, {kind.objective}, is "
             f"the distance to the same weights with every gate open); no dropout")
     fingerprint = dict(fingerprint)
+    if weight_scale != 1.0:  # runs from before the option keep their fingerprint
+        fingerprint["weight_lr_scale"] = weight_scale
     if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
         fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
     if groups:
@@ -208,7 +212,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
               "recipe": recipe, "steps": steps, "selected": selected,
               "lr": {"baseline_last": baseline_last_lr(train_settings, model.d_model),
                      "fine_tuning_peak": max(lr_at(s) for s in range(1, cfg.max_steps + 1)),
-                     "fine_tuning_last": final_lr},
+                     "fine_tuning_last": final_lr, "weight_lr_scale": weight_scale},
               "train_config": cfg.to_dict(), "prune_settings": prune_settings,
               "heads": table.to_dict(orient="records"), "provenance": provenance()}
     return {**record, "trajectory": trajectory}

@@ -61,7 +61,8 @@ def train_translation_model(
     lr_at = None  # the baseline's Noam
     if schedule is not None:
         lr_at = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], schedule["lr_schedule"],
-                                schedule["fine_tuning_steps"], schedule["heal_steps"], model.d_model)
+                                schedule["fine_tuning_steps"], schedule["heal_steps"], model.d_model,
+                                schedule.get("weight_lr_scale", 1.0))
         fingerprint["schedule"] = schedule
         log(f"the pruned model's schedule: Noam for {schedule['baseline_training']['max_steps']} steps, "
             f"{schedule['lr_schedule']} for {schedule['fine_tuning_steps']}, healing for {schedule['heal_steps']}")

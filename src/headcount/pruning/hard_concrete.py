@@ -25,10 +25,14 @@ SELECTIONS = ("last", "best_dev_bleu")
 
 
 def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: float | None,
-                        gate_lr_scale: float, control: bool = False) -> tuple[list, list[dict]]:
+                        gate_lr_scale: float, control: bool = False,
+                        weight_lr_scale: float = 1.0) -> tuple[list, list[dict]]:
     """Attach Hard Concrete gates for a setting and freeze what it does not train.
 
     Returns the gates and the optimizer's param groups (gates get their own learning-rate scale).
+    The schedule the groups train under is the weights' (the schedule's rate times
+    `weight_lr_scale`), so the gates' group scale divides it out: the gates' rate stays the
+    schedule's times `gate_lr_scale` whatever the weights' rate.
     With `control`, the gates are pinned open (gates.pin_open) and left out of the optimizer: the
     same weights train, on the same batches, at the same rates. A kind that prunes with its gates
     alone (ModelKind.gates_only: a sentence encoder) has every weight frozen; its control then
@@ -50,7 +54,8 @@ def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: f
             p.requires_grad_(id(p) in trained)
     weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]
     groups = [{"params": weights, "lr_scale": 1.0},
-              {"params": [g.log_alpha for g in gates if g.log_alpha.requires_grad], "lr_scale": gate_lr_scale}]
+              {"params": [g.log_alpha for g in gates if g.log_alpha.requires_grad],
+               "lr_scale": gate_lr_scale / weight_lr_scale}]
     return gates, [g for g in groups if g["params"]]
 
 

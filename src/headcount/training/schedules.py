@@ -25,8 +25,10 @@ def baseline_last_lr(baseline_training: dict, d_model: int) -> float:
                    baseline_training["lr_scale"])
 
 
-def fine_tuning_lr(schedule: str, baseline_training: dict, fine_tuning: dict, d_model: int) -> Callable[[int], float]:
-    """The learning rate at each 1-based fine-tuning step, for every schedule.
+def fine_tuning_lr(schedule: str, baseline_training: dict, fine_tuning: dict, d_model: int,
+                   weight_scale: float = 1.0) -> Callable[[int], float]:
+    """The weights' learning rate at each 1-based fine-tuning step, for every schedule, times
+    `weight_scale` (prune.weight_lr_scale; the gates keep the schedule's own rate times theirs).
 
     noam: Noam restarted on the fine-tuning run's own `warmup_steps` and `lr_scale` (`fine_tuning`:
     prune.training over the baseline's training settings; the authors' restart); constant: the
@@ -35,14 +37,14 @@ def fine_tuning_lr(schedule: str, baseline_training: dict, fine_tuning: dict, d_
     """
     if schedule == "noam":
         warmup, scale = fine_tuning["warmup_steps"], fine_tuning["lr_scale"]
-        return lambda step: noam_lr(step, d_model, warmup, scale)
+        return lambda step: weight_scale * noam_lr(step, d_model, warmup, scale)
     last_step = baseline_training["max_steps"]
     if schedule == "constant":
-        rate = baseline_last_lr(baseline_training, d_model)
+        rate = weight_scale * baseline_last_lr(baseline_training, d_model)
         return lambda step: rate
     if schedule == "continue":
         warmup, scale = baseline_training["warmup_steps"], baseline_training["lr_scale"]
-        return lambda step: noam_lr(last_step + step, d_model, warmup, scale)
+        return lambda step: weight_scale * noam_lr(last_step + step, d_model, warmup, scale)
     raise HeadcountError(f"config key 'prune.lr_schedule': unknown schedule {schedule!r}; use one of "
                          f"{', '.join(LR_SCHEDULES)}")
 
@@ -56,7 +58,7 @@ SCRATCH_SCHEDULES = ("noam", "pruned")  # prune.scratch_schedule
 
 
 def pruned_model_lr(baseline_training: dict, fine_tuning: dict, lr_schedule: str, fine_tuning_steps: int,
-                    heal_steps: int, d_model: int) -> Callable[[int], float]:
+                    heal_steps: int, d_model: int, weight_scale: float = 1.0) -> Callable[[int], float]:
     """The learning rate a pruned model saw at each 1-based step of its whole life, for a from-scratch
     twin trained on the same schedule: the baseline's Noam schedule for its `max_steps`, then the
     fine-tuning's rate (fine_tuning_lr) for `fine_tuning_steps`, then the healing decay from the
@@ -65,7 +67,7 @@ def pruned_model_lr(baseline_training: dict, fine_tuning: dict, lr_schedule: str
     The twin keeps one Adam throughout; the pruned model's fine-tuning starts a fresh one (unless
     prune.resume_optimizer), which this schedule does not copy."""
     baseline_steps = int(baseline_training["max_steps"])
-    tuned = fine_tuning_lr(lr_schedule, baseline_training, fine_tuning, d_model)
+    tuned = fine_tuning_lr(lr_schedule, baseline_training, fine_tuning, d_model, weight_scale)
     healed = healing_lr(tuned(fine_tuning_steps), heal_steps) if heal_steps else None
 
     def lr_at(step: int) -> float:
