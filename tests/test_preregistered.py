@@ -21,10 +21,11 @@ def experiments():
         return load_experiments(yaml.safe_load(f), ROOT / "workflow" / "schemas" / "config.schema.yaml")
 
 
-def method_rules() -> dict[str, str]:
+def method_rules(title: str = f"Rules fixed before the rerun ({preregistered.DATE})") -> dict[str, str]:
     text = (ROOT / "docs" / "method.md").read_text(encoding="utf-8")
-    section = text.split(f"## Rules fixed before the rerun ({preregistered.DATE})", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", section, flags=re.M)[1:])  # past the header
+    section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| rule | value |\n", 1)[1].split("\n\n", 1)[0]  # the rules' table, not another
+    return dict(re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|$", table, flags=re.M))  # |---| has no spaces
 
 
 def as_text(value) -> str:
@@ -38,6 +39,20 @@ def test_method_md_states_every_rule_with_the_modules_value():
     assert written.keys() == preregistered.rules().keys()
     for name, value in preregistered.rules().items():
         assert written[name] == as_text(value), name
+
+
+def test_method_md_states_the_amendment_with_the_modules_values_and_every_seed_runs_it(experiments):
+    written = method_rules(f"Rules amended before the grid restarts ({preregistered.AMENDMENT_DATE})")
+    assert written.keys() == preregistered.amendment().keys()
+    for name, value in preregistered.amendment().items():
+        assert written[name] == as_text(value), name
+    for seed in preregistered.SEEDS:
+        exp = experiments["multi30k_en_de" if seed == 1 else f"multi30k_en_de_seed{seed}"]
+        assert exp["training"]["average_snapshots"] == preregistered.AVERAGED_SNAPSHOTS, seed
+        assert exp["training"]["snapshot_interval"] == exp["training"]["eval_interval"], seed  # one per selectable step
+        assert exp["prune"]["weight_lr_scale"] == preregistered.WEIGHT_LR_SCALE, seed
+    setting, lam = preregistered.PILOT
+    assert lam in experiments["multi30k_en_de"]["prune"]["lambdas"][setting]
 
 
 def test_the_claims_code_and_the_bootstrap_use_the_fixed_values():

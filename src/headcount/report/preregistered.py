@@ -50,6 +50,24 @@ LRP_TOP_SHARE = 0.5  # hold more than this share of the layer's relevance ...
 LRP_LAYER_SHARE = 0.5  # ... in more than this share of the layers, on the mean over seeds
 
 
+# --- amended on 2026-11-28, before the grid restarted (docs/method.md, "Rules amended before the grid
+# restarts"): every fine-tuning of the first design started from a single noisy iterate of the baseline.
+AMENDMENT_DATE = "2026-11-28"
+AVERAGED_SNAPSHOTS = 3  # the baseline's model.pt: the mean of this many snapshots, 500 steps apart
+WEIGHT_LR_SCALE = 0.1  # the weights' fine-tuning rate, of the baseline's last; the gates' stays 10x it
+# The pilot's rule: seed 1's encoder lambda 0.05 under WEIGHT_LR_SCALE must decide (at most
+# MAX_UNDECIDED_SHARE undecided at GATE_BUDGET_CAP gated steps); if it does not, the weights go back
+# to the full rate (scale 1) and both readings are published.
+PILOT = ("enc", 0.05)
+
+
+def amendment() -> dict[str, object]:
+    """The amendment's values by the name docs/method.md's second table gives them."""
+    return {"date": AMENDMENT_DATE, "baseline: snapshots averaged": AVERAGED_SNAPSHOTS,
+            "fine-tuning: weights' rate (of the baseline's last)": WEIGHT_LR_SCALE,
+            "pilot: setting, lambda": PILOT}
+
+
 def rules() -> dict[str, object]:
     """Every value above by the name docs/method.md's table gives it."""
     return {

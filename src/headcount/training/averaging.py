@@ -25,7 +25,8 @@ def averaging_window(available: Sequence[int], selected: int, count: int) -> lis
         raise HeadcountError(
             f"training.average_snapshots is {count}, but the snapshots up to the selected step {selected} are "
             f"{window or 'none'}: set training.snapshot_interval to a divisor of training.eval_interval (every "
-            f"selectable step then has a snapshot) and keep at least {count} evaluations, or average_snapshots: 1")
+            f"selectable step then has a snapshot) and keep at least {count} evaluations, or average_snapshots: 1. "
+            f"A run that finished without those snapshots must train again: delete its train/checkpoint.pt")
     return window
 
 
