@@ -207,6 +207,7 @@ def test_averaged_weights_need_snapshots_and_every_seed_and_no_twin_keeps_them(c
     assert ("'experiments.multi30k_en_de.training.average_snapshots': 3 needs a snapshot at every step the run "
             "can select: set training.snapshot_interval to a divisor of training.eval_interval (500)"
             ) in problems(config)
+    load_experiments({**config, "run": ["control"]}, SCHEMA)  # an experiment that does not run is not held to it
     exp["training"]["snapshot_interval"] = 250
     experiments = load_experiments(config, SCHEMA)
     assert experiments["multi30k_en_de_seed2"]["training"]["snapshot_interval"] == 250
