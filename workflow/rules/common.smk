@@ -586,7 +586,9 @@ def final_outputs(exp):
 def prune_job_settings(wildcards):
     """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
     prune = exp_config(wildcards)["prune"]
-    return {k: prune[k] for k in FINE_TUNING_KEYS if k in prune}  # optional keys only where set
+    return {
+        k: prune[k] for k in FINE_TUNING_KEYS if k in prune
+    }  # optional keys only where set
 
 
 def pruning_report_inputs(wildcards):
