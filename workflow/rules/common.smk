@@ -586,9 +586,8 @@ def final_outputs(exp):
 def prune_job_settings(wildcards):
     """What a pruning run depends on: not the grid itself, so extending it reruns nothing."""
     prune = exp_config(wildcards)["prune"]
-    return {
-        k: prune[k] for k in FINE_TUNING_KEYS if k in prune
-    }  # optional keys only where set
+    # Optional keys only where set: a run from before such a key keeps its params.
+    return {k: prune[k] for k in FINE_TUNING_KEYS if k in prune}
 
 
 def pruning_report_inputs(wildcards):
