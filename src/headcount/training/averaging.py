@@ -40,7 +40,7 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
     for key in keys:
         tensors = [state[key] for state in states]
         if tensors[0].is_floating_point():
-            out[key] = (torch.stack([t.double() for t in tensors]).mean(0)).to(tensors[0].dtype)
+            out[key] = torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
         else:
             if any(not torch.equal(t, tensors[0]) for t in tensors[1:]):
                 raise ValueError(f"{key}: a non-float tensor differs between the snapshots; they cannot be averaged")

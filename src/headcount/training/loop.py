@@ -422,9 +422,10 @@ def train(
                  for n in _snapshot_steps(out_dir / "snapshots")]
     averaged = [selected]
     if cfg.average_snapshots > 1:
-        averaged = averaging_window(_snapshot_steps(out_dir / "snapshots"), selected, cfg.average_snapshots)
+        paths = {snap["step"]: snap["path"] for snap in snapshots}
+        averaged = averaging_window(list(paths), selected, cfg.average_snapshots)
         model.load_state_dict(average_state_dicts(
-            [load_checkpoint(out_dir / "snapshots" / f"step_{n}.pt", map_location=device)["model"] for n in averaged]))
+            [load_checkpoint(paths[n], map_location=device)["model"] for n in averaged]))
         log(f"the output: the mean of the snapshots of steps {', '.join(map(str, averaged))}")
     spent = time_so_far()
     return {"steps": step, "epochs": epoch, "selected_step": selected, "averaged_steps": averaged, "best": best,
