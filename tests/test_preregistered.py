@@ -51,6 +51,7 @@ def test_method_md_states_the_amendment_with_the_modules_values_and_every_seed_r
         assert exp["training"]["average_snapshots"] == preregistered.AVERAGED_SNAPSHOTS, seed
         assert exp["training"]["snapshot_interval"] == exp["training"]["eval_interval"], seed  # one per selectable step
         assert exp["prune"]["weight_lr_scale"] == preregistered.WEIGHT_LR_SCALE, seed
+        assert exp["training"]["precision"] == preregistered.TRAINING_PRECISION, seed
     setting, lam = preregistered.PILOT
     assert lam in experiments["multi30k_en_de"]["prune"]["lambdas"][setting]
 

@@ -59,13 +59,16 @@ WEIGHT_LR_SCALE = 0.1  # the weights' fine-tuning rate, of the baseline's last; 
 # MAX_UNDECIDED_SHARE undecided at GATE_BUDGET_CAP gated steps); if it does not, the weights go back
 # to the full rate (scale 1) and both readings are published.
 PILOT = ("enc", 0.05)
+# Added the same day, when the machine changed under the grid (the amended runs so far were lost with
+# it): every run of the grid in fp32, whatever the CPU offers (`training.precision: auto` would mix).
+TRAINING_PRECISION = "fp32"
 
 
 def amendment() -> dict[str, object]:
     """The amendment's values by the name docs/method.md's second table gives them."""
     return {"date": AMENDMENT_DATE, "baseline: snapshots averaged": AVERAGED_SNAPSHOTS,
             "fine-tuning: weights' rate (of the baseline's last)": WEIGHT_LR_SCALE,
-            "pilot: setting, lambda": PILOT}
+            "pilot: setting, lambda": PILOT, "training precision, every run": TRAINING_PRECISION}
 
 
 def rules() -> dict[str, object]:
