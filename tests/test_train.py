@@ -211,6 +211,30 @@ def test_a_finished_run_can_be_extended_without_starting_over(toy_data, tmp_path
         assert torch.equal(a, b), name
 
 
+def test_a_run_resumed_on_a_machine_with_bf16_keeps_the_precision_it_began_in(toy_data, tmp_path, monkeypatch):
+    # precision auto picks bf16 only where the CPU has it: the first attempt runs on a machine without,
+    # the second on one with. The resumed run must equal a run that never left the first machine.
+    data, dev, *sizes = toy_data
+    has_bf16 = {"now": False}
+    monkeypatch.setattr("headcount.models.device.cpu_has_bf16", lambda: has_bf16["now"])
+    straight = fresh_model(sizes)
+    summary = train(straight, settings(max_steps=20, precision="auto"), data, dev, tmp_path / "straight", log=quiet)
+    assert summary["precision"] == "fp32"
+    moved = fresh_model(sizes)
+    train(moved, settings(max_steps=10, precision="auto"), data, dev, tmp_path / "moved", log=quiet)
+    has_bf16["now"] = True
+    messages = []
+    summary = train(moved, settings(max_steps=20, precision="auto"), data, dev, tmp_path / "moved",
+                    log=messages.append)
+    assert summary["precision"] == "fp32"
+    assert any("began in fp32" in m for m in messages)
+    for (name, a), b in zip(straight.state_dict().items(), moved.state_dict().values()):
+        assert torch.equal(a, b), name
+    # A fresh run on the second machine does take bf16 (so the check above could see a switch).
+    assert train(fresh_model(sizes), settings(max_steps=2, precision="auto"), data, dev, tmp_path / "new",
+                 log=quiet)["precision"] == "bf16"
+
+
 @pytest.mark.parametrize("clip_norm", [0.05, 1e9])
 def test_gradients_are_clipped_to_the_configured_norm(toy_data, tmp_path, clip_norm):
     """The gradient norm the optimizer sees, at every step, is at most `clip_norm` (with no

@@ -34,3 +34,8 @@ def pick_autocast_dtype(precision: str, device: torch.device) -> torch.dtype | N
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
     return torch.bfloat16 if cpu_has_bf16() else None
+
+
+def precision_name(autocast_dtype: torch.dtype | None) -> str:
+    """The `precision` setting that picks this autocast dtype on any machine."""
+    return "bf16" if autocast_dtype == torch.bfloat16 else "fp32"

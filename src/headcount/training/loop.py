@@ -26,7 +26,7 @@ from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.token_corpus import TokenCorpus, sequence_lengths
 from headcount.io import HeadcountError, atomic_path, config_hash
 from headcount.models.checkpoint import load_checkpoint, save_checkpoint, state_step
-from headcount.models.device import pick_autocast_dtype, pick_device
+from headcount.models.device import pick_autocast_dtype, pick_device, precision_name
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
@@ -255,7 +255,6 @@ def train(
     groups = parameter_groups(model if parameters is None else parameters)
     params = [p for group in groups for p in group["params"]]
     optimizer = make_optimizer(groups, cfg, device)
-    padded = padded_step_loss(model, cfg, device, autocast_dtype)
 
     step, epoch, batch_in_epoch, eval_pending = 0, 0, 0, False
     best = {"dev_bleu": -1.0, "step": 0, "dev_loss": math.inf}
@@ -271,6 +270,13 @@ def train(
         else:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
+            # `auto` resolves once, when the run starts: a run resumed on a machine that would choose
+            # otherwise (bf16 where the CPU has AVX512-BF16 or AMX) finishes in the numerics it began in.
+            began = state.get("precision")
+            if cfg.precision == "auto" and began is not None and began != precision_name(autocast_dtype):
+                log(f"precision auto: this run began in {began}; it continues in {began}, although this "
+                    f"machine would choose {precision_name(autocast_dtype)}")
+                autocast_dtype = pick_autocast_dtype(began, device)
             step, epoch, batch_in_epoch, best = state["step"], state["epoch"], state["batch_in_epoch"], state["best"]
             eval_pending = bool(state.get("eval_pending", False))
             # A checkpoint from before this record was kept: at least one earlier attempt, time unknown.
@@ -282,6 +288,7 @@ def train(
             log(f"resuming from {ckpt_path} at step {step} (epoch {epoch}, batch {batch_in_epoch})")
     if step == 0 and init_optimizer is not None:
         init_optimizer(optimizer)
+    padded = padded_step_loss(model, cfg, device, autocast_dtype)
     _truncate_metrics(metrics_path, step)
     _drop_snapshots_after(out_dir / "snapshots", step)
     last_checkpoint = time.monotonic()
@@ -299,7 +306,7 @@ def train(
             "batch_in_epoch": batch_in_epoch, "best": best, "eval_pending": eval_pending,
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-            "time_so_far": time_so_far(),
+            "time_so_far": time_so_far(), "precision": precision_name(autocast_dtype),
         })
         last_checkpoint = time.monotonic()
         log(f"checkpoint: step {step} written to {ckpt_path}")
@@ -429,6 +436,7 @@ def train(
         log(f"the output: the mean of the snapshots of steps {', '.join(map(str, averaged))}")
     spent = time_so_far()
     return {"steps": step, "epochs": epoch, "selected_step": selected, "averaged_steps": averaged, "best": best,
+            "precision": precision_name(autocast_dtype),
             "dev_losses": dev_losses(metrics_path),  # every evaluation: the plateau rule reads them
             "train_seconds": time.perf_counter() - run_start, "train_seconds_all": spent["seconds"],
             "train_cpu_seconds_all": spent["cpu_seconds"], "attempts": spent["attempts"], "snapshots": snapshots}
