@@ -208,6 +208,30 @@ def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
         assert (clean / "trajectory.csv").read_text() == (killed / "trajectory.csv").read_text()
 
 
+def test_precision_auto_follows_the_baseline_through_pruning_and_the_twin(toy_run, monkeypatch):
+    # The baseline trained in fp32 (a machine without bf16); the pruning run and its twin run where
+    # auto would pick bf16. Both must train as the run they continue did.
+    tmp_path, files, model = toy_run
+    assert load_checkpoint(tmp_path / "base.pt")["summary"]["precision"] == "fp32"
+    monkeypatch.setattr("headcount.models.device.cpu_has_bf16", lambda: True)
+    from headcount.pipeline.pruning_runs import prune_heads
+
+    messages = []
+    record = prune_heads(str(tmp_path / "base.pt"), *files, setting="enc", lam=0.5, prune_settings=PRUNE,
+                         train_settings=dict(training(20), precision="auto"), work_dir=str(tmp_path / "p" / "train"),
+                         model_out=str(tmp_path / "p" / "model.pt"), gates_out=str(tmp_path / "p" / "gates.json"),
+                         trajectory_out=str(tmp_path / "p" / "trajectory.csv"), log=messages.append)
+    assert record["summary"]["precision"] == "fp32" and record["train_config"]["precision"] == "fp32"
+    assert any("precision auto: fp32, as the baseline trained" in m for m in messages)
+    for twin, mask_from, expected in (("twin", tmp_path / "p" / "model.pt", "fp32"),
+                                      ("unrecorded", tmp_path / "base.pt", "bf16")):  # nothing to follow: auto
+        summary = train_translation_model(*files, model, dict(training(4), precision="auto"), False,
+                                          str(tmp_path / twin), str(tmp_path / f"{twin}.pt"),
+                                          str(tmp_path / f"{twin}.json"), head_mask_from=str(mask_from),
+                                          log=lambda m: None)
+        assert summary["precision"] == expected, twin
+
+
 def test_physically_pruned_model_computes_the_same_as_the_masked_one(tiny_model):
     from headcount.pruning.removal import attention_flops, remove_pruned_heads
     from headcount.training.decode import translate

@@ -39,3 +39,10 @@ def pick_autocast_dtype(precision: str, device: torch.device) -> torch.dtype | N
 def precision_name(autocast_dtype: torch.dtype | None) -> str:
     """The `precision` setting that picks this autocast dtype on any machine."""
     return "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
+
+
+def inherited_precision(setting: str, began: str | None) -> str:
+    """`auto` resolves once for a chain of runs: a run that continues another (a resumed run its
+    checkpoint, a pruning run its baseline, a from-scratch twin its pruned model) takes the precision
+    that one trained in, whatever this machine would choose. An explicit setting stays as it is."""
+    return began if setting == "auto" and began in ("fp32", "bf16") else setting

@@ -17,7 +17,7 @@ from headcount.models.checkpoint import load_checkpoint
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.seq2seq import kind_of
-from headcount.pipeline.training_runs import greedy_dev_bleu
+from headcount.pipeline.training_runs import continued_precision, greedy_dev_bleu
 from headcount.provenance import provenance
 from headcount.pruning.hard_concrete import (
     SELECTIONS,
@@ -71,6 +71,8 @@ def prune_heads(
     # counted, so a row's steps are those of fine-tuning alone.
     baseline_steps = 0 if "pretrained" in saved_baseline else int(
         saved_baseline.get("summary", {}).get("steps", train_settings["max_steps"]))
+    train_settings = continued_precision(train_settings, saved_baseline.get("summary", {}).get("precision"),
+                                         "the baseline", log)
     del saved_baseline
     baseline_params = list(model.parameters())  # the baseline optimizer's order, before gates exist
     init_optimizer = None

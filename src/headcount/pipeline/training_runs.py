@@ -11,6 +11,8 @@ import torch
 from headcount.data.subwords import Segmenter, pieces_fingerprint
 from headcount.data.token_corpus import encode_file
 from headcount.io import HeadcountError, read_lines, sha256_file, write_json
+from headcount.models.checkpoint import load_checkpoint
+from headcount.models.device import inherited_precision
 from headcount.models.loading import load_model
 from headcount.models.seq2seq import Seq2SeqWithHeads
 from headcount.models.transformer import ModelConfig, Transformer
@@ -20,6 +22,16 @@ from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 from headcount.training.schedules import pruned_model_lr
+
+
+def continued_precision(train_settings: dict, began: str | None, what: str, log=print) -> dict:
+    """`train_settings` for a run that continues another (`what`, which trained in `began`): with
+    precision auto, that run's precision, so one chain of runs never mixes bf16 and fp32 (the
+    machines of a cluster, or of successive sessions, differ in whether they have bf16)."""
+    precision = inherited_precision(train_settings["precision"], began)
+    if precision != train_settings["precision"]:
+        log(f"precision auto: {precision}, as {what} trained")
+    return {**train_settings, "precision": precision}
 
 
 def train_translation_model(
@@ -38,6 +50,10 @@ def train_translation_model(
     """
     train_settings = dict(train_settings)
     schedule = train_settings.pop("schedule", None)
+    if head_mask_from is not None:
+        pruning = load_checkpoint(head_mask_from).get("pruning", {})
+        train_settings = continued_precision(train_settings, (pruning.get("summary") or {}).get("precision"),
+                                             "its pruned model", log)
     src_seg, tgt_seg = Segmenter(src_spm), Segmenter(tgt_spm)
     log("encoding the training and dev data")
     # Compact (token_corpus): a 6M-pair corpus as lists of Python ints would not fit in memory.

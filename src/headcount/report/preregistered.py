@@ -60,15 +60,17 @@ WEIGHT_LR_SCALE = 0.1  # the weights' fine-tuning rate, of the baseline's last; 
 # to the full rate (scale 1) and both readings are published.
 PILOT = ("enc", 0.05)
 # Added the same day, when the machine changed under the grid (the amended runs so far were lost with
-# it): every run of the grid in fp32, whatever the CPU offers (`training.precision: auto` would mix).
-TRAINING_PRECISION = "fp32"
+# it): `training.precision: auto`, resolved once per seed at its baseline (bf16 where the CPU has
+# AVX512-BF16 or AMX); its pruning runs and twins train as the baseline did, whatever machine runs them.
+TRAINING_PRECISION = "auto"
 
 
 def amendment() -> dict[str, object]:
     """The amendment's values by the name docs/method.md's second table gives them."""
     return {"date": AMENDMENT_DATE, "baseline: snapshots averaged": AVERAGED_SNAPSHOTS,
             "fine-tuning: weights' rate (of the baseline's last)": WEIGHT_LR_SCALE,
-            "pilot: setting, lambda": PILOT, "training precision, every run": TRAINING_PRECISION}
+            "pilot: setting, lambda": PILOT,
+            "training precision (a seed's runs all take its baseline's)": TRAINING_PRECISION}
 
 
 def rules() -> dict[str, object]:

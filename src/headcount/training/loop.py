@@ -26,7 +26,7 @@ from headcount.data.batching import make_batches, objective_tensors
 from headcount.data.token_corpus import TokenCorpus, sequence_lengths
 from headcount.io import HeadcountError, atomic_path, config_hash
 from headcount.models.checkpoint import load_checkpoint, save_checkpoint, state_step
-from headcount.models.device import pick_autocast_dtype, pick_device, precision_name
+from headcount.models.device import inherited_precision, pick_autocast_dtype, pick_device, precision_name
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
@@ -272,11 +272,11 @@ def train(
             optimizer.load_state_dict(state["optimizer"])
             # `auto` resolves once, when the run starts: a run resumed on a machine that would choose
             # otherwise (bf16 where the CPU has AVX512-BF16 or AMX) finishes in the numerics it began in.
-            began = state.get("precision")
-            if cfg.precision == "auto" and began is not None and began != precision_name(autocast_dtype):
-                log(f"precision auto: this run began in {began}; it continues in {began}, although this "
+            kept = inherited_precision(cfg.precision, state.get("precision"))
+            if kept != cfg.precision and kept != precision_name(autocast_dtype):
+                log(f"precision auto: this run began in {kept}; it continues in {kept}, although this "
                     f"machine would choose {precision_name(autocast_dtype)}")
-                autocast_dtype = pick_autocast_dtype(began, device)
+                autocast_dtype = pick_autocast_dtype(kept, device)
             step, epoch, batch_in_epoch, best = state["step"], state["epoch"], state["batch_in_epoch"], state["best"]
             eval_pending = bool(state.get("eval_pending", False))
             # A checkpoint from before this record was kept: at least one earlier attempt, time unknown.
