@@ -225,6 +225,30 @@ def test_prunable_claims_need_no_loss_within_the_papers_margin():
     assert "0.25 BLEU" in claims_markdown("toy", [claim]) and "not resolved" in claims_markdown("toy", [claim])
 
 
+def test_a_prunable_verdict_says_when_the_control_gains_over_the_baseline():
+    # the control's check (rules of 2026-11-27): a control - baseline interval that excludes 0 on the
+    # side of a gain, in BLEU or in NLL, means the baseline had not converged, and the verdict says so
+    pruned = _row("enc", 0.1, 10, 48, 48, d_control=0.1, d_control_low=-0.2, d_control_high=0.4)
+
+    def control(bleu, nll):
+        return _row("enc", 0.0, 48, 48, 48, d_baseline=sum(bleu) / 2, d_baseline_low=bleu[0], d_baseline_high=bleu[1],
+                    dnll_baseline=sum(nll) / 2, dnll_baseline_low=nll[0], dnll_baseline_high=nll[1])
+
+    settled = heads_prunable(_table(pruned, control((-0.3, 0.4), (-0.002, 0.001))), "enc")
+    assert settled.verdict == HOLDS and "not converged" not in settled.measured + settled.basis
+    lost = heads_prunable(_table(pruned, control((-0.6, -0.1), (0.01, 0.02))), "enc")  # a loss is no gain
+    assert "not converged" not in lost.measured + lost.basis
+    for gain in [control((0.02, 0.68), (-0.002, 0.001)), control((-0.3, 0.4), (-0.0064, -0.0011))]:
+        claim = heads_prunable(_table(pruned, gain), "enc")
+        assert claim.verdict == HOLDS and claim.basis.endswith("baseline not converged")
+        assert "has not converged" in claim.measured
+    claim = heads_prunable(_table(pruned, control((0.02, 0.68), (-0.0064, -0.0011))), "enc")
+    assert "BLEU +0.35 [+0.02, +0.68], NLL (nats/token) -0.0038 [-0.0064, -0.0011]" in claim.measured
+    # only the setting's own control counts
+    other = dict(control((0.02, 0.68), (-0.0064, -0.0011)), setting="all")
+    assert "not converged" not in heads_prunable(_table(pruned, other), "enc").basis
+
+
 # --------------------------------------------------------------------------------------------
 # Pruned against from scratch, against the schedule's share
 

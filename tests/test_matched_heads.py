@@ -134,8 +134,11 @@ def test_the_workflow_step_reads_each_seeds_runs_from_files(tmp_path):
                                                                          "dec_enc": 48}}))
             runs.append({"seed": seed, "setting": "enc", "lam": 0.1 * (i + 1), "gates": str(gates),
                          "pruned": model(f"pruned{seed}_{i}", 0.1 + 0.3 * (48 - heads) / 48), "control": control})
+    _spread({1: ((0.1, 0.6), (-0.01, 0.01)), 2: ((-0.3, 0.2), (-0.01, -0.002))}).to_csv(
+        tmp_path / "spread.tsv", sep="\t", index=False)
     rows = write_matched_over_seeds("toy", runs, str(tmp_path / "refs.txt"), str(tmp_path / "matched.md"),
-                                    str(tmp_path / "matched.tsv"), log=lambda m: None)
+                                    str(tmp_path / "matched.tsv"), log=lambda m: None,
+                                    spread=str(tmp_path / "spread.tsv"))
     nll = rows[(rows["setting"] == "enc") & (rows["measure"] == "nll") & (rows["difference"] == "control")]
     # NLL per token is 1 + p_wrong: pruned - control = 0.3 * (48 - heads) / 48 on every seed's curve
     # (seed 2 keeps 6 heads at the fewest: 4 heads is seed 1's alone, not enough for a mean over seeds)
@@ -143,4 +146,37 @@ def test_the_workflow_step_reads_each_seeds_runs_from_files(tmp_path):
     assert by_count[[10, 12]].to_list() == pytest.approx([0.3 * 38 / 48, 0.3 * 36 / 48]) and pd.isna(by_count[4])
     assert list(nll["seeds"].dropna()) == ["1,2", "1,2"]
     assert "| enc | 10 | pruned - control |" in (tmp_path / "matched.md").read_text()
+    assert "baseline not converged: seeds 1, 2" in (tmp_path / "matched.md").read_text()  # BLEU, NLL
     assert pd.read_csv(tmp_path / "matched.tsv", sep="\t").shape[0] == len(rows)
+
+
+def _spread(enc: dict[int, tuple[tuple[float, float], tuple[float, float]]]) -> pd.DataFrame:
+    """seeds/spread.tsv's control rows (seed_spread): seed -> (BLEU interval, NLL interval) of the
+    encoder-only control - baseline; the all-types control gains nothing on any seed."""
+    rows = []
+    for system, pick in (("control enc - baseline", 0), ("control enc - baseline, NLL", 1),
+                         ("control all - baseline", None), ("control all - baseline, NLL", None)):
+        row = {"system": system}
+        for seed, intervals in enc.items():
+            low, high = intervals[pick] if pick is not None else (-0.5, 0.5)
+            row |= {f"seed_{seed}": (low + high) / 2, f"seed_{seed}_low": low, f"seed_{seed}_high": high}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def test_the_verdicts_over_seeds_name_the_seeds_whose_control_gains():
+    """The control's check (rules of 2026-11-27): a seed whose lambda = 0 control gains over its
+    baseline beyond the paired interval, in BLEU or in NLL, had not converged; the verdicts say so."""
+    rows = matched_rows(made_up_runs(0.0, 1.0), n_sentences=2000, n_samples=100)
+    gains = _spread({1: ((0.02, 0.68), (-0.0064, 0.0011)), 2: ((-0.4, 0.3), (-0.002, 0.003)),
+                     3: ((-0.3, 0.2), (-0.02, -0.001))})
+    text = matched_markdown("toy", rows, 2000, gains)
+    enc_row = next(line for line in text.splitlines() if line.startswith("| most encoder heads"))
+    assert enc_row.endswith("baseline not converged: seeds 1, 3 |")
+    all_row = next(line for line in text.splitlines() if line.startswith("| most heads prunable"))
+    assert "not converged" not in all_row
+    assert "- seed 1, enc: " in text and "BLEU +0.35 [+0.02, +0.68]" in text and "- seed 2" not in text
+    assert "- seed 3, enc: " in text and "NLL (nats/token) -0.0105 [-0.0200, -0.0010]" in text
+    settled = matched_markdown("toy", rows, 2000, _spread({1: ((-0.4, 0.3), (0.01, 0.02))}))  # a loss: no gain
+    assert "not converged" not in settled and "finds every seed's baseline converged" in settled
+    assert "converged" not in matched_markdown("toy", rows, 2000)  # without the spread, nothing is claimed

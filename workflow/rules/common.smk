@@ -497,7 +497,7 @@ def matched_runs(exp):
 
 
 def matched_inputs(wildcards):
-    """The files matched_runs names, and the references they are scored against."""
+    """The files matched_runs names, the references they are scored against, and the seeds' spread."""
     exp = wildcards.exp
     paths = {
         path
@@ -514,6 +514,8 @@ def matched_inputs(wildcards):
     return {
         "runs": sorted(paths),
         "references": f"results/{exp}/data/{prune_eval_split(exp)}.tgt.txt",
+        # each seed's control - baseline: the control's check of its baseline
+        "spread": f"results/{exp}/seeds/spread.tsv",
     }
 
 

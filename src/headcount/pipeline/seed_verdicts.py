@@ -26,9 +26,10 @@ def heads_kept(record: dict) -> int:
 
 
 def write_matched_over_seeds(experiment: str, runs: list[dict], references: str, out_markdown: str, out_table: str,
-                             lowercase: bool = False, log=print) -> pd.DataFrame:
+                             lowercase: bool = False, log=print, spread: str | None = None) -> pd.DataFrame:
     """`runs`: workflow/rules/common.smk's matched_runs (seed, setting, lam, gates, and the
-    translations and NLL files of the pruned model, its control and its twin)."""
+    translations and NLL files of the pruned model, its control and its twin). `spread`: the seeds'
+    spread table (seed_spread), for the control's check of each seed's baseline."""
     refs = read_lines(references)
 
     @cache
@@ -55,7 +56,7 @@ def write_matched_over_seeds(experiment: str, runs: list[dict], references: str,
     rows = matched_rows(evidence, len(refs))
     with atomic_path(out_table) as tmp:
         rows.to_csv(tmp, sep="\t", index=False, float_format="%.10g")
-    text = matched_markdown(experiment, rows, len(refs))
+    text = matched_markdown(experiment, rows, len(refs), pd.read_csv(spread, sep="\t") if spread else None)
     with atomic_path(out_markdown) as tmp:
         tmp.write_text(text, encoding="utf-8")
     log(text)

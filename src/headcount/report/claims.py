@@ -30,7 +30,7 @@ tail, and a seeded Monte Carlo tail for the mean layer of the survivors.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, comb
 
 import numpy as np
@@ -40,6 +40,7 @@ from headcount.analysis.roles.registry import NO_ROLE
 from headcount.report.power import holm
 from headcount.report.preregistered import ALPHA, MONTE_CARLO_DRAWS, NO_LOSS_MARGIN
 from headcount.report.seed_statistics import t_interval
+from headcount.training.convergence import control_gains
 
 HOLDS, FAILS, MIXED, NOT_SHOWN = "holds", "does not hold", "mixed", "not shown either way"
 NOT_RESOLVED = "not resolved"
@@ -261,6 +262,32 @@ PAPER_FEWEST = ", ".join(f"{kept} of {of} {'encoder heads' if s == 'enc' else 'i
                          for s, (*_, (kept, of)) in PRUNABLE.items())
 
 
+NOT_CONVERGED = "baseline not converged"  # what a verdict's basis adds where the control's check fails
+
+
+def unconverged_note(bleu: tuple[float, float, float], nll: tuple[float, float, float]) -> str:
+    """What a verdict says where the control's check (training.convergence.control_gains) finds that
+    the baseline had not converged; "" where it had. `bleu`, `nll`: control - baseline and its paired
+    interval (NaN where not measured)."""
+    if not control_gains(bleu[1], nll[2]):
+        return ""
+    parts = [f"{label} {d:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+             for label, (d, low, high), digits in (("BLEU", bleu, 2), ("NLL (nats/token)", nll, 4))
+             if not np.isnan(low)]
+    return (f"The baseline has not converged in the sense that matters: its lambda = 0 control gains over "
+            f"it ({', '.join(parts)}), so fine-tuning alone still improves it.")
+
+
+def _control_against_baseline(pruning: pd.DataFrame, setting: str) -> tuple[tuple, tuple] | None:
+    """The setting's control - baseline, BLEU and NLL with their intervals, from the pruning table."""
+    controls = pruning[(pruning["setting"] == setting) & pruning["control"].astype(bool)]
+    if controls.empty:
+        return None
+    row = controls.iloc[0]
+    return tuple(tuple(float(row.get(f"{d}{end}", np.nan)) for end in ("", "_low", "_high"))
+                 for d in ("d_baseline", "dnll_baseline"))
+
+
 def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
     """A run of the setting keeping a quarter of its gated heads or fewer (the paper: 4-10 of 48
     encoder heads, 26-36 of 144 in all) with no loss beyond the setting's margin (the rules above).
@@ -269,7 +296,17 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
     measured against the setting's lambda = 0 control where it has one, the cost of pruning alone:
     fine-tuning by itself can move BLEU (the published run's controls gain about 1 point), which a
     comparison with the baseline would credit to pruning. Without a control, against the
-    baseline."""
+    baseline. Where the control gains over the baseline (the control's check), the claim says that
+    the baseline had not converged."""
+    claim = _prunable_reading(pruning, setting)
+    against = _control_against_baseline(pruning, setting)
+    note = unconverged_note(*against) if against else ""
+    if not note:
+        return claim
+    return replace(claim, measured=f"{claim.measured} {note}", basis=f"{claim.basis}; {NOT_CONVERGED}")
+
+
+def _prunable_reading(pruning: pd.DataFrame, setting: str) -> Claim:
     name, paper, column, source, paper_fewest = PRUNABLE[setting]
     margin = NO_LOSS_MARGIN[setting]
     total = int(_baseline(pruning)[column])

@@ -12,6 +12,7 @@ does, and each reference's NLL and token count (the reference_nll rule).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 from sacrebleu.metrics import BLEU
 
-from headcount.report.claims import FAILS, HOLDS, NOT_RESOLVED, NOT_SHOWN
+from headcount.report.claims import FAILS, HOLDS, NOT_CONVERGED, NOT_RESOLVED, NOT_SHOWN, unconverged_note
 from headcount.report.power import holm, power_statement
 from headcount.report.preregistered import ALPHA, MATCHED_HEADS, NO_LOSS_MARGIN
 from headcount.report.seed_statistics import SeedRun, ratio_of_sums, two_level_bootstrap
@@ -143,18 +144,52 @@ def _cell(row, digits: int) -> str:
             f"(seeds {row.seeds}; resolves {row.resolvable:.{digits}f})")
 
 
-def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int) -> str:
-    """The table over seeds at matched head counts, with the prunable verdicts."""
+def unconverged_seeds(spread: pd.DataFrame | None, setting: str) -> dict[int, str]:
+    """seed -> what its verdicts say, for each seed whose baseline the control's check finds
+    unconverged in `setting`: seeds/spread.tsv's rows "control <setting> - baseline" (BLEU) and
+    "..., NLL", each seed's difference with its paired interval."""
+    if spread is None:
+        return {}
+    by_system = spread.set_index("system")
+    seeds = sorted(int(c.split("_")[1]) for c in spread.columns if re.fullmatch(r"seed_\d+", c))
+
+    def interval(system: str, seed: int) -> tuple[float, float, float]:
+        if system not in by_system.index:
+            return (np.nan,) * 3
+        row = by_system.loc[system]
+        return tuple(float(row.get(f"seed_{seed}{end}", np.nan)) for end in ("", "_low", "_high"))
+
+    notes = {seed: unconverged_note(interval(f"control {setting} - baseline", seed),
+                                    interval(f"control {setting} - baseline, NLL", seed)) for seed in seeds}
+    return {seed: note for seed, note in notes.items() if note}
+
+
+def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int, spread: pd.DataFrame | None = None) -> str:
+    """The table over seeds at matched head counts, with the prunable verdicts; given the seeds'
+    spread table (seed_spread), each verdict names the seeds whose baseline had not converged by the
+    control's check, and a line per such seed gives the control's gain."""
     lines = [f"### {experiment}: the pruning findings over seeds at matched head counts", "",
              "| setting | heads kept | difference | BLEU | NLL (nats/token) |", "|---|---|---|---|---|"]
     for (setting, difference, heads), group in rows.groupby(["setting", "difference", "heads"], sort=False):
         cells = {m: _cell(group[group["measure"] == m].iloc[0], 2 if m == "bleu" else 4) for m in MEASURES}
         lines.append(f"| {setting} | {heads} | {DIFFERENCES[difference]} | {cells['bleu']} | {cells['nll']} |")
     lines += ["", "| finding | verdict | basis |", "|---|---|---|"]
+    unconverged = {setting: unconverged_seeds(spread, setting) for setting in MATCHED_HEADS}
     for setting in MATCHED_HEADS:
         verdict, basis = prunable_verdict(rows, setting)
+        if unconverged[setting]:
+            seeds = ", ".join(map(str, unconverged[setting]))
+            basis += f"; {NOT_CONVERGED}: seed{'s' if len(unconverged[setting]) > 1 else ''} {seeds}"
         name = "most encoder heads prunable (encoder only)" if setting == "enc" else "most heads prunable (all types)"
         lines.append(f"| {name} | **{verdict}** | {basis} |")
+    notes = [f"- seed {seed}, {setting}: {note}" for setting, by_seed in unconverged.items()
+             for seed, note in by_seed.items()]
+    if notes:
+        lines += ["", "Baselines the control's check finds unconverged (docs/method.md, \"Rules fixed before the "
+                  "rerun\"; seeds/spread.md has every seed's control - baseline):", *notes]
+    elif spread is not None:
+        lines += ["", "The control's check finds every seed's baseline converged: no lambda = 0 control gains over its "
+                  "baseline in BLEU or NLL beyond its paired interval (seeds/spread.md)."]
     lines += ["", f"Each seed's difference read off its own curve at the head count (linear interpolation between "
               f"the runs that bracket it, never extrapolated), averaged over the seeds that reach it; 95% "
               f"intervals from {BOOTSTRAP_SAMPLES} resamples of seeds and of the {n_sentences} test sentences "
