@@ -249,6 +249,43 @@ def test_a_prunable_verdict_says_when_the_control_gains_over_the_baseline():
     assert "not converged" not in heads_prunable(_table(pruned, other), "enc").basis
 
 
+def test_a_prunable_verdict_names_the_runs_whose_gates_had_not_decided():
+    # the rules of 2026-11-27: above 5% of the gated heads with P(open) inside (0.1, 0.9), a run has
+    # not decided, and the verdict says so
+    def run(lam, undecided):
+        return _row("enc", lam, 10, 48, 48, d_control=0.1, d_control_low=-0.2, d_control_high=0.4,
+                    gates_undecided=undecided, gates_gated=48)
+
+    assert "undecided" not in heads_prunable(_table(run(0.1, 2), run(0.2, 0)), "enc").basis  # 2 of 48: 4.2%
+    claim = heads_prunable(_table(run(0.1, 3), run(0.2, 0)), "enc")  # 3 of 48: 6.2%
+    assert claim.verdict == HOLDS and claim.basis.endswith("gates undecided at lambda 0.1")
+    assert "lambda 0.1 (3 of 48)" in claim.measured and "lambda 0.2 (" not in claim.measured
+    # a table from before the rule (no gate counts) claims nothing about them
+    bare = _row("enc", 0.1, 10, 48, 48, d_control=0.1, d_control_low=-0.2, d_control_high=0.4)
+    assert "undecided" not in heads_prunable(_table(bare), "enc").basis
+
+
+def test_a_prunable_verdict_is_given_under_both_counting_rules_where_they_differ():
+    # the rules of 2026-11-27: where the paper's count (log alpha < 0) and headcount's (evaluation gate
+    # 0) differ by more than 2 heads, the verdict is given under both
+    def run(kept, paper, low=-0.2, high=0.4, setting="enc"):
+        counts = (kept, 48, 48) if setting == "enc" else (kept - 96, 48, 48)
+        papers = (paper, 48, 48) if setting == "enc" else (paper - 96, 48, 48)
+        return _row(setting, 0.1, *counts, d_control=(low + high) / 2, d_control_low=low, d_control_high=high,
+                    **dict(zip(["retained_paper_rule_enc_self", "retained_paper_rule_dec_self",
+                                "retained_paper_rule_dec_enc"], papers)))
+
+    assert "paper's count" not in heads_prunable(_table(run(10, 12)), "enc").basis  # 2 apart: they agree
+    # headcount's count keeps 10 (a quarter or fewer: holds); the paper's keeps 20 (more than a quarter)
+    claim = heads_prunable(_table(run(10, 20)), "enc")
+    assert claim.verdict == HOLDS and claim.basis.endswith(f"by the paper's count: {NOT_SHOWN}")
+    assert "which differs from headcount's by more than 2 heads at lambda 0.1" in claim.measured
+    # all types: the counts are totals over the three attention types
+    claim = heads_prunable(_table(run(130, 30, setting="all")), "all")
+    assert claim.verdict == NOT_SHOWN and claim.basis.endswith(f"by the paper's count: {HOLDS}")
+    assert "paper's count" not in heads_prunable(_table(run(30, 32, setting="all")), "all").basis
+
+
 # --------------------------------------------------------------------------------------------
 # Pruned against from scratch, against the schedule's share
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headcount.report.claims import FAILS, HOLDS, NOT_RESOLVED
+from headcount.report.claims import FAILS, HOLDS, NOT_RESOLVED, NOT_SHOWN
 from headcount.report.matched_heads import (
     RunEvidence,
     bleu_difference,
@@ -147,7 +147,8 @@ def test_the_workflow_step_reads_each_seeds_runs_from_files(tmp_path):
     assert list(nll["seeds"].dropna()) == ["1,2", "1,2"]
     assert "| enc | 10 | pruned - control |" in (tmp_path / "matched.md").read_text()
     assert "baseline not converged: seeds 1, 2" in (tmp_path / "matched.md").read_text()  # BLEU, NLL
-    assert pd.read_csv(tmp_path / "matched.tsv", sep="\t").shape[0] == len(rows)
+    written = pd.read_csv(tmp_path / "matched.tsv", sep="\t")
+    assert written.shape[0] == len(rows) and set(written["counting"]) == {"headcount"}  # no paper counts given
 
 
 def _spread(enc: dict[int, tuple[tuple[float, float], tuple[float, float]]]) -> pd.DataFrame:
@@ -180,3 +181,31 @@ def test_the_verdicts_over_seeds_name_the_seeds_whose_control_gains():
     settled = matched_markdown("toy", rows, 2000, _spread({1: ((-0.4, 0.3), (0.01, 0.02))}))  # a loss: no gain
     assert "not converged" not in settled and "finds every seed's baseline converged" in settled
     assert "converged" not in matched_markdown("toy", rows, 2000)  # without the spread, nothing is claimed
+
+
+def test_the_verdicts_over_seeds_read_the_gates_as_the_rules_ask():
+    """The rules of 2026-11-27: a run with more than 5% of its gates undecided is named, and where the
+    paper's count (log alpha < 0) differs from headcount's by more than 2 heads in some run, the
+    verdict is given under both, the paper's from every run recounted."""
+    from dataclasses import replace
+
+    from headcount.report.matched_heads import gate_checks
+
+    runs = made_up_runs(3.0, 1.0)  # losses of 2.25-2.75 BLEU at 4-12 heads: does not hold
+    agreeing = [replace(r, paper_heads=min(48, r.heads + 2), gated=48,
+                        undecided=3 if (r.seed, r.heads) == (2, 12) else 2) for r in runs]
+    checks = gate_checks(agreeing, 2000, n_samples=100)
+    assert checks.paper_rows is None and [(r.seed, r.heads) for r in checks.undecided] == [(2, 12)]
+    text = matched_markdown("toy", matched_rows(agreeing, 2000, n_samples=100), 2000, gates=checks)
+    enc_row = next(line for line in text.splitlines() if line.startswith("| most encoder heads"))
+    assert f"**{FAILS}**" in enc_row and enc_row.endswith("; gates undecided in seed 2 lambda 0.1 |")
+    assert "seed 2, enc lambda 0.1: 3 of 48" in text and "paper's count" not in text
+    # the paper's rule keeps 30 more heads: no seed's recounted curve reaches 4-12 heads
+    apart = [replace(r, paper_heads=min(48, r.heads + 30)) for r in runs]
+    checks = gate_checks(apart, 2000, n_samples=100)
+    assert checks.paper_rows is not None and len(checks.apart["enc"]) == 15  # 20, 12, 8, 4, 0 heads; 3 seeds
+    text = matched_markdown("toy", matched_rows(apart, 2000, n_samples=100), 2000, gates=checks)
+    enc_row = next(line for line in text.splitlines() if line.startswith("| most encoder heads"))
+    assert enc_row.startswith(f"| most encoder heads prunable (encoder only) | **{FAILS}** |")
+    assert "by the paper's count (log alpha < 0; it differs from headcount's by more than 2 heads in seed 1 " \
+           "lambda 0.1" in enc_row and f"**{NOT_SHOWN}**" in enc_row

@@ -38,7 +38,14 @@ import pandas as pd
 
 from headcount.analysis.roles.registry import NO_ROLE
 from headcount.report.power import holm
-from headcount.report.preregistered import ALPHA, MONTE_CARLO_DRAWS, NO_LOSS_MARGIN
+from headcount.report.preregistered import (
+    ALPHA,
+    COUNTING_RULES_AGREE,
+    GATE_UNDECIDED,
+    MAX_UNDECIDED_SHARE,
+    MONTE_CARLO_DRAWS,
+    NO_LOSS_MARGIN,
+)
 from headcount.report.seed_statistics import t_interval
 from headcount.training.convergence import control_gains
 
@@ -296,14 +303,73 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
     measured against the setting's lambda = 0 control where it has one, the cost of pruning alone:
     fine-tuning by itself can move BLEU (the published run's controls gain about 1 point), which a
     comparison with the baseline would credit to pruning. Without a control, against the
-    baseline. Where the control gains over the baseline (the control's check), the claim says that
-    the baseline had not converged."""
+    baseline.
+
+    The rules of 2026-11-27 add three notes, each to the measured text and the basis: runs whose
+    gates had not decided (more than MAX_UNDECIDED_SHARE of them inside GATE_UNDECIDED), the verdict
+    under the paper's counting rule where it differs from headcount's by more than
+    COUNTING_RULES_AGREE heads in some run, and a baseline the control's check finds unconverged."""
     claim = _prunable_reading(pruning, setting)
+    notes, basis = [], []
+    undecided = undecided_runs(_pruned_runs(pruning, setting))
+    if undecided:
+        low, high = GATE_UNDECIDED
+        runs = ", ".join(f"lambda {lam:g} ({k} of {n})" for lam, k, n in undecided)
+        notes.append(f"Gates not decided (more than {MAX_UNDECIDED_SHARE:.0%} with P(open) strictly between {low:g} "
+                     f"and {high:g}): {runs}.")
+        basis.append("gates undecided at lambda " + ", ".join(f"{lam:g}" for lam, _, _ in undecided))
+    paper_count = _paper_rule_reading(pruning, setting)
+    if paper_count is not None:
+        lambdas, other = paper_count
+        notes.append(f"By the paper's counting rule (log alpha < 0), which differs from headcount's by more than "
+                     f"{COUNTING_RULES_AGREE} heads at lambda {lambdas}: {other.verdict} ({other.basis}).")
+        basis.append(f"by the paper's count: {other.verdict}")
     against = _control_against_baseline(pruning, setting)
     note = unconverged_note(*against) if against else ""
-    if not note:
+    if note:
+        notes.append(note)
+        basis.append(NOT_CONVERGED)
+    if not notes:
         return claim
-    return replace(claim, measured=f"{claim.measured} {note}", basis=f"{claim.basis}; {NOT_CONVERGED}")
+    return replace(claim, measured=" ".join([claim.measured, *notes]), basis="; ".join([claim.basis, *basis]))
+
+
+def undecided_runs(runs: pd.DataFrame) -> list[tuple[float, int, int]]:
+    """(lambda, undecided gates, gated heads) of each run whose gates had not decided by the rules of
+    2026-11-27: more than MAX_UNDECIDED_SHARE of its gated heads ended with P(open) inside
+    GATE_UNDECIDED (the pruning table's gates_undecided of gates_gated; tables without them: none)."""
+    if "gates_undecided" not in runs or "gates_gated" not in runs:
+        return []
+    counted = runs.dropna(subset=["gates_undecided", "gates_gated"])
+    counted = counted[counted["gates_gated"] > 0]
+    return [(float(r.lam), int(r.gates_undecided), int(r.gates_gated)) for r in counted.itertuples()
+            if r.gates_undecided / r.gates_gated > MAX_UNDECIDED_SHARE]
+
+
+def paper_rule_count(table: pd.DataFrame, setting: str) -> pd.Series | None:
+    """Heads kept in `setting`'s count (PRUNABLE's column) by the paper's counting rule, log alpha < 0
+    (the pruning table's retained_paper_rule_* columns); None for a table without them."""
+    types = ["enc_self"] if setting == "enc" else ["enc_self", "dec_self", "dec_enc"]
+    columns = [f"retained_paper_rule_{t}" for t in types]
+    if any(c not in table for c in columns):
+        return None
+    return table[columns].sum(axis=1, min_count=len(columns))
+
+
+def _paper_rule_reading(pruning: pd.DataFrame, setting: str) -> tuple[str, Claim] | None:
+    """The prunable reading with every run's heads counted by the paper's rule, where the two rules
+    differ by more than COUNTING_RULES_AGREE heads in some run: (those lambdas, the claim)."""
+    column = PRUNABLE[setting][2]
+    runs = _pruned_runs(pruning, setting)
+    paper = paper_rule_count(runs, setting)
+    if paper is None:
+        return None
+    apart = runs[(runs[column] - paper).abs() > COUNTING_RULES_AGREE]
+    if apart.empty:
+        return None
+    recounted = pruning.copy()
+    recounted.loc[runs.index, column] = paper.where(paper.notna(), runs[column])
+    return ", ".join(f"{lam:g}" for lam in apart["lam"]), _prunable_reading(recounted, setting)
 
 
 def _prunable_reading(pruning: pd.DataFrame, setting: str) -> Claim:

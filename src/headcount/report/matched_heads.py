@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,7 +22,14 @@ from sacrebleu.metrics import BLEU
 
 from headcount.report.claims import FAILS, HOLDS, NOT_CONVERGED, NOT_RESOLVED, NOT_SHOWN, unconverged_note
 from headcount.report.power import holm, power_statement
-from headcount.report.preregistered import ALPHA, MATCHED_HEADS, NO_LOSS_MARGIN
+from headcount.report.preregistered import (
+    ALPHA,
+    COUNTING_RULES_AGREE,
+    GATE_UNDECIDED,
+    MATCHED_HEADS,
+    MAX_UNDECIDED_SHARE,
+    NO_LOSS_MARGIN,
+)
 from headcount.report.seed_statistics import SeedRun, ratio_of_sums, two_level_bootstrap
 from headcount.training.evaluate import BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED
 
@@ -63,12 +70,39 @@ def nll_difference(system: pd.DataFrame, reference: pd.DataFrame) -> Callable[[n
 @dataclass(frozen=True)
 class RunEvidence:
     """One pruning run of one seed: heads kept in its setting's count, and its differences' run
-    statistics by (difference, measure), e.g. ("control", "bleu")."""
+    statistics by (difference, measure), e.g. ("control", "bleu"). Where known, the heads the paper's
+    counting rule keeps (log alpha < 0) and how many of its gated heads had not decided."""
     seed: int
     setting: str
     lam: float
     heads: int
     values: dict[tuple[str, str], Callable[[np.ndarray], np.ndarray]]
+    paper_heads: int | None = None
+    undecided: int | None = None
+    gated: int | None = None
+
+
+@dataclass(frozen=True)
+class GateChecks:
+    """What the rules of 2026-11-27 make the verdicts over seeds say about the gates: the runs whose
+    gates had not decided, and, where the two counting rules differ by more than
+    COUNTING_RULES_AGREE heads in some run of a setting, the matched rows with every run counted by
+    the paper's rule."""
+    undecided: list[RunEvidence]
+    apart: dict[str, list[RunEvidence]]  # setting -> its runs whose two counts differ
+    paper_rows: pd.DataFrame | None
+
+
+def gate_checks(runs: list[RunEvidence], n_sentences: int, n_samples: int = BOOTSTRAP_SAMPLES,
+                seed: int = BOOTSTRAP_SEED) -> GateChecks:
+    undecided = [r for r in runs if r.gated and r.undecided / r.gated > MAX_UNDECIDED_SHARE]
+    apart: dict[str, list[RunEvidence]] = {}
+    for r in runs:
+        if r.paper_heads is not None and abs(r.paper_heads - r.heads) > COUNTING_RULES_AGREE:
+            apart.setdefault(r.setting, []).append(r)
+    recounted = [replace(r, heads=r.paper_heads) for r in runs if r.paper_heads is not None]
+    paper_rows = matched_rows(recounted, n_sentences, n_samples, seed) if apart else None
+    return GateChecks(undecided, apart, paper_rows)
 
 
 def matched_rows(runs: list[RunEvidence], n_sentences: int, n_samples: int = BOOTSTRAP_SAMPLES,
@@ -128,6 +162,10 @@ def prunable_verdict(rows: pd.DataFrame, setting: str) -> tuple[str, str]:
                           + needs_text(widest))
 
 
+def _runs_text(runs) -> str:
+    return ", ".join(f"seed {r.seed} lambda {r.lam:g}" for r in runs)
+
+
 def needs_text(row) -> str:
     if not pd.isna(row.get("seeds_needed", float("nan"))) and row.get("seeds_needed") is not None:
         return f"the margin needs about {int(row.seeds_needed)} seeds"
@@ -164,10 +202,13 @@ def unconverged_seeds(spread: pd.DataFrame | None, setting: str) -> dict[int, st
     return {seed: note for seed, note in notes.items() if note}
 
 
-def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int, spread: pd.DataFrame | None = None) -> str:
+def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int, spread: pd.DataFrame | None = None,
+                     gates: GateChecks | None = None) -> str:
     """The table over seeds at matched head counts, with the prunable verdicts; given the seeds'
     spread table (seed_spread), each verdict names the seeds whose baseline had not converged by the
-    control's check, and a line per such seed gives the control's gain."""
+    control's check, and a line per such seed gives the control's gain. Given the `gates` checks,
+    each verdict names its setting's runs whose gates had not decided, and where the counting rules
+    differ it is given under the paper's count as well."""
     lines = [f"### {experiment}: the pruning findings over seeds at matched head counts", "",
              "| setting | heads kept | difference | BLEU | NLL (nats/token) |", "|---|---|---|---|---|"]
     for (setting, difference, heads), group in rows.groupby(["setting", "difference", "heads"], sort=False):
@@ -180,8 +221,21 @@ def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int, spre
         if unconverged[setting]:
             seeds = ", ".join(map(str, unconverged[setting]))
             basis += f"; {NOT_CONVERGED}: seed{'s' if len(unconverged[setting]) > 1 else ''} {seeds}"
+        if gates is not None and any(r.setting == setting for r in gates.undecided):
+            basis += "; gates undecided in " + _runs_text(r for r in gates.undecided if r.setting == setting)
+        if gates is not None and gates.apart.get(setting):
+            paper_verdict, paper_basis = prunable_verdict(gates.paper_rows, setting)
+            basis += (f"; by the paper's count (log alpha < 0; it differs from headcount's by more than "
+                      f"{COUNTING_RULES_AGREE} heads in {_runs_text(gates.apart[setting])}): **{paper_verdict}** "
+                      f"({paper_basis})")
         name = "most encoder heads prunable (encoder only)" if setting == "enc" else "most heads prunable (all types)"
         lines.append(f"| {name} | **{verdict}** | {basis} |")
+    if gates is not None and gates.undecided:
+        low, high = GATE_UNDECIDED
+        lines += ["", f"Runs whose gates had not decided (more than {MAX_UNDECIDED_SHARE:.0%} of the gated heads with "
+                  f"P(open) strictly between {low:g} and {high:g}): "
+                  + "; ".join(f"seed {r.seed}, {r.setting} lambda {r.lam:g}: {r.undecided} of {r.gated}"
+                              for r in gates.undecided) + "."]
     notes = [f"- seed {seed}, {setting}: {note}" for setting, by_seed in unconverged.items()
              for seed, note in by_seed.items()]
     if notes:
