@@ -334,6 +334,11 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
     return replace(claim, measured=" ".join([claim.measured, *notes]), basis="; ".join([claim.basis, *basis]))
 
 
+def has_not_decided(undecided: int, gated: int) -> bool:
+    """The rules of 2026-11-27: a run whose gated heads are more than MAX_UNDECIDED_SHARE undecided."""
+    return gated > 0 and undecided / gated > MAX_UNDECIDED_SHARE
+
+
 def undecided_runs(runs: pd.DataFrame) -> list[tuple[float, int, int]]:
     """(lambda, undecided gates, gated heads) of each run whose gates had not decided by the rules of
     2026-11-27: more than MAX_UNDECIDED_SHARE of its gated heads ended with P(open) inside
@@ -341,9 +346,8 @@ def undecided_runs(runs: pd.DataFrame) -> list[tuple[float, int, int]]:
     if "gates_undecided" not in runs or "gates_gated" not in runs:
         return []
     counted = runs.dropna(subset=["gates_undecided", "gates_gated"])
-    counted = counted[counted["gates_gated"] > 0]
     return [(float(r.lam), int(r.gates_undecided), int(r.gates_gated)) for r in counted.itertuples()
-            if r.gates_undecided / r.gates_gated > MAX_UNDECIDED_SHARE]
+            if has_not_decided(r.gates_undecided, r.gates_gated)]
 
 
 def paper_rule_count(table: pd.DataFrame, setting: str) -> pd.Series | None:

@@ -20,7 +20,15 @@ import numpy as np
 import pandas as pd
 from sacrebleu.metrics import BLEU
 
-from headcount.report.claims import FAILS, HOLDS, NOT_CONVERGED, NOT_RESOLVED, NOT_SHOWN, unconverged_note
+from headcount.report.claims import (
+    FAILS,
+    HOLDS,
+    NOT_CONVERGED,
+    NOT_RESOLVED,
+    NOT_SHOWN,
+    has_not_decided,
+    unconverged_note,
+)
 from headcount.report.power import holm, power_statement
 from headcount.report.preregistered import (
     ALPHA,
@@ -95,7 +103,7 @@ class GateChecks:
 
 def gate_checks(runs: list[RunEvidence], n_sentences: int, n_samples: int = BOOTSTRAP_SAMPLES,
                 seed: int = BOOTSTRAP_SEED) -> GateChecks:
-    undecided = [r for r in runs if r.gated and r.undecided / r.gated > MAX_UNDECIDED_SHARE]
+    undecided = [r for r in runs if r.gated is not None and has_not_decided(r.undecided, r.gated)]
     apart: dict[str, list[RunEvidence]] = {}
     for r in runs:
         if r.paper_heads is not None and abs(r.paper_heads - r.heads) > COUNTING_RULES_AGREE:
