@@ -1,6 +1,7 @@
 """The positive control: the synthetic language's invariants, and a tiny model trained on it in
 which the role analysis finds the planted positional and syntactic heads."""
 
+import math
 import random
 import re
 from collections import Counter
@@ -199,7 +200,8 @@ def test_names_are_rare_and_regular_words_are_not():
 
 def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
     """Train a tiny Transformer (d_model 64, 4 heads, one decoder layer, no dropout) on 4000 pairs of
-    `grammar` and return what headcount's role analysis finds on 200 dev sentences (found_heads)."""
+    `grammar` and return what headcount's role analysis finds on 200 dev sentences (found_heads), and
+    the per-head syntactic scores it found them in."""
     import torch
 
     from headcount.analysis.roles.collect import encoder_head_statistics
@@ -234,19 +236,46 @@ def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
     frequencies = count_words(read_lines(paths["train"]["src"]), lowercase=False)
     stats = encoder_head_statistics(model, segmenters["src"], table, frequencies, False, top_k=50, log=lambda m: None)
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"], min_instances=10, rare_margin=0.1)
-    return found_heads(roles, stats["syntactic"], SETTINGS)
+    return found_heads(roles, stats["syntactic"], SETTINGS), stats["syntactic"]
 
 
 def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp_path):
-    """A small version of the language (15 words, no names), 3+1 layers, 2500 steps: the role
-    analysis must find syntactic heads for at least two of the planted relations, one of them sharp.
+    """A small version of the language (15 words, no names), 3+1 layers, 3000 steps: the role
+    analysis must find syntactic heads for at least two of the planted relations, one of them beyond
+    doubt: its rate beats the relation's baseline plus the role margin (0.10) by more than its
+    instances' sampling noise explains (one-sided exact binomial, p < 0.001). A fixed excess (+0.3
+    until 2026-11-29) rested on one training trajectory, which the CPU's kernels change: torch seed
+    1's best head was +0.38 on an AVX-512 CPU and +0.285 on an AVX2 one (seed 2 there: +0.49).
     (Its join of a word's two pieces is not sharp at this size: 0.51 on continuation pieces; the next
     test checks that. All six planted functions are the full control experiment's to find.)"""
     grammar = Grammar(nouns=6, verbs=3, adjectives=3, adverbs=3, names=300, name_rate=0.0)
-    found = _tiny_control(tmp_path, grammar, enc_layers=3, steps=SYNTAX_STEPS)
+    found, syntactic = _tiny_control(tmp_path, grammar, enc_layers=3, steps=SYNTAX_STEPS)
     hits = found.dropna(subset=["layer"])
     assert len(set(hits["function"]) & {"nsubj", "obj", "amod", "advmod"}) >= 2, found.to_string()
-    assert (hits["rate"] >= hits["baseline"] + 0.3).any(), found.to_string()  # sharp, not marginal
+    scored = hits.merge(syntactic, left_on=["function", "via", "layer", "head"],
+                        right_on=["relation", "name", "layer", "head"], validate="one_to_one")
+    assert len(scored) == len(hits), (hits.to_string(), syntactic.to_string())
+    p_values = [binomial_tail(round(r.accuracy * r.n), int(r.n), r.baseline_accuracy + SETTINGS["syntactic_margin"])
+                for r in scored.itertuples()]
+    assert min(p_values) < 1e-3, (scored.assign(p=p_values).to_string())  # beyond doubt, not marginal
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed exactly in log space."""
+    if p <= 0:
+        return 1.0 if k <= 0 else 0.0
+    if p >= 1:
+        return 1.0
+    return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                        + i * math.log(p) + (n - i) * math.log1p(-p)) for i in range(max(k, 0), n + 1))
+
+
+def test_binomial_tail_is_the_brute_force_sum_and_a_known_value():
+    """Against a direct sum with math.comb, and P(X >= 8) for Binomial(10, 1/2) = 56/1024."""
+    for n, k, p in ((10, 8, 0.5), (40, 25, 0.385), (7, 0, 0.2), (12, 12, 0.9)):
+        brute = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+        assert binomial_tail(k, n, p) == pytest.approx(brute, rel=1e-12, abs=1e-300)
+    assert binomial_tail(8, 10, 0.5) == pytest.approx(56 / 1024, rel=1e-12)
 
 
 def test_tiny_model_has_the_planted_piece_join_and_headcount_finds_it(tmp_path):
@@ -256,7 +285,7 @@ def test_tiny_model_has_the_planted_piece_join_and_headcount_finds_it(tmp_path):
     which is what the previous test is for)."""
     from headcount.report.positive_control import POSITIONAL_FUNCTION
 
-    found = _tiny_control(tmp_path, Grammar(name_rate=0.0), enc_layers=2, steps=1500)
+    found, _ = _tiny_control(tmp_path, Grammar(name_rate=0.0), enc_layers=2, steps=1500)
     positional = found[(found["function"] == POSITIONAL_FUNCTION)].dropna(subset=["layer"])
     assert len(positional), found.to_string()
     assert positional["rate"].max() >= 0.95, found.to_string()  # sharp, not marginal
