@@ -265,14 +265,14 @@ def binomial_tail(k: int, n: int, p: float) -> float:
     if p <= 0:
         return 1.0 if k <= 0 else 0.0
     if p >= 1:
-        return 1.0
+        return 1.0 if k <= n else 0.0
     return sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
                         + i * math.log(p) + (n - i) * math.log1p(-p)) for i in range(max(k, 0), n + 1))
 
 
 def test_binomial_tail_is_the_brute_force_sum_and_a_known_value():
     """Against a direct sum with math.comb, and P(X >= 8) for Binomial(10, 1/2) = 56/1024."""
-    for n, k, p in ((10, 8, 0.5), (40, 25, 0.385), (7, 0, 0.2), (12, 12, 0.9)):
+    for n, k, p in ((10, 8, 0.5), (40, 25, 0.385), (7, 0, 0.2), (12, 12, 0.9), (5, 3, 1.0), (5, 6, 1.0)):
         brute = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
         assert binomial_tail(k, n, p) == pytest.approx(brute, rel=1e-12, abs=1e-300)
     assert binomial_tail(8, 10, 0.5) == pytest.approx(56 / 1024, rel=1e-12)
