@@ -54,13 +54,13 @@ def write_matched_over_seeds(experiment: str, runs: list[dict], references: str,
                 values[(difference, "bleu")] = bleu_difference(stats(run["pruned"]["hyps"]),
                                                                stats(run[difference]["hyps"]))
                 values[(difference, "nll")] = nll_difference(nll(run["pruned"]["nll"]), nll(run[difference]["nll"]))
-        decided = undecided_gates(pd.DataFrame(record.get("heads", [])))
-        counted = not pd.isna(decided["gates_gated"])
+        gate_counts = undecided_gates(pd.DataFrame(record.get("heads", [])))
+        counted = not pd.isna(gate_counts["gates_gated"])
         evidence.append(RunEvidence(run["seed"], run["setting"], run["lam"], heads_kept(record), values,
                                     paper_heads=(heads_kept(record, "retained_paper_rule")
                                                  if "retained_paper_rule" in record else None),
-                                    undecided=int(decided["gates_undecided"]) if counted else None,
-                                    gated=int(decided["gates_gated"]) if counted else None))
+                                    undecided=int(gate_counts["gates_undecided"]) if counted else None,
+                                    gated=int(gate_counts["gates_gated"]) if counted else None))
         log(f"seed {run['seed']}, {run['setting']} lambda {run['lam']:g}: {heads_kept(record)} heads kept")
     rows = matched_rows(evidence, len(refs))
     gates = gate_checks(evidence, len(refs))
