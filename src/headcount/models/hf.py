@@ -498,12 +498,12 @@ class HFSeq2Seq(HeadMasks, nn.Module):
 
     @classmethod
     def from_checkpoint(cls, state: dict) -> HFSeq2Seq:
-        from transformers import AutoConfig, AutoModelForSeq2SeqLM
+        from transformers import AutoModelForSeq2SeqLM
 
-        config_dict = json.loads(state["model_config"])
-        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-        config._attn_implementation = "eager"
-        model = cls(AutoModelForSeq2SeqLM.from_config(config), forced=state.get("forced"))
+        from headcount.models.hf_source import rebuilt_config
+
+        config = rebuilt_config(state)
+        model = cls(AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=False), forced=state.get("forced"))
         kept = state.get("kept_heads") or {kind: [list(range(n)) for n in counts]
                                              for kind, counts in state["head_counts"].items()}
         return load_weights_with_heads(model, kept, state["model"])

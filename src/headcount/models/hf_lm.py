@@ -379,16 +379,14 @@ class _HFLanguageModel(HeadMasks, nn.Module):
 
     @staticmethod
     def from_checkpoint(state: dict) -> _HFLanguageModel:
-        from transformers import AutoConfig
+        from headcount.models.hf_source import rebuilt_config
 
-        config_dict = json.loads(state["model_config"])
-        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-        config._attn_implementation = "eager"
+        config = rebuilt_config(state)
         family = lm_family_of(config)
         cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
         special = state["special"]
         special = SpecialIds(**{**special, "forced": tuple(special.get("forced", ()))})
-        model = cls(_auto_class(family).from_config(config), special=special)
+        model = cls(_auto_class(family).from_config(config, trust_remote_code=False), special=special)
         return load_weights_with_heads(model, state["kept_heads"], state["model"])
 
 

@@ -133,16 +133,15 @@ class HFSentenceEncoder(HFMaskedLM):
 
     @staticmethod
     def from_checkpoint(state: dict) -> HFSentenceEncoder:
-        import json
+        from transformers import AutoModel
 
-        from transformers import AutoConfig, AutoModel
+        from headcount.models.hf_source import rebuilt_config
 
-        config_dict = json.loads(state["model_config"])
-        config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-        config._attn_implementation = "eager"
+        config = rebuilt_config(state)
         special = state["special"]
         special = SpecialIds(**{**special, "forced": tuple(special.get("forced", ()))})
-        model = HFSentenceEncoder(AutoModel.from_config(config), special=special, pooling=Pooling(**state["pooling"]))
+        model = HFSentenceEncoder(AutoModel.from_config(config, trust_remote_code=False), special=special,
+                                  pooling=Pooling(**state["pooling"]))
         return load_weights_with_heads(model, state["kept_heads"], state["model"])
 
 

@@ -18,7 +18,9 @@ import functools
 import importlib.metadata
 import importlib.util
 import json
+import mmap
 import os
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +38,10 @@ class UnsafeModel(HeadcountError):
 
 class MissingWeights(HeadcountError):
     """The checkpoint lacks weights the model's objective needs, or holds weights it does not use."""
+
+
+class MalformedGGUF(PretrainedModelUnavailable):
+    """A GGUF file whose header does not fit its own size or bounds (damaged, or built to exhaust the reader)."""
 
 
 # The GGUF package headcount is tested with (constraints.txt); transformers needs >= 0.10.
@@ -99,22 +105,98 @@ def resolve_source(name_or_path: str | os.PathLike, offline: bool | None = None)
     return ModelSource(label, label, offline)
 
 
+# The files of a model directory that transformers reads as configs, any of which may map a class
+# onto the directory's own Python code (auto_map).
+CONFIG_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+
+
 def _refuse_remote_code(config_json: Path, label: str) -> None:
     """A config that maps the model onto its own Python code (`auto_map`) is refused before
     transformers sees it: its prompt ("Do you wish to run the custom code?") would appear inside a
-    workflow job, and headcount analyses only architectures that transformers itself ships."""
-    if not config_json.is_file():
+    workflow job, and headcount analyses only architectures that transformers itself ships. The
+    tokenizer's and processor's configs beside it are read the same way."""
+    for path in [config_json.parent / name for name in CONFIG_FILES]:
+        if not path.is_file():
+            continue
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as error:
+            raise PretrainedModelUnavailable(f"{path}: not a readable JSON config ({error})") from None
+        if isinstance(config, dict):
+            refuse_auto_map(config, str(path))
+
+
+def refuse_auto_map(settings: dict, where: str, in_checkpoint: bool = False) -> None:
+    """UnsafeModel, naming `where`, for a transformers config that maps a class onto Python code of
+    the model's own (`auto_map`, at any depth: an encoder-decoder nests its halves' configs). Every
+    config headcount reads or rebuilds goes through here: a directory's config.json, a checkpoint's
+    embedded model_config (`in_checkpoint`: which headcount never writes with one)."""
+    found, todo = [], [((), settings)]
+    while todo and len(found) < 8:
+        at, value = todo.pop()
+        if isinstance(value, dict):
+            if value.get("auto_map"):
+                found.append((at, value))
+            todo += [((*at, str(k)), v) for k, v in value.items() if isinstance(v, (dict, list)) and len(at) < 32]
+        elif isinstance(value, list):
+            todo += [((*at, str(i)), v) for i, v in enumerate(value[:10_000]) if isinstance(v, (dict, list))]
+    if not found:
         return
+    at, config = found[0]
+    key = ".".join((*at, "auto_map"))
+    auto_map = config["auto_map"]
+    classes = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+    model_type = config.get("model_type")
+    if in_checkpoint:
+        fix = ("headcount writes no auto_map into its checkpoints, so this file was altered or built elsewhere: "
+               "replace it with one from a source you trust")
+    elif _ships(model_type):
+        fix = (f"model_type {model_type!r} is an architecture transformers ships, so the model needs no code of "
+               f"its own: remove '{key}' from it (or load the model where you trust its code and save it again "
+               f"with save_pretrained, which writes no auto_map for a shipped architecture)")
+    else:
+        fix = (f"model_type {model_type!r} is not an architecture transformers ships: use a model whose "
+               f"architecture it ships, or port this one to one and save it with save_pretrained")
+    raise UnsafeModel(f"{where}: '{key}' maps the model's classes onto its own Python code ({classes}); "
+                      f"headcount never runs a model's code (trust_remote_code is always False). {fix}")
+
+
+def _ships(model_type) -> bool:
+    if not isinstance(model_type, str):
+        return False
+    from transformers import CONFIG_MAPPING
+
+    return model_type in CONFIG_MAPPING
+
+
+def rebuilt_config(state: dict, label: str = "the checkpoint"):
+    """The transformers config a headcount checkpoint carries ('model_config', JSON), rebuilt with
+    eager attention: the one way a config is rebuilt from a checkpoint, refusing auto_map (the
+    model is then built with from_config(config, trust_remote_code=False))."""
+    from transformers import AutoConfig
+
+    from headcount.io import CheckpointError
+    from headcount.models.checkpoint import config_settings
+
+    text = state.get("model_config")
+    if not isinstance(text, str):
+        raise CheckpointError(f"{label}: its 'model_config' is {type(text).__name__}, not the JSON of a "
+                              f"transformers config; the file was not written by headcount or was altered")
+    settings = config_settings(text, label)
+    refuse_auto_map(settings, f"{label}: its 'model_config'", in_checkpoint=True)
+    model_type = settings.pop("model_type", None)
+    if not _ships(model_type):
+        raise CheckpointError(f"{label}: its 'model_config' names model_type {model_type!r}, which is no "
+                              f"architecture transformers ships; the file was not written by headcount or was "
+                              f"altered")
     try:
-        config = json.loads(config_json.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise PretrainedModelUnavailable(f"{config_json}: not a readable JSON config ({error})") from None
-    if isinstance(config, dict) and config.get("auto_map"):
-        raise UnsafeModel(
-            f"{config_json}: the model maps its classes onto its own Python code (auto_map: "
-            f"{sorted(config['auto_map'])}); headcount never runs a model's code (trust_remote_code is always "
-            f"False). Use a model whose architecture transformers ships (model_type {config.get('model_type')!r} "
-            f"is not one), or port it to one and save it with save_pretrained")
+        config = AutoConfig.for_model(model_type, **settings)
+    except (TypeError, ValueError, AttributeError, KeyError) as error:
+        raise CheckpointError(f"{label}: its 'model_config' does not rebuild a {model_type} config "
+                              f"({type(error).__name__}: {str(error)[:200]}); the file was damaged or "
+                              f"altered") from None
+    config._attn_implementation = "eager"
+    return config
 
 
 def check_gguf(path: Path) -> None:
@@ -133,13 +215,9 @@ def _check_gguf_once(path_text: str, size: int, mtime_ns: int) -> None:
         raise PretrainedModelUnavailable(
             f"{path}: reading a GGUF model needs the `gguf` package, which is not installed; "
             f"`pip install {GGUF_REQUIREMENT}` (headcount's `make setup` installs it)")
-    from gguf import GGUFReader
     from gguf.quants import GGMLQuantizationType, _type_traits
 
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, OSError) as error:
-        raise PretrainedModelUnavailable(f"{path}: not a readable GGUF file ({error})") from None
+    reader = _gguf_reader(path)
     architecture = _gguf_string(reader, "general.architecture")
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -167,9 +245,168 @@ def _gguf_string(reader, key: str) -> str | None:
 
 def gguf_architecture(path: str | os.PathLike) -> str | None:
     """The architecture a GGUF file declares (general.architecture), read from its header."""
+    return _gguf_string(_gguf_reader(Path(path)), "general.architecture")
+
+
+def _gguf_reader(path: Path):
+    """gguf's reader on a file whose header check_gguf_header passed (MalformedGGUF otherwise)."""
     from gguf import GGUFReader
 
-    return _gguf_string(GGUFReader(str(path)), "general.architecture")
+    check_gguf_header(path)
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError, IndexError, KeyError, TypeError, OverflowError, MemoryError) as error:
+        raise MalformedGGUF(f"{path}: not a readable GGUF file ({type(error).__name__}: {str(error)[:200]}); "
+                            f"replace it with one from a source you trust") from None
+
+
+# A GGUF header is lengths and counts that its reader (the `gguf` package, and transformers through
+# it) trusts: a 110-byte file declaring an array of 2**62 bytes made it loop past the file's end
+# until memory ran out. check_gguf_header reads the header first, in the file as it is (mmap), and
+# refuses any length or count that does not fit in the bytes left, and more keys or tensors than any
+# model has (SmolLM2-135M: 37 keys, 272 tensors; a 70B Llama: under 1,000 tensors).
+MAX_GGUF_KEYS = 65_536
+MAX_GGUF_TENSORS = 1 << 20
+MAX_GGUF_ARRAY_DEPTH = 8  # arrays of arrays
+MAX_GGUF_DIMS = 4  # ggml's GGML_MAX_DIMS
+GGUF_VERSIONS = (2, 3)  # what gguf's reader reads
+_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # value type -> bytes
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_UINT32 = 8, 9, 4
+
+
+class _GGUFHeader:
+    def __init__(self, data, order: str):
+        self.data, self.size, self.order, self.at = data, len(data), order, 0
+
+    def fail(self, what: str):
+        raise _BadHeader(f"{what} (at byte {self.at:,} of {self.size:,})")
+
+    def number(self, code: str) -> int:
+        width = struct.calcsize(code)
+        if self.at + width > self.size:
+            self.fail("the file ends inside the header")
+        (value,) = struct.unpack_from(self.order + code, self.data, self.at)
+        self.at += width
+        return value
+
+    def room(self, count: int, each: int, what: str) -> None:
+        if count * each > self.size - self.at:
+            self.fail(f"{what} declares {count:,} items of at least {each} byte{'s' if each > 1 else ''}, more "
+                      f"than the {self.size - self.at:,} bytes left")
+
+    def string(self, what: str) -> str:
+        length = self.number("Q")
+        self.room(length, 1, what)
+        raw = self.data[self.at:self.at + length]
+        self.at += length
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            self.fail(f"{what} is not UTF-8")
+
+    def skip_string(self, what: str) -> None:
+        length = self.number("Q")
+        self.room(length, 1, what)
+        self.at += length
+
+    def value(self, kind: int, what: str, depth: int = 0):
+        if kind in _GGUF_FIXED:
+            code = {1: "B", 2: "H", 4: "I", 8: "Q"}[_GGUF_FIXED[kind]]
+            return self.number(code)
+        if kind == _GGUF_STRING:
+            return self.skip_string(what)
+        if kind != _GGUF_ARRAY:
+            self.fail(f"{what} has value type {kind}, which GGUF does not define")
+        if depth >= MAX_GGUF_ARRAY_DEPTH:
+            self.fail(f"{what} nests arrays more than {MAX_GGUF_ARRAY_DEPTH} deep")
+        item, count = self.number("I"), self.number("Q")
+        if item in _GGUF_FIXED:
+            self.room(count, _GGUF_FIXED[item], what)
+            self.at += count * _GGUF_FIXED[item]
+            return None
+        self.room(count, 8 if item == _GGUF_STRING else 12, what)
+        for _ in range(count):
+            self.value(item, what, depth + 1)
+        return None
+
+
+class _BadHeader(Exception):
+    pass
+
+
+def check_gguf_header(path: str | os.PathLike) -> None:
+    """Refuse (MalformedGGUF, naming the file and the fault) a GGUF file whose header does not fit
+    it: a length or count beyond the bytes left, more keys or tensors than MAX_GGUF_KEYS and
+    MAX_GGUF_TENSORS, a key or tensor named twice, a tensor of more than 4 dimensions, of a type
+    ggml does not define, or whose data lies beyond the file's end. Reads the header only, in a
+    memory map: linear in the header's size, with no allocation it declares."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            _read_gguf_header(data, GGML_QUANT_SIZES, GGMLQuantizationType)
+    except _BadHeader as why:
+        raise MalformedGGUF(f"{path}: not a valid GGUF file: {why}. The file is damaged or was built to exhaust "
+                            f"the reader; replace it with one from a source you trust.") from None
+    except (OSError, ValueError) as error:  # an empty file cannot be mapped
+        raise MalformedGGUF(f"{path}: not a readable GGUF file ({type(error).__name__}: {error})") from None
+
+
+def _read_gguf_header(data, quant_sizes: dict, quant_type) -> None:
+    header = _GGUFHeader(data, "<")
+    if bytes(data[:4]) != b"GGUF":
+        header.fail("it does not start with GGUF's magic bytes")
+    header.at = 4
+    version = header.number("I")
+    if version & 0xFFFF == 0:  # written on a machine of the other byte order
+        header.order, header.at = ">", 4
+        version = header.number("I")
+    if version not in GGUF_VERSIONS:
+        header.fail(f"GGUF version {version}, where the reader reads {' and '.join(map(str, GGUF_VERSIONS))}")
+    tensors, keys = header.number("Q"), header.number("Q")
+    for count, limit, what in ((keys, MAX_GGUF_KEYS, "keys"), (tensors, MAX_GGUF_TENSORS, "tensors")):
+        if count > limit:
+            header.fail(f"it declares {count:,} {what}, more than the {limit:,} any model has")
+    header.room(keys, 8 + 4 + 1, "its key count")
+    seen: dict[str, int] = {}
+    alignment = 32
+    for _ in range(keys):
+        key = header.string("a key")
+        if key in seen:
+            header.fail(f"key {key!r} appears twice")
+        kind = header.number("I")
+        seen[key] = kind
+        value = header.value(kind, f"key {key!r}")
+        if key == "general.alignment":
+            if kind != _GGUF_UINT32 or not value or value & (value - 1):
+                header.fail("general.alignment is not a power of two stored as uint32")
+            alignment = value
+    header.room(tensors, 8 + 4 + 8 + 4 + 8, "its tensor count")
+    names, extents = set(), []
+    for _ in range(tensors):
+        name = header.string("a tensor name")
+        if name in names:
+            header.fail(f"tensor {name!r} appears twice")
+        names.add(name)
+        dims = header.number("I")
+        if not 1 <= dims <= MAX_GGUF_DIMS:
+            header.fail(f"tensor {name!r} has {dims} dimensions (ggml's tensors have 1 to {MAX_GGUF_DIMS})")
+        elements = 1
+        for _ in range(dims):
+            elements *= header.number("Q")
+        kind = header.number("I")
+        try:
+            block, block_bytes = quant_sizes[quant_type(kind)]
+        except (ValueError, KeyError):
+            header.fail(f"tensor {name!r} has type {kind}, which ggml does not define")
+        if elements % block:
+            header.fail(f"tensor {name!r} has {elements:,} elements, not whole blocks of {block}")
+        extents.append((name, header.number("Q"), elements // block * block_bytes))
+    start = -(-header.at // alignment) * alignment
+    for name, offset, nbytes in extents:
+        if start + offset + nbytes > header.size:
+            header.fail(f"tensor {name!r} ({nbytes:,} bytes at offset {offset:,}) ends beyond the file's end")
 
 
 def check_loading_report(label: str, model_class: str, report: dict,
@@ -226,6 +463,6 @@ def unavailable(source: ModelSource | str, error: Exception | None) -> Pretraine
         f"`pretrained:` to it.")
 
 
-__all__ = ["GGUF_REQUIREMENT", "MissingWeights", "ModelSource", "PretrainedModelUnavailable", "UnsafeModel",
-           "check_gguf", "check_loading_report", "gguf_architecture", "looks_like_path", "resolve_source",
-           "unavailable"]
+__all__ = ["GGUF_REQUIREMENT", "MalformedGGUF", "MissingWeights", "ModelSource", "PretrainedModelUnavailable",
+           "UnsafeModel", "check_gguf", "check_gguf_header", "check_loading_report", "gguf_architecture",
+           "looks_like_path", "rebuilt_config", "refuse_auto_map", "resolve_source", "unavailable"]
