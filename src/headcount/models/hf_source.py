@@ -86,6 +86,7 @@ def resolve_source(name_or_path: str | os.PathLike, offline: bool | None = None)
     path = Path(label).expanduser()
     if path.is_dir():
         _refuse_remote_code(path / "config.json", label)
+        _check_pickled_weights(path)
         return ModelSource(label, str(path), True)
     if path.is_file() and path.suffix.lower() == ".gguf":
         check_gguf(path)
@@ -124,6 +125,15 @@ def _refuse_remote_code(config_json: Path, label: str) -> None:
             raise PretrainedModelUnavailable(f"{path}: not a readable JSON config ({error})") from None
         if isinstance(config, dict):
             refuse_auto_map(config, str(path))
+
+
+def _check_pickled_weights(directory: Path) -> None:
+    """A pytorch_model.bin is unpickled by transformers itself (weights only, whose allowed calls
+    take the file's arguments): its pickle is checked first as headcount's own checkpoints are."""
+    from headcount.models.checkpoint import check_pickle_stream
+
+    for weights in sorted(directory.glob("pytorch_model*.bin")):
+        check_pickle_stream(weights)
 
 
 def refuse_auto_map(settings: dict, where: str, in_checkpoint: bool = False) -> None:

