@@ -46,15 +46,17 @@ $(CHECK)/done: tools/crosscheck-requirements.txt $(BIN)/snakemake
 
 crosscheck-venv: $(CHECK)/done
 
+# tools/run_workflow.py is snakemake with its config files checked as data first (a file that asks
+# Snakemake to evaluate it as a template is refused before anything runs; docs/running.md).
 run: setup
-	$(BIN)/snakemake --cores $(CORES) --rerun-incomplete
+	$(BIN)/python tools/run_workflow.py --cores $(CORES) --rerun-incomplete
 
 # The positive control with every stage on (config/demo.yaml): 93 jobs, no download, results in
 # results/demo/. Also removes the closed heads of one pruned model physically (rule export_pruned).
 # The first result (which heads the analyses found, Table 1) goes before the from-scratch twin.
 DEMO_FIRST := results/demo/control/planted_vs_found.md results/demo/syntax/table1.md
 demo: setup
-	$(BIN)/snakemake --configfile config/demo.yaml --cores $(DEMO_CORES) --rerun-incomplete \
+	$(BIN)/python tools/run_workflow.py --configfile config/demo.yaml --cores $(DEMO_CORES) --rerun-incomplete \
 		--prioritize $(DEMO_FIRST) -- all results/demo/prune/all/lambda_1/physical/model.pt
 
 # The lint gates first (ruff, snakefmt, snakemake --lint): a few seconds, and CI fails on them.

@@ -301,8 +301,8 @@ class _GGUFHeader:
 
     def room(self, count: int, each: int, what: str) -> None:
         if count * each > self.size - self.at:
-            self.fail(f"{what} declares {count:,} items of at least {each} byte{'s' if each > 1 else ''}, more "
-                      f"than the {self.size - self.at:,} bytes left")
+            items = "bytes" if each == 1 else f"items of at least {each} bytes"
+            self.fail(f"{what} declares {count:,} {items}, more than the {self.size - self.at:,} bytes left")
 
     def string(self, what: str) -> str:
         length = self.number("Q")
