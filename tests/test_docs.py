@@ -320,3 +320,152 @@ def test_the_library_layout_names_the_subpackages():
     for entry in re.findall(r"^  (\w+(?:, \w+)*)\s{2,}", layout, flags=re.M):
         for module in entry.split(", "):
             assert (library / f"{module}.py").is_file(), f"docs/method.md names {module}, which src/headcount lacks"
+
+
+# --------------------------------------------------------------------------------------------
+# Provenance: every published table names the config and the commits that made it, and the
+# README's headline numbers come from tables whose config still ships the experiment as it ran
+
+
+PROVENANCE = REPO / "docs/tables/provenance.tsv"
+
+
+def provenance_rows() -> dict[str, dict]:
+    lines = PROVENANCE.read_text().splitlines()
+    header = lines[0].split("\t")
+    assert header == ["file", "config", "experiment", "commits"], header
+    return {row["file"]: row for row in (dict(zip(header, line.split("\t"))) for line in lines[1:] if line)}
+
+
+def commit_ends(commits: str) -> list[str]:
+    return [c for c in commits.split("..") if c]
+
+
+def config_at(commit: str | None, path: str) -> dict:
+    if commit is None:
+        return yaml.safe_load((REPO / path).read_text())
+    text = subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{path}"], capture_output=True, text=True,
+                          check=True).stdout
+    return yaml.safe_load(text)
+
+
+def untraced(tables: list[str], rows: dict[str, dict]) -> list[str]:
+    """Why each of `tables` (docs/tables/... paths) does not trace to a shipped config: no provenance
+    row, or a config that no longer holds its experiments (and the defaults) as they were at the
+    row's last commit."""
+    problems = []
+    for table in tables:
+        row = rows.get(table.removeprefix("docs/"))
+        if row is None:
+            problems.append(f"{table} has no row in docs/tables/provenance.tsv")
+            continue
+        if not commit_ends(row["commits"]):
+            problems.append(f"{table}: provenance.tsv names no commit")
+            continue
+        then, now = config_at(commit_ends(row["commits"])[-1], row["config"]), config_at(None, row["config"])
+        for name in row["experiment"].split(","):
+            if now.get("experiments", {}).get(name) != then.get("experiments", {}).get(name):
+                problems.append(f"{table}: {row['config']} no longer holds experiment {name} as it was at "
+                                f"{commit_ends(row['commits'])[-1]} (git show {commit_ends(row['commits'])[-1]}:"
+                                f"{row['config']})")
+        if now.get("defaults") != then.get("defaults"):
+            problems.append(f"{table}: {row['config']}'s defaults changed since {commit_ends(row['commits'])[-1]}")
+    return problems
+
+
+def test_every_published_table_names_a_shipped_config_and_commits_that_exist():
+    rows = provenance_rows()
+    tables = {f"tables/{p.name}" for p in (REPO / "docs/tables").iterdir() if p.is_file()} - {"tables/provenance.tsv"}
+    assert not tables - set(rows), f"docs/tables/provenance.tsv lacks {sorted(tables - set(rows))}"
+    for row in rows.values():
+        assert (REPO / row["config"]).is_file(), f"provenance.tsv: {row['file']} names {row['config']}, not shipped"
+        assert commit_ends(row["commits"]), f"provenance.tsv: {row['file']} names no commit"
+        for commit in commit_ends(row["commits"]):
+            found = subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"])
+            assert found.returncode == 0, f"provenance.tsv: {row['file']} names {commit}, which git does not have"
+
+
+def test_every_headline_number_traces_to_a_shipped_config():
+    """The tables README's headline cites were made with a config that still holds their experiment
+    as it ran (so `make run` rebuilds them), and the README says which config and commits."""
+    rows = provenance_rows()
+    cited = sorted({t for line in headline_lines() for t in re.findall(r"\]\((docs/tables/[^)]+)\)", line)})
+    assert cited, "README.md's headline cites no table"
+    problems = untraced(cited, rows)
+    assert not problems, "README.md headline numbers without provenance:\n  " + "\n  ".join(problems)
+    intro = README.read_text().split("<!-- headline numbers", 1)[0].rstrip().rsplit("\n\n", 1)[-1]
+    for table in cited:
+        row = rows[table.removeprefix("docs/")]
+        assert row["config"] in intro and row["commits"] in intro, \
+            f"README.md: the headline's introduction names neither {row['config']} nor {row['commits']}"
+
+
+def test_the_provenance_check_fails_a_table_whose_config_changed(tmp_path):
+    rows = {"tables/x.md": {"file": "tables/x.md", "config": "config/config.yaml", "experiment": "multi30k_en_de",
+                            "commits": "36797f8"}}  # the commit whose config became the amended design
+    assert untraced(["docs/tables/x.md"], rows) and not untraced(
+        ["docs/tables/x.md"], {"tables/x.md": {**rows["tables/x.md"], "commits": "c6bd62a..fe7d90c"}})
+    assert untraced(["docs/tables/y.md"], rows) == ["docs/tables/y.md has no row in docs/tables/provenance.tsv"]
+
+
+# --------------------------------------------------------------------------------------------
+# Words that belong to a working day, not to the project
+
+
+SESSION_WORDS = re.compile(r"\b(?:this|the next|next|the last|last|previous|every|each|a later|an earlier|"
+                           r"second|third)\s+session\b|\bsession's\b|\bsessions\b|\bhelpers?\b", re.I)
+WORKING_DAY = re.compile(r"\bthis machine\b", re.I)  # a user's machine is "your machine"
+ISSUE_NUMBER = re.compile(r"\bissues? \d+", re.I)
+
+
+def project_files() -> list[Path]:
+    files = [README, *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "config").iterdir())]
+    files += sorted((REPO / "src").rglob("*.py"))
+    return [f for f in files if f.is_file()]
+
+
+def word_problems(files: list[Path]) -> list[str]:
+    problems = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{path.relative_to(REPO)}:{number}"
+            for pattern in (SESSION_WORDS, *((WORKING_DAY,) if path.suffix != ".py" else ())):
+                for match in pattern.finditer(line):
+                    problems.append(f"{where}: '{match.group(0)}'")
+    return problems
+
+
+def test_no_page_comment_or_config_speaks_of_a_working_day():
+    """"this session", "the next session", "this machine" (a page's working day) and "helper" mean
+    nothing to a user: say what was measured where (the machine by its processor), or leave it out.
+    In src/, "this machine" is the user's own (an error message's), and is allowed."""
+    problems = word_problems(project_files())
+    assert not problems, "working-day words:\n  " + "\n  ".join(problems)
+
+
+def test_no_issue_number_in_code_or_config():
+    """docs/changelog.md keeps issue numbers; code, its comments and the config say why, not which issue."""
+    files = [*sorted((REPO / "src").rglob("*.py")), *sorted((REPO / "workflow").rglob("*.smk")),
+             *sorted((REPO / "config").glob("*.yaml")), REPO / "Snakefile"]
+    problems = [f"{path.relative_to(REPO)}:{n}: {m.group(0)}" for path in files if path.is_file()
+                for n, line in enumerate(path.read_text().splitlines(), 1) for m in ISSUE_NUMBER.finditer(line)]
+    assert not problems, "issue numbers in code or config:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("line, bad", [
+    ("the next session got another machine", True),
+    ("measured this session on 2 cores", True),
+    ("a helper ran the grid", True),
+    ("on this machine bf16 trains 2.6x faster", True),
+    ("the Linux session is a scheduling group", False),
+    ("on your machine, set a mirror", False),
+])
+def test_the_word_check_finds_a_working_day(tmp_path, line, bad):
+    page = tmp_path / "page.md"
+    page.write_text(line + "\n")
+    assert bool(word_problems_in(page)) == bad
+
+
+def word_problems_in(path: Path) -> list[str]:
+    return [m.group(0) for line in path.read_text().splitlines()
+            for pattern in (SESSION_WORDS, WORKING_DAY) for m in pattern.finditer(line)]

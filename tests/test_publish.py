@@ -105,6 +105,7 @@ def test_every_published_file_in_docs_comes_from_a_run():
     shown = {str(p.relative_to(REPO / "docs")) for folder in ("tables", "figures")
              for p in (REPO / "docs" / folder).iterdir() if p.is_file()}
     made = set(publish_results.PUBLISHED) | publish_results.SCREENSHOTS | set(publish_results.DERIVED)
+    made |= publish_results.RECORDED | {publish_results.PROVENANCE}
     assert shown <= made, sorted(shown - made)
 
 

@@ -26,12 +26,19 @@ marker lines, and publishing replaces what lies between them with the published 
 
 so the tables on those pages are always the run's own. The prose around them stays a person's
 work: the numbers need reading, not copying.
+
+Every published file gets a row in docs/tables/provenance.tsv: the config file and experiment that
+made it, and the commits its run's jobs recorded (provenance/*.json, first..last), so that a reader
+can rebuild it (`git show <commit>:<config>`) and tests/test_docs.py can check that the shipped
+config still holds that experiment as it ran.
 """
 
 import argparse
 import filecmp
+import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,6 +181,9 @@ def pruned_against_control(tables: dict[str, Path]):
 # docs/ files that tools/atlas_screenshots.py takes of a head atlas page rather than copies from a run
 # (docs/atlas.md, "Screenshots"): take them again from the republished run's results/<exp>/atlas/.
 SCREENSHOTS = {"figures/atlas_overview.png", "figures/atlas_head_card.png"}
+# Readings of a run lost before it finished, written down from its logs and scores while it ran:
+# there is no results folder to republish them from. Their provenance row is kept by hand.
+RECORDED = {"tables/seed1_amended_grid.tsv", "tables/amended_control_check.tsv"}
 
 
 # The pages that show published markdown tables between markers (relative to docs/'s parent).
@@ -213,6 +223,62 @@ def splice(page: str, text: str, tables: dict[str, str]) -> str:
         out.append(lines[rest[0]])
         i = rest[0] + 1
     return "".join(out)
+
+
+# which config file and experiment each run is, for docs/tables/provenance.tsv
+RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("config/config.yaml", "multi30k_en_de"),
+               "control": ("config/config.yaml", "control"),
+               "toolkits": ("config/toolkits.yaml", "toolkit_fairseq,toolkit_marian,toolkit_headcount"),
+               "smollm2": ("config/config.yaml", "smollm2_en"), "minilm": ("config/config.yaml", "minilm_en")}
+PROVENANCE = "tables/provenance.tsv"
+PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
+
+
+def run_commits(folder: Path) -> str:
+    """The commits a run's jobs recorded (every provenance/*.json under `folder`, key
+    headcount_commit), as 'first..last' in commit order, or the one commit; '' if none recorded."""
+    found = set()
+    for path in folder.rglob("provenance/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        software = record.get("software", record) if isinstance(record, dict) else {}
+        if software.get("headcount_commit"):
+            found.add(software["headcount_commit"])
+    if not found:
+        return ""
+
+    def when(commit: str) -> int:
+        out = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%ct", commit],
+                             capture_output=True, text=True)
+        return int(out.stdout.strip() or 0)
+    ordered = sorted(found, key=when)
+    short = [c[:7] for c in ordered]
+    return short[0] if len(short) == 1 else f"{short[0]}..{short[-1]}"
+
+
+def provenance_rows(runs: dict[str, Path], docs: Path) -> str:
+    """docs/tables/provenance.tsv with the rows of the runs given replaced, the others kept."""
+    path = docs / PROVENANCE
+    rows = {}
+    if path.is_file():
+        lines = path.read_text().splitlines()
+        rows = {line.split("\t", 1)[0]: line for line in lines[1:] if line.strip()}
+    commits = {run: run_commits(folder) for run, folder in runs.items()}
+    for published, (run, _) in PUBLISHED.items():
+        if run in runs:
+            config, experiment = RUN_CONFIGS[run]
+            rows[published] = "\t".join((published, config, experiment, commits[run]))
+    for derived, (_, sources) in DERIVED.items():  # made from published files: their runs' provenance
+        made_from = sorted({PUBLISHED[source][0] for source in sources.values()})
+        if all(run in runs for run in made_from):
+            configs = {RUN_CONFIGS[run][0] for run in made_from}
+            experiments = ",".join(RUN_CONFIGS[run][1] for run in made_from)
+            ends = [end for run in made_from for end in commits[run].split("..") if end]
+            span = f"{ends[0]}..{ends[-1]}" if len(set(ends)) > 1 else (ends[0] if ends else "")
+            rows[derived] = "\t".join((derived, "+".join(sorted(configs)), experiments, span))
+    return "\t".join(PROVENANCE_COLUMNS) + "\n" + "".join(rows[k] + "\n" for k in sorted(rows))
 
 
 def plan(runs: dict[str, Path], docs: Path) -> tuple[list[tuple[Path, Path]], list[Path]]:
@@ -262,6 +328,11 @@ def publish(runs: dict[str, Path], docs: Path, dry_run: bool = False, log=print)
                 (docs / name).write_text(text)
                 log(f"derived {docs / name}")
     log(f"{changed} of {len(pairs)} published files {'would change' if dry_run else 'changed'}")
+    provenance = provenance_rows(runs, docs)
+    if not dry_run and (not (docs / PROVENANCE).is_file() or (docs / PROVENANCE).read_text() != provenance):
+        (docs / PROVENANCE).parent.mkdir(parents=True, exist_ok=True)
+        (docs / PROVENANCE).write_text(provenance)
+        log(f"wrote {docs / PROVENANCE}")
     for path, text in pages.items():
         log(f"{'would update' if dry_run else 'updated'} the published tables in {path}")
         if not dry_run:

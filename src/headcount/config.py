@@ -758,9 +758,8 @@ def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
         return None
     schedule = {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
                 "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
-                "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0))}
-    if prune.get("weight_lr_scale", 1.0) != 1.0:  # only where set: twins from before the option keep their params
-        schedule["weight_lr_scale"] = float(prune["weight_lr_scale"])
+                "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0)),
+                "weight_lr_scale": float(prune.get("weight_lr_scale", 1.0))}
     return schedule
 
 

@@ -1,4 +1,4 @@
-# The same question on several models (`compare`, issue 36): one table per comparison of the
+# The same question on several models (`compare`): one table per comparison of the
 # experiments' own outputs side by side, with the largest positional share's paired bootstrap over
 # the analysis sentences (headcount.report.model_comparison), in results/compare/{name}/.
 

@@ -1,4 +1,4 @@
-"""Head specialisation over training: statistics of the baseline's snapshots (issue 17, item 4).
+"""Head specialisation over training: statistics of the baseline's snapshots.
 
 With `training.snapshot_interval` > 0, training keeps the baseline's weights every that many steps
 (and at the last step) in `<work_dir>/snapshots/step_<N>.pt`. For each snapshot this module

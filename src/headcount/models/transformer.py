@@ -29,7 +29,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -76,11 +76,11 @@ class ModelConfig:
     activation: str = "relu"
     share_all_embeddings: bool = False  # one matrix for source and target embeddings (one vocabulary)
     # Xavier gain of W^Q, W^K, W^V at initialisation: 1, or fairseq's 1/sqrt(2) (its q, k and v
-    # projections are initialised as one (3D, D) matrix would be; issue 41 measures the effect).
+    # projections are initialised as one (3D, D) matrix would be; benchmarks/RESULTS.md measures it).
     qkv_init_gain: float = 1.0
     # How the feed-forward layers start: "xavier" (Xavier weights, zero biases, as every other
     # Linear here) or "torch" (nn.Linear's own init: uniform weights and biases within
-    # 1/sqrt(fan_in), which fairseq's FFN keeps; issue 41 measures the effect).
+    # 1/sqrt(fan_in), which fairseq's FFN keeps; benchmarks/RESULTS.md measures it).
     ffn_init: str = "xavier"
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID  # what the decoder input starts with (fairseq: its EOS)
@@ -103,12 +103,6 @@ class ModelConfig:
                 f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})"
             )
 
-    # Settings added after runs were checkpointed: left out of to_dict() at their default, so the
-    # checkpoints and run fingerprints written before them still match and those runs resume
-    # instead of restarting.
-    ADDED_LATER = ("dropout_masks", "norm", "positions", "scale_embeddings", "layernorm_embedding", "activation",
-                   "share_all_embeddings", "qkv_init_gain", "ffn_init", "pad_id", "bos_id", "eos_id", "unk_id")
-
     @property
     def special(self) -> SpecialIds:
         return SpecialIds(pad=self.pad_id, bos=self.bos_id, eos=self.eos_id, unk=self.unk_id)
@@ -119,8 +113,7 @@ class ModelConfig:
         return 0 if self.positions == "sinusoidal" else self.pad_id + 1
 
     def to_dict(self) -> dict:
-        defaults = {f.name: f.default for f in fields(self)}
-        return {k: v for k, v in asdict(self).items() if not (k in self.ADDED_LATER and v == defaults[k])}
+        return asdict(self)
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> Tensor:

@@ -35,7 +35,7 @@ def score_heads(
     device: str = "auto", log=print,
 ):
     """Every head's score by every registered measure (importance.MEASURES: confidence, Michel
-    importance, LRP relevance, and single-head ablation when `ablation`), issue 3.
+    importance, LRP relevance, and single-head ablation when `ablation`).
 
     Confidence, Michel importance and ablation read the reference translations of the analysis
     set; LRP teacher-forces the model's own beam translations of it ("generation steps").

@@ -153,11 +153,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
     if kind.gates_only:
         log(f"a {kind.name} model: only the gates train, every weight stays frozen (its loss, {kind.objective}, is "
             f"the distance to the same weights with every gate open); no dropout")
-    fingerprint = dict(fingerprint)
-    if weight_scale != 1.0:  # runs from before the option keep their fingerprint
-        fingerprint["weight_lr_scale"] = weight_scale
-    if recipe != {"lr_schedule": "noam", "resume_optimizer": False, "heal_steps": 0, "select": "last"}:
-        fingerprint["recipe"] = recipe  # the authors' recipe keeps the fingerprint its checkpoints have
+    fingerprint = {**fingerprint, "weight_lr_scale": weight_scale, "recipe": recipe}
     if groups:
         summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
                         extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,

@@ -27,7 +27,7 @@ from headcount.training.schedules import pruned_model_lr
 def continued_precision(train_settings: dict, began: str | None, what: str, log=print) -> dict:
     """`train_settings` for a run that continues another (`what`, which trained in `began`): with
     precision auto, that run's precision, so one chain of runs never mixes bf16 and fp32 (the
-    machines of a cluster, or of successive sessions, differ in whether they have bf16)."""
+    machines of a cluster, or of successive runs, differ in whether they have bf16)."""
     precision = inherited_precision(train_settings["precision"], began)
     if precision != train_settings["precision"]:
         log(f"precision auto: {precision}, as {what} trained")

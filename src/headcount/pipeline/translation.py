@@ -41,7 +41,7 @@ def reference_nll_file(model_path: str, src_spm: str, tgt_spm: str, src_text: st
     """Each reference's NLL under a translation model given its source (nats summed over the
     reference's subwords and the end of sentence, no label smoothing) and its token count, one row
     a sentence (lm_quality.NLL_COLUMNS): what the pruning report's paired NLL intervals read, far
-    less noisy than BLEU's (docs/method.md, "Rules fixed before the rerun")."""
+    less noisy than BLEU's (docs/method.md, "The powered design: rules fixed before it ran")."""
     import numpy as np
     import pandas as pd
 

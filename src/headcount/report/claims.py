@@ -305,10 +305,11 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
     comparison with the baseline would credit to pruning. Without a control, against the
     baseline.
 
-    The rules of 2026-11-27 add three notes, each to the measured text and the basis: runs whose
-    gates had not decided (more than MAX_UNDECIDED_SHARE of them inside GATE_UNDECIDED), the verdict
-    under the paper's counting rule where it differs from headcount's by more than
-    COUNTING_RULES_AGREE heads in some run, and a baseline the control's check finds unconverged."""
+    The powered design's rules (report.preregistered) add three notes, each to the measured text
+    and the basis: runs whose gates had not decided (more than MAX_UNDECIDED_SHARE of them inside
+    GATE_UNDECIDED), the verdict under the paper's counting rule where it differs from headcount's
+    by more than COUNTING_RULES_AGREE heads in some run, and a baseline the control's check finds
+    unconverged."""
     claim = _prunable_reading(pruning, setting)
     notes, basis = [], []
     undecided = undecided_runs(_pruned_runs(pruning, setting))
@@ -335,13 +336,13 @@ def heads_prunable(pruning: pd.DataFrame, setting: str) -> Claim:
 
 
 def has_not_decided(undecided: int, gated: int) -> bool:
-    """The rules of 2026-11-27: a run whose gated heads are more than MAX_UNDECIDED_SHARE undecided."""
+    """report.preregistered's rule: a run whose gated heads are more than MAX_UNDECIDED_SHARE undecided."""
     return gated > 0 and undecided / gated > MAX_UNDECIDED_SHARE
 
 
 def undecided_runs(runs: pd.DataFrame) -> list[tuple[float, int, int]]:
-    """(lambda, undecided gates, gated heads) of each run whose gates had not decided by the rules of
-    2026-11-27: more than MAX_UNDECIDED_SHARE of its gated heads ended with P(open) inside
+    """(lambda, undecided gates, gated heads) of each run whose gates had not decided by report.preregistered's
+    rule: more than MAX_UNDECIDED_SHARE of its gated heads ended with P(open) inside
     GATE_UNDECIDED (the pruning table's gates_undecided of gates_gated; tables without them: none)."""
     if "gates_undecided" not in runs or "gates_gated" not in runs:
         return []

@@ -1,5 +1,5 @@
-"""The pruning findings over seeds at matched head counts (issue 61; docs/method.md, "Rules fixed
-before the rerun"): each seed's pruned - control and pruned - from scratch read off its own curve
+"""The pruning findings over seeds at matched head counts (docs/method.md, "The powered
+design: rules fixed before it ran"): each seed's pruned - control and pruned - from scratch read off its own curve
 at the counts the paper names, with intervals that resample seeds and test sentences together
 (seed_statistics.two_level_bootstrap), in BLEU and in token NLL, each with what it can resolve
 (power.power_statement), and the prunable findings' verdicts from them with Holm's correction
@@ -92,7 +92,7 @@ class RunEvidence:
 
 @dataclass(frozen=True)
 class GateChecks:
-    """What the rules of 2026-11-27 make the verdicts over seeds say about the gates: the runs whose
+    """What report.preregistered's rules make the verdicts over seeds say about the gates: the runs whose
     gates had not decided, and, where the two counting rules differ by more than
     COUNTING_RULES_AGREE heads in some run of a setting, the matched rows with every run counted by
     the paper's rule."""
@@ -247,8 +247,8 @@ def matched_markdown(experiment: str, rows: pd.DataFrame, n_sentences: int, spre
     notes = [f"- seed {seed}, {setting}: {note}" for setting, by_seed in unconverged.items()
              for seed, note in by_seed.items()]
     if notes:
-        lines += ["", "Baselines the control's check finds unconverged (docs/method.md, \"Rules fixed before the "
-                  "rerun\"; seeds/spread.md has every seed's control - baseline):", *notes]
+        lines += ["", "Baselines the control's check finds unconverged (docs/method.md, \"The powered design: "
+                  "rules fixed before it ran\"; seeds/spread.md has every seed's control - baseline):", *notes]
     elif spread is not None:
         lines += ["", "The control's check finds every seed's baseline converged: no lambda = 0 control gains over its "
                   "baseline in BLEU or NLL beyond its paired interval (seeds/spread.md)."]

@@ -1,4 +1,4 @@
-"""The same question on several models (issue 36): one table comparing experiments' head analyses,
+"""The same question on several models: one table comparing experiments' head analyses,
 a column per model. What compare_models.py calls.
 
 Per model, from the experiment's own outputs: test BLEU (baseline/scores.tsv), the heads of each
@@ -6,7 +6,7 @@ role (syntax/roles.csv; roles.registry's names), the largest positional share of
 roles with that head and its offset, LRP concentration per attention type (specialisation's
 definition, averaged over layers) and single-head ablation per type (heads/scores.csv).
 
-The largest positional share is the number on which models were seen to differ (issue 36: 0.51
+The largest positional share is the number on which models were seen to differ (0.51
 for fairseq's model against 0.36 for headcount's at 2,000 updates), so it alone gets intervals: a
 paired bootstrap over the analysis sentences. Each model's per-sentence counts (roles.collect's
 `sentence_positional_counts`: at each head's most frequent offset, the queries that point there

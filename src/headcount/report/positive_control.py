@@ -46,8 +46,8 @@ PIECE_JOINS = {"continuation": -1, "initial": 1}
 
 
 # The two readings of the planted join, in the order they were defined: the pooled share (the
-# paper's rule, the role analysis' own) came first; the per-piece share was added on 2026-11-23
-# (commit 7d8aef7) after the pooled rule missed the control's joining head (0.62 pooled), so a
+# paper's rule, the role analysis' own) came first; the per-piece share came after the pooled rule
+# missed the control's joining head (0.62 pooled; docs/decisions.md), so a
 # "found" by it is a reading chosen after seeing the control, and the table says so.
 POSITIONAL_RULES = (
     ("pooled", "first: the paper's rule, over all queries"),

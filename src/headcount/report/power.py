@@ -1,4 +1,4 @@
-"""What a test can resolve, and corrections for making several (issue 61).
+"""What a test can resolve, and corrections for making several.
 
 - **Resolvable difference**: the smallest true difference a test detects with 80% power at
   two-sided 5%, (z_0.975 + z_0.80) times its standard error; the interval's half-width

@@ -1,9 +1,10 @@
-"""The verdict rules of the powered rerun (issue 61), fixed on 2026-11-27 before it starts.
+"""The verdict rules of the powered design (config/powered.yaml), fixed before it ran.
 
-docs/method.md, "Rules fixed before the rerun (2026-11-27)", states each rule in words with these
-values; tests/test_preregistered.py checks that the two agree and that the claims code and the
-config use exactly these. Changing a value after the rerun has started is a forking path: add a
-dated rule beside the old one and publish both readings.
+docs/method.md, "The powered design: rules fixed before it ran" and "The powered design: the
+amendment", states each rule in words with these values (and the date each was fixed);
+tests/test_preregistered.py checks that the two agree and that the claims code and the config use
+exactly these. Changing a value after the design has started running is a forking path: add a dated
+rule beside the old one and publish both readings.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ LRP_TOP_SHARE = 0.5  # hold more than this share of the layer's relevance ...
 LRP_LAYER_SHARE = 0.5  # ... in more than this share of the layers, on the mean over seeds
 
 
-# --- amended on 2026-11-28, before the grid restarted (docs/method.md, "Rules amended before the grid
-# restarts"): every fine-tuning of the first design started from a single noisy iterate of the baseline.
+# --- the amendment (docs/method.md, "The powered design: the amendment"): fine-tuning from a single
+# iterate of the baseline compared every pruned model with a noisy point.
 AMENDMENT_DATE = "2026-11-28"
 AVERAGED_SNAPSHOTS = 3  # the baseline's model.pt: the mean of this many snapshots, 500 steps apart
 WEIGHT_LR_SCALE = 0.1  # the weights' fine-tuning rate, of the baseline's last; the gates' stays 10x it
@@ -59,8 +60,7 @@ WEIGHT_LR_SCALE = 0.1  # the weights' fine-tuning rate, of the baseline's last; 
 # MAX_UNDECIDED_SHARE undecided at GATE_BUDGET_CAP gated steps); if it does not, the weights go back
 # to the full rate (scale 1) and both readings are published.
 PILOT = ("enc", 0.05)
-# Added the same day, when the machine changed under the grid (the amended runs so far were lost with
-# it): `training.precision: auto`, resolved once per seed at its baseline (bf16 where the CPU has
+# `training.precision: auto`, resolved once per seed at its baseline (bf16 where the CPU has
 # AVX512-BF16 or AMX); its pruning runs and twins train as the baseline did, whatever machine runs them.
 TRAINING_PRECISION = "auto"
 

@@ -6,7 +6,7 @@ A workflow runs few seeds, so the t quantile matters: 4.30 for three seeds where
 degrees of freedom, and beyond it the Cornish-Fisher expansion around the normal quantile (within
 0.001 of t there). Such an interval spans training seeds on one test set; a paired bootstrap over
 test sentences (headcount.training.evaluate) spans the other source of noise; the two-level
-bootstrap at the end spans both at once, at matched head counts (issue 61).
+bootstrap at the end spans both at once, at matched head counts.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
 
 
 # --------------------------------------------------------------------------------------------
-# Seeds and sentences together (issue 61): a two-level bootstrap at matched head counts
+# Seeds and sentences together: a two-level bootstrap at matched head counts
 #
 # A pruning difference (pruned - control) varies with the training seed and with the test
 # sentences. The runs of different seeds keep different numbers of heads at the same lambda, so

@@ -1,4 +1,4 @@
-"""Training on a few fixed shapes, for CUDA graphs and torch.compile without dynamic shapes (issue 60, item 3).
+"""Training on a few fixed shapes, for CUDA graphs and torch.compile without dynamic shapes.
 
 On a GPU the default model (d_model 256, 6+6 layers) is launch-bound: a step is some 1,500 small
 kernels, each shorter than its launch. A CUDA graph replays them with one launch, but only for the

@@ -1,4 +1,4 @@
-"""The head atlas (issue 39): one self-contained HTML page per experiment with every head's scores,
+"""The head atlas: one self-contained HTML page per experiment with every head's scores,
 role evidence, attention on real sentences and gate trajectories.
 
 data.py gathers the per-head records from a finished experiment's tables, examples.py runs the
