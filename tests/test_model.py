@@ -223,6 +223,7 @@ def test_model_settings_round_trip_through_to_dict():
     cfg = tiny_config(dropout_masks="fast")
     saved = cfg.to_dict()
     assert saved["dropout_masks"] == "fast" and set(saved) == {f.name for f in dataclasses.fields(cfg)}
+    assert set(tiny_config().to_dict()) == set(saved)  # a setting at its default is written too
     assert type(cfg)(**saved) == cfg
     older = {k: v for k, v in saved.items() if k != "dropout_masks"}
     assert type(cfg)(**older).dropout_masks == "torch"

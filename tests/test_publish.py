@@ -252,3 +252,33 @@ def test_the_controls_verdicts_are_printed_after_the_experiments(tmp_path, capsy
     assert main_at < control_at
     assert "| Heads go (main). | - | holds | 1 of 1 |" in printed[main_at:control_at]
     assert "| Heads go (control). | - | does not hold | 1 of 1 |" in printed[control_at:]
+
+
+def test_publishing_records_each_files_config_and_the_commits_its_run_recorded(tmp_path):
+    """docs/tables/provenance.tsv: a row per published file, with the config and experiment of its
+    run and the first..last commits its jobs' provenance records name; rows of runs not published
+    this time are kept."""
+    import json
+    import subprocess
+
+    runs = _fake_runs(tmp_path)
+    commits = subprocess.run(["git", "-C", str(REPO), "log", "--format=%H", "-2", "fe7d90c"], capture_output=True,
+                             text=True, check=True).stdout.split()  # fe7d90c and the commit before it
+    for n, commit in enumerate(reversed(commits)):
+        record = runs["main"] / "provenance" / f"job{n}.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"rule": "x", "software": {"headcount_commit": commit}}))
+    docs = tmp_path / "docs"
+    main_run = {run: runs[run] for run in ("main", "control", "seeds")}
+    assert publish_results.publish(main_run, docs, log=lambda _: None) == 0
+    rows = {line.split("\t")[0]: line.split("\t") for line in (docs / "tables/provenance.tsv").read_text().splitlines()}
+    assert rows["file"] == ["file", "config", "experiment", "commits"]
+    first, last = commits[1][:7], commits[0][:7]
+    assert rows["tables/table2.md"] == ["tables/table2.md", "config/config.yaml", "multi30k_en_de", f"{first}..{last}"]
+    assert rows["tables/control_table1.md"][1:3] == ["config/config.yaml", "control"]
+    assert rows["tables/control_table1.md"][3] == ""  # the control's jobs recorded no commit here
+    assert "tables/toolkits_comparison.md" not in rows
+    assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lambda _: None) == 0
+    again = (docs / "tables/provenance.tsv").read_text()
+    assert "tables/table2.md\tconfig/config.yaml\tmulti30k_en_de" in again
+    assert "tables/toolkits_comparison.md\tconfig/toolkits.yaml" in again
