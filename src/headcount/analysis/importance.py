@@ -15,6 +15,7 @@ Shapes: B batch, S source length, T target length, H heads, L layers, Dh head si
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -279,7 +280,7 @@ def _output_states(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor) -> Tens
 def _copies_output_states(model: Seq2SeqWithHeads, src: Tensor, tgt_in: Tensor,
                           heads: Sequence[tuple[str, int, int] | None]) -> Tensor:
     """_output_states of len(heads) copies of the batch (k * B, T, D), copy i's rows i*B:(i+1)*B;
-    the caller's row masks mask copy i's head. The copies share the layers below the lowest of
+    the caller's row edits change copy i's heads. The copies share the layers below the lowest of
     `heads` (they compute the same there): the batch runs through them once and is copied at that
     layer's input (shared_prefix.copies_from), which saves those layers' work k - 1 times over.
     Where the model's layers cannot be shared so, the inputs are copied, every layer run k times."""
@@ -303,89 +304,210 @@ def masked_mean_nlls(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]
     return (sums.sum(axis=1) / max(units.sum(), 1)).tolist()
 
 
-@torch.no_grad()
+HeadKey = tuple[str, int, int]  # (attention type, layer, head), counted from 0 as in the model's tensors
+
+
+@dataclass
+class HeadEdit:
+    """What one copy of a batch does to its heads: each listed head's context (before W^O) becomes
+    ctx * factor + value. `factors`: {head: factor}, 0 removes the head (what its 0/1 gate does:
+    the workflow's single-head ablation), another number scales it. `values`: {head: what replaces
+    its context}, a (Dh,) tensor, the same at every row and position (a mean ablation), or a
+    function of the batch's number in the batches -> (B, T, Dh) (another input's contexts: patching);
+    a head with a value has factor 0 (`factors` need not say so)."""
+
+    factors: dict[HeadKey, float] = field(default_factory=dict)
+    values: dict[HeadKey, Tensor | Callable[[int], Tensor]] = field(default_factory=dict)
+
+    @staticmethod
+    def masking(heads: Iterable[HeadKey]) -> HeadEdit:
+        """Every one of `heads` removed (factor 0)."""
+        return HeadEdit({tuple(head): 0.0 for head in heads})
+
+    def heads(self) -> set[HeadKey]:
+        return set(self.factors) | set(self.values)
+
+
+@dataclass
+class EditedScores:
+    """What edited_scores finds: per copy and sentence, the metric's sum (k, S) and the units it
+    is over (S,) (a sentence's real target tokens for the loss, 1 for a per-sentence metric), and,
+    where asked, each copy's per-token values [copy][sentence] (the values at the sentence's real
+    target positions, in order)."""
+
+    sums: np.ndarray
+    units: np.ndarray
+    tokens: list[list[np.ndarray]] | None = None
+
+
 def masked_sentence_losses(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
                            heads: Sequence[tuple[str, int, int] | None]) -> tuple[np.ndarray, np.ndarray]:
     """Each sentence's summed loss with each of `heads` ((type, layer, head); None: no head)
     masked alone, on top of the model's masks -> (k, S) float64 sums and the (S,) units they are
-    over (a sentence's real target tokens), sentences in the batches' order.
-
-    Each batch is copied once per head and run in one forward pass, copy i with head i masked
-    (gates.row_head_masks); the copies share the layers below the lowest head
-    (`_copies_output_states`). Logits are formed only at the target positions, LOSS_ROWS at a time (a
-    masked LM scores ~15% of its positions, and padding none); NLLs are summed in float64. A
-    sentence encoder's loss is its embedding distance to the unpruned model's pass over the batch,
-    every head open in every row, one unit per sentence (`_masked_sentence_distances`: its copies
-    share no layers, since its pooling, after the layers, reads the batch's own padding mask)."""
-    from headcount.models.gates import row_head_masks  # gates imports the model contract, as this does
-
-    if kind_of(model).objective == SENTENCE_EMBEDDING:
-        return _masked_sentence_distances(model, batches, heads)
-
-    model.eval()
-    k = len(heads)
-    widths = {kind: mask.shape for kind, mask in model.head_mask().items()}
-    sums, units = [], []
-    for batch in batches:
-        src, tgt_in, tgt_out = _on_device(batch[:3], model)
-        B = tgt_out.shape[0]
-        masks = _copy_masks(heads, B, widths, tgt_out.device)
-        with row_head_masks(model, masks):
-            states = _copies_output_states(model, src, tgt_in, heads)  # (k * B, T, D)
-        targets = _replicated(tgt_out, k)
-        real = targets.ne(model.special.pad)
-        row = torch.arange(k * B, device=real.device)[:, None].expand_as(real)[real]  # copy i, sentence j: i * B + j
-        states, targets = states[real], targets[real]  # (N, D), (N,)
-        totals = torch.zeros(k * B, dtype=torch.float64)
-        for start in range(0, len(targets), LOSS_ROWS):
-            logits = model.logits(states[start:start + LOSS_ROWS])
-            nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
-                                  targets[start:start + LOSS_ROWS], reduction="none")
-            totals += torch.zeros(k * B, dtype=torch.float64, device=nll.device).index_add_(
-                0, row[start:start + LOSS_ROWS], nll.double()).cpu()
-        sums.append(totals.view(k, B).numpy())
-        units.append(tgt_out.ne(model.special.pad).sum(dim=1).cpu().numpy())
-    if not sums:
-        return np.zeros((k, 0)), np.zeros(0)
-    return np.concatenate(sums, axis=1), np.concatenate(units).astype(np.float64)
+    over (a sentence's real target tokens), sentences in the batches' order: edited_scores with
+    one removed head per copy."""
+    found = edited_scores(model, batches, [None if head is None else HeadEdit.masking([head]) for head in heads])
+    return found.sums, found.units
 
 
-def _copy_masks(heads: Sequence[tuple[str, int, int] | None], B: int, widths: dict, device) -> dict[str, Tensor]:
-    """Row masks for k copies of a batch of B rows: copy i with heads[i] masked (None: none)."""
-    kinds = {head[0] for head in heads if head is not None} or set(widths)
-    masks = {kind: torch.ones(len(heads) * B, *widths[kind], device=device) for kind in kinds}
-    for i, head in enumerate(heads):
-        if head is not None:
-            kind, layer, h = head
-            masks[kind][i * B:(i + 1) * B, layer, h] = 0.0
-    return masks
+# A metric the per-head API takes: (logits (B, T, V), targets (B, T), real (B, T) bool: the
+# positions scored) -> (B,) one value per sentence, or (B, T) one per position (summed over `real`).
+Metric = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 @torch.no_grad()
-def _masked_sentence_distances(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
-                               heads: Sequence[tuple[str, int, int] | None]) -> tuple[np.ndarray, np.ndarray]:
-    """masked_sentence_losses of a sentence encoder: each sentence's embedding distance with each
-    of `heads` masked alone, copy i of each batch with head i masked (gates.row_head_masks),
-    against the reference pass over the batch itself (every head open: it runs outside the row
-    masks, and only once for all copies); one unit per sentence."""
-    from headcount.models.gates import row_head_masks
+def edited_scores(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]], edits: Sequence[HeadEdit | None],
+                  metric: Metric | None = None, keep_tokens: bool = False) -> EditedScores:
+    """Each sentence's summed loss (or `metric`) with each of `edits` applied (None: the model as
+    it is), on top of the model's masks -> EditedScores, sentences in the batches' order. The one
+    path under single-head ablation (head_ablation, masked_sentence_losses) and the per-head API
+    (analysis.head_access).
+
+    Each batch is copied once per edit and run in one forward pass, copy i with edit i
+    (gates.row_head_edits); the copies share the layers below the lowest edited head
+    (`_copies_output_states`). The loss forms logits only at the target positions, LOSS_ROWS at a
+    time (a masked LM scores ~15% of its positions, and padding none), NLLs summed in float64; a
+    `metric` gets each copy's logits (B, T, V) in turn. A sentence encoder's loss is its embedding
+    distance to the unpruned model's pass over the batch, every head open in every row, one unit
+    per sentence (`_edited_sentence_distances`: its copies share no layers, since its pooling,
+    after the layers, reads the batch's own padding mask)."""
+    from headcount.models.gates import row_head_edits  # gates imports the model contract, as this does
+
+    if kind_of(model).objective == SENTENCE_EMBEDDING:
+        if metric is not None:
+            raise ValueError("a sentence encoder is scored by its embedding's distance to the unpruned model's; "
+                             "it takes no other metric")
+        return _edited_sentence_distances(model, batches, edits)
 
     model.eval()
-    k = len(heads)
+    k = len(edits)
+    # each copy's lowest edited head: the copies share the layers below the lowest of them
+    lowest = [min(e.heads(), key=head_position) if e is not None and e.heads() else None for e in edits]
+    sums, units, tokens = [], [], [[] for _ in range(k)]
+    for number, batch in enumerate(batches):
+        src, tgt_in, tgt_out = _on_device(batch[:3], model)
+        B = tgt_out.shape[0]
+        masks, values = row_edits(model, edits, number, B, tgt_out.device)
+        with row_head_edits(model, masks, values):
+            states = _copies_output_states(model, src, tgt_in, lowest)  # (k * B, T, D)
+        real = tgt_out.ne(model.special.pad)
+        if metric is None:
+            totals, per_position, kept = _summed_losses(model, states, tgt_out, k, keep_tokens)
+        else:
+            totals, per_position, kept = _metric_sums(model, states, tgt_out, real, k, metric, keep_tokens)
+        sums.append(totals.view(k, B).numpy())
+        units.append(real.sum(dim=1).cpu().numpy() if per_position else np.ones(B))
+        if keep_tokens and kept is not None:
+            for i in range(k):
+                tokens[i].extend(kept[i])
+    keep = tokens if keep_tokens and (not sums or len(tokens[0]) == sum(s.shape[1] for s in sums)) else None
+    if not sums:
+        return EditedScores(np.zeros((k, 0)), np.zeros(0), keep)
+    return EditedScores(np.concatenate(sums, axis=1), np.concatenate(units).astype(np.float64), keep)
+
+
+def _summed_losses(model, states: Tensor, tgt_out: Tensor, k: int, keep_tokens: bool):
+    """Each copy's and sentence's summed NLL (k * B,) float64 on the CPU, True (a per-token
+    metric), and, with `keep_tokens`, [copy][sentence] per-token NLLs (else None)."""
+    B = tgt_out.shape[0]
+    targets = _replicated(tgt_out, k)
+    real = targets.ne(model.special.pad)
+    row = torch.arange(k * B, device=real.device)[:, None].expand_as(real)[real]  # copy i, sentence j: i * B + j
+    states, targets = states[real], targets[real]  # (N, D), (N,)
+    totals = torch.zeros(k * B, dtype=torch.float64)
+    kept = []
+    for start in range(0, len(targets), LOSS_ROWS):
+        logits = model.logits(states[start:start + LOSS_ROWS])
+        nll = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                              targets[start:start + LOSS_ROWS], reduction="none")
+        totals += torch.zeros(k * B, dtype=torch.float64, device=nll.device).index_add_(
+            0, row[start:start + LOSS_ROWS], nll.double()).cpu()
+        if keep_tokens:
+            kept.append(nll.double().cpu())
+    if not keep_tokens:
+        return totals, True, None
+    flat = torch.cat(kept).numpy() if kept else np.zeros(0)
+    counts = real.sum(dim=1).cpu().numpy()  # rows in order: real positions were taken row by row
+    split = np.split(flat, np.cumsum(counts)[:-1])
+    return totals, True, [split[i * B:(i + 1) * B] for i in range(k)]
+
+
+def _metric_sums(model, states: Tensor, tgt_out: Tensor, real: Tensor, k: int, metric: Metric, keep_tokens: bool):
+    """A metric's sums per copy and sentence (k * B,) float64 (a per-position metric summed over
+    the real positions), whether it is per position, and, for a per-position metric with
+    `keep_tokens`, its values [copy][sentence] (else None)."""
+    B = tgt_out.shape[0]
+    totals, kept, per_position = [], [], None
+    for i in range(k):
+        value = metric(model.logits(states[i * B:(i + 1) * B]), tgt_out, real)
+        value = torch.as_tensor(value)
+        if value.shape == (B,):
+            per_position = False if per_position is None else per_position
+            totals.append(value.double().cpu())
+        elif value.shape == tuple(tgt_out.shape):
+            per_position = True if per_position is None else per_position
+            totals.append((value.double() * real).sum(dim=1).cpu())
+            if keep_tokens:
+                kept.append([value[j][real[j]].double().cpu().numpy() for j in range(B)])
+        else:
+            raise ValueError(f"metric: returned shape {tuple(value.shape)}; give ({B},), one value per sentence, "
+                             f"or {tuple(tgt_out.shape)}, one per position")
+    return torch.cat(totals), bool(per_position), (kept if per_position and keep_tokens else None)
+
+
+def row_edits(model: Seq2SeqWithHeads, edits: Sequence[HeadEdit | None], number: int, B: int,
+                device) -> tuple[dict[str, Tensor], dict[tuple[str, int], Tensor]]:
+    """Row factors and values (gates.row_head_edits) for k copies of a batch of B rows, copy i
+    with edits[i]; `number`: the batch's number (a patch's values are looked up by it)."""
+    modules = model.attention_modules()
     widths = {kind: mask.shape for kind, mask in model.head_mask().items()}
+    kinds = {head[0] for e in edits if e is not None for head in e.heads()} or set(widths)
+    masks = {kind: torch.ones(len(edits) * B, *widths[kind], device=device) for kind in kinds}
+    values: dict[tuple[str, int], Tensor] = {}
+    for i, edit in enumerate(edits):
+        if edit is None:
+            continue
+        rows = slice(i * B, (i + 1) * B)
+        for (kind, layer, h), factor in edit.factors.items():
+            masks[kind][rows, layer, h] = float(factor)
+        for (kind, layer, h), value in edit.values.items():
+            masks[kind][rows, layer, h] = 0.0
+            value = value(number) if callable(value) else value.view(1, 1, -1)  # (B, T, Dh) or (1, 1, Dh)
+            slot = values.get((kind, layer))
+            if slot is None or (slot.shape[2] == 1 and value.shape[1] > 1):
+                module = modules[kind][layer]
+                grown = torch.zeros(len(edits) * B, widths[kind][1], value.shape[1], module.head_dim, device=device)
+                slot = grown if slot is None else grown + slot
+                values[(kind, layer)] = slot
+            slot[rows, h] = value.to(device=device, dtype=slot.dtype)
+    return masks, values
+
+
+@torch.no_grad()
+def _edited_sentence_distances(model: Seq2SeqWithHeads, batches: Sequence[Sequence[Tensor]],
+                               edits: Sequence[HeadEdit | None]) -> EditedScores:
+    """edited_scores of a sentence encoder: each sentence's embedding distance with each of
+    `edits` applied, copy i of each batch with edit i (gates.row_head_edits), against the
+    reference pass over the batch itself (every head open: it runs outside the row edits, and only
+    once for all copies); one unit per sentence."""
+    from headcount.models.gates import row_head_edits
+
+    model.eval()
+    k = len(edits)
     sums = []
-    for batch in batches:
+    for number, batch in enumerate(batches):
         src = _on_device(batch[:1], model)[0]
         B = src.shape[0]
         reference = model.reference_embedding(src)  # (B, D)
-        with row_head_masks(model, _copy_masks(heads, B, widths, src.device)):
+        masks, values = row_edits(model, edits, number, B, src.device)
+        with row_head_edits(model, masks, values):
             embedding = model.sentence_embedding(_replicated(src, k))  # (k * B, D)
         distance = cosine_distance(embedding, _replicated(reference, k))  # (k * B,)
         sums.append(distance.view(k, B).double().cpu().numpy())
     if not sums:
-        return np.zeros((k, 0)), np.zeros(0)
+        return EditedScores(np.zeros((k, 0)), np.zeros(0))
     sums = np.concatenate(sums, axis=1)
-    return sums, np.ones(sums.shape[1])
+    return EditedScores(sums, np.ones(sums.shape[1]))
 
 
 def head_ablation(
@@ -396,12 +518,14 @@ def head_ablation(
     types: Sequence[str] | None = None,  # default: every attention type of the model
     log: Callable[[str], None] | None = None,
     heads_per_pass: int = HEADS_PER_PASS,
+    heads: Iterable[HeadKey] | None = None,  # default: every head of `types`
 ) -> pd.DataFrame:
     """Mask each head alone (its 0/1 gate) and record the change of dev loss, and of BLEU if asked.
 
     delta_loss = loss with the head masked - loss of the model as given (positive: the head
     helps). delta_bleu (only for `bleu_types`, NaN elsewhere) = BLEU masked - BLEU as given. Heads
-    already masked are skipped (NaN). The model's masks are restored afterwards.
+    already masked are skipped (NaN), and so, where `heads` is given, is every head not in it
+    (the table still has a row for every head of `types`). The model's masks are restored afterwards.
 
     delta_loss_low, delta_loss_high: its 95% paired-bootstrap interval over the dev sentences
     (training.perplexity.paired_bootstrap_nll: each resample draws sentences, masked and unmasked
@@ -427,13 +551,14 @@ def head_ablation(
     rows = {(kind, layer, head): {"type": kind, "layer": layer, "head": head, "delta_loss": np.nan,
                                   "delta_bleu": np.nan, "delta_loss_low": np.nan, "delta_loss_high": np.nan}
             for kind in types for layer, head in np.ndindex(*original[kind].shape)}
-    live = [key for key in rows if original[key[0]][key[1], key[2]] != 0]
+    wanted = None if heads is None else {tuple(head) for head in heads}
+    live = [key for key in rows if original[key[0]][key[1], key[2]] != 0 and (wanted is None or key in wanted)]
     # The passes take the heads in the order their layers run (a decoder layer's self- and
     # cross-attention heads together), so that each pass's lowest layer, below which its copies
     # share the work, is as high as it can be; the table keeps the rows' order.
     live.sort(key=lambda key: (head_position(key), key))
     bar = Progress(len(rows), "ablation", log, unit="head")
-    bar.update(len(rows) - len(live))  # already masked: nothing to ablate
+    bar.update(len(rows) - len(live))  # already masked, or not asked for: nothing to ablate
     try:
         for start in range(0, len(live), heads_per_pass):
             chunk = live[start:start + heads_per_pass]

@@ -98,29 +98,52 @@ def l0_penalty(gates: list[HardConcreteGates]) -> Tensor:
 
 @contextmanager
 def row_head_masks(model: Seq2SeqWithHeads, masks: dict[str, Tensor]) -> Iterator[None]:
-    """A 0/1 head mask per batch row, on top of the model's own gates, while the context is open.
+    """A 0/1 head mask per batch row, on top of the model's own gates, while the context is open
+    (row_head_edits without replacement values)."""
+    with row_head_edits(model, masks):
+        yield
 
-    masks[type]: (rows, layers, H), padded with zeros beyond a physically pruned layer's heads as
-    `head_mask()` is; every forward pass inside must have exactly `rows` rows, and row r's heads are
-    multiplied by masks[type][r]. Single-head ablation uses it to run several differently masked
-    copies of one batch in one forward pass. It goes through each attention module's `head_context`
-    hook point, which every family calls on (B, H, Tq, Dh) before its gates (seq2seq.HeadSlots), so
-    no family needs code of its own; masking a head's context before W^O is what its 0/1 gate does.
-    A layer whose rows are all 1 is not hooked (it would change nothing), so it may run on fewer
-    rows: the layers that copies share below their masked heads (models.shared_prefix).
+
+@contextmanager
+def row_head_edits(model: Seq2SeqWithHeads, masks: dict[str, Tensor],
+                   values: dict[tuple[str, int], Tensor] | None = None) -> Iterator[None]:
+    """Per batch row, each head's context scaled and replaced, on top of the model's own gates,
+    while the context is open: ctx[r, h] -> ctx[r, h] * masks[type][r, layer, h] + values[(type,
+    layer)][r, h].
+
+    masks[type]: (rows, layers, H) factors (0/1 for masking; any number scales), padded with zeros
+    beyond a physically pruned layer's heads as `head_mask()` is; every forward pass inside must
+    have exactly `rows` rows. values[(type, layer)]: (rows, H, T or 1, Dh), what is added after the
+    factor (a mean context, or another input's context, where the factor is 0; zeros elsewhere).
+    Single-head ablation uses it to run several differently masked copies of one batch in one
+    forward pass, the per-head API (analysis.head_access) to ablate, scale or patch sets of heads.
+    It goes through each attention module's `head_context` hook point, which every family calls on
+    (B, H, Tq, Dh) before its gates (seq2seq.HeadSlots), so no family needs code of its own;
+    masking a head's context before W^O is what its 0/1 gate does. A layer whose factors are all 1
+    and that has no values is not hooked (it would change nothing), so it may run on fewer rows:
+    the layers that copies share below their edited heads (models.shared_prefix).
     """
     handles = []
+    values = values or {}
 
-    def hook_for(mask: Tensor):  # mask (rows, H) of one layer
+    def hook_for(mask: Tensor, value: Tensor | None):  # mask (rows, H) of one layer
         def hook(module, inputs, ctx):
             if ctx.shape[0] != mask.shape[0]:
                 raise ValueError(f"row_head_masks: masks for {mask.shape[0]} rows, a batch of {ctx.shape[0]}")
-            return ctx * mask[:, : ctx.shape[1], None, None].to(device=ctx.device, dtype=ctx.dtype)
+            out = ctx * mask[:, : ctx.shape[1], None, None].to(device=ctx.device, dtype=ctx.dtype)
+            if value is not None:
+                if value.shape[2] not in (1, ctx.shape[2]):
+                    raise ValueError(f"row head values for {value.shape[2]} positions, a batch of {ctx.shape[2]}")
+                out = out + value[:, : ctx.shape[1]].to(device=ctx.device, dtype=ctx.dtype)
+            return out
 
         return hook
 
     modules = model.attention_modules()
     try:
+        for kind, layer in values:
+            if kind not in masks:
+                raise ValueError(f"row head values for {kind} layer {layer} come without its masks")
         for kind, mask in masks.items():
             if kind not in modules:
                 raise ValueError(f"row head masks for {kind}: this model has {sorted(modules)} only")
@@ -128,8 +151,9 @@ def row_head_masks(model: Seq2SeqWithHeads, masks: dict[str, Tensor]) -> Iterato
                 raise ValueError(f"row head masks for {kind} have shape {tuple(mask.shape)}, expected "
                                  f"(rows, {len(modules[kind])}, H)")
             for layer, module in enumerate(modules[kind]):
-                if not bool((mask[:, layer] == 1).all()):
-                    handles.append(module.head_context.register_forward_hook(hook_for(mask[:, layer])))
+                value = values.get((kind, layer))
+                if value is not None or not bool((mask[:, layer] == 1).all()):
+                    handles.append(module.head_context.register_forward_hook(hook_for(mask[:, layer], value)))
         yield
     finally:
         for handle in handles:

@@ -511,14 +511,36 @@ def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = Non
     return config.model_type in LM_FAMILIES
 
 
-def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
-                       dtype: torch.dtype = torch.float32,
-                       allow_weights: dict | None = None) -> HFCausalLM | HFMaskedLM:
-    """A hub id, a local directory or a GGUF file -> the adapter of its kind, in eval mode; special
-    ids from its tokenizer where it has one. A checkpoint missing weights of the model (e.g. a
-    sentence encoder without the masked-LM head) or holding weights it does not use is refused
-    unless `allow_weights` names them (hf_source.check_loading_report). A sentence encoder (an
-    encoder analysed through its pooled embedding) is hf_sentence.load_sentence_encoder's."""
+def dequantised(hf: nn.Module) -> nn.Module:
+    """A model transformers dequantised on loading (a GGUF file) as the plain model it now is: the
+    quantisation record dropped from its config and the model (in place; returns it). Kept, it
+    stops save_pretrained ("quantized with gguf and is not serializable"), the config's rebuild
+    (AutoConfig.for_model) and headcount's checkpoints (the record holds a QuantizationMethod
+    object, which the safe loader refuses). A model that is still quantised (its weights are not
+    plain floating-point tensors) is refused: headcount gates and trains plain weights."""
+    quantizer = getattr(hf, "hf_quantizer", None)
+    method = getattr(getattr(hf.config, "quantization_config", None), "quant_method", None)
+    method = getattr(method, "value", method)
+    if quantizer is None and method is None:
+        return hf
+    if method not in (None, "gguf") or any(not p.is_floating_point() for p in hf.parameters()):
+        raise HeadcountError(f"model: quantised with {method or type(quantizer).__name__}, whose weights are not plain "
+                             f"floating-point tensors; load it unquantised (transformers' from_pretrained without "
+                             f"a quantization_config), or from a GGUF file, which transformers dequantises")
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    hf.hf_quantizer, hf.is_quantized = None, False
+    return hf
+
+
+def load_transformers_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
+                         dtype: torch.dtype = torch.float32, allow_weights: dict | None = None):
+    """A hub id, a local directory or a GGUF file -> (the transformers model, in eval mode, its
+    tokenizer or None, its config): a plain transformers model that save_pretrained writes (a
+    GGUF's dequantised weights without the quantisation record, `dequantised`). A checkpoint
+    missing weights of the model (e.g. a sentence encoder without the masked-LM head) or holding
+    weights it does not use is refused unless `allow_weights` names them
+    (hf_source.check_loading_report)."""
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_source(name_or_dir, offline)
@@ -533,17 +555,25 @@ def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = No
         raise refused_pickle(name_or_dir, error) from None
     check_loading_report(source.label, type(hf).__name__, report, allow_weights)
     if source.gguf_file is not None:
-        # dequantised to plain weights: the GGUF quantisation record would stop the checkpoint's
-        # config from being rebuilt (AutoConfig.for_model) and save_pretrained from writing it
-        for config_ in (hf.config, config):
-            if hasattr(config_, "quantization_config"):
-                del config_.quantization_config
-        hf.hf_quantizer, hf.is_quantized = None, False
+        dequantised(hf)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.name, **source.kwargs)
     except (OSError, ValueError):
         tokenizer = None  # ids from the config alone
-    cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
+    return hf.eval(), tokenizer, config
+
+
+def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
+                       dtype: torch.dtype = torch.float32,
+                       allow_weights: dict | None = None) -> HFCausalLM | HFMaskedLM:
+    """A hub id, a local directory or a GGUF file -> the adapter of its kind, in eval mode, over
+    load_transformers_lm's model; special ids from its tokenizer where it has one. A sentence
+    encoder (an encoder analysed through its pooled embedding) is hf_sentence.load_sentence_encoder's."""
+    hf, tokenizer, config = load_transformers_lm(name_or_dir, offline=offline, dtype=dtype,
+                                                 allow_weights=allow_weights)
+    cls = HFCausalLM if lm_family_of(config).model_kind == "decoder_only" else HFMaskedLM
     return cls(hf, special=special_ids_of(config, tokenizer)).eval()
 
 
@@ -570,4 +600,5 @@ def import_pretrained_lm(name_or_dir: str | os.PathLike, model_out: str | os.Pat
 
 __all__ = ["HFCausalLM", "HFMaskedLM", "LMFamily", "LMHeadGates", "LMTokenizer", "LM_FAMILIES", "LM_TOKENIZER_MANIFEST",
            "NotAvailableForKind", "LRPNotImplemented", "PretrainedModelUnavailable", "import_pretrained_lm",
-           "is_language_model", "load_lm_tokenizer", "load_pretrained_lm", "special_ids_of"]
+           "dequantised", "is_language_model", "load_lm_tokenizer", "load_pretrained_lm", "load_transformers_lm",
+           "special_ids_of"]
