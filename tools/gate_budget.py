@@ -1,5 +1,5 @@
-"""The rerun's gate-training budget (docs/method.md, "Rules fixed before the rerun", order of the
-rerun, step 2): read seed 1's pruning runs' gate trajectories, print each run's share of undecided
+"""The powered design's gate-training budget (docs/method.md, "The powered design: rules fixed
+before it ran", gates that decide): read seed 1's pruning runs' gate trajectories, print each run's share of undecided
 gates (P(open) strictly inside 0.1-0.9) over its steps, and the fewest steps, in 250s, by which every
 run is at or below 5% and stays there, at most 2,000: runs still undecided at the cap leave the
 budget there, and are named (their verdicts say they have not decided).

@@ -1,4 +1,4 @@
-"""The baseline budget the rerun's plateau rule gives (docs/method.md, "Rules fixed before the rerun"):
+"""The baseline budget the plateau rule gives (docs/method.md, "The powered design: rules fixed before it ran"):
 read a baseline's metrics.jsonl (seed 1 trained with a large training.max_steps), print every dev
 loss evaluation and the step at which the rule fires, rounded up to the evaluation interval.
 
