@@ -103,8 +103,8 @@ def read_weights_only(path: str | os.PathLike, allowed: list, refusal: str, map_
 # a real checkpoint's calls get a few values nested three deep (a tensor's storage, offset, size and
 # stride), and a type made from a literal gets a short string or number.
 MAX_CALL_DEPTH = 8  # containers nested in one call's arguments
-MAX_CALL_VALUES = 10_000  # values in one call's arguments, each arrival through a shared reference counted
-MAX_ALL_CALL_VALUES = 5_000_000  # the same over the whole file (a 7B model's state dict: about 50,000)
+MAX_CALL_VALUES = 100_000  # values in one call's arguments, each arrival through a shared reference counted
+MAX_ALL_CALL_VALUES = 2_000_000  # the same over the whole file (a 3B model and its optimizer: about 30,000)
 MAX_LITERAL_LENGTH = 4096  # characters of a string or bytes given to one of LITERAL_CALLS
 # Callables that take literals only (strings, bytes, numbers), each making one value of them.
 LITERAL_CALLS = {"builtins.str", "builtins.bytearray", "builtins.int", "builtins.float", "builtins.bool",
