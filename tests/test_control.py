@@ -1,6 +1,7 @@
 """The positive control: the synthetic language's invariants, and a tiny model trained on it in
 which the role analysis finds the planted positional and syntactic heads."""
 
+import json
 import math
 import random
 import re
@@ -8,6 +9,7 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+from conftest import REPO, load_script
 
 from headcount.data.parses import read_conllu_files
 from headcount.data.synthetic_language import (
@@ -23,14 +25,6 @@ from headcount.data.synthetic_language import (
     write_corpus,
 )
 
-# By 2500 steps the tiny model's syntactic heads are sharp whatever the rounding: measured with seeds
-# 1-3 on ATen's AVX2 and AVX512 kernels, each of the six runs had a head >= 0.3 above its baseline for
-# 2 or 3 of the 4 planted relations (obj in all six). At 1000 steps (this test's earlier setting) the
-# AVX512 runs found 2 relations and 2 of 3 had no sharp head, so the test failed on such CPUs.
-# On an AMD EPYC with AVX512-BF16 (fp32 all the same; 2026-11-28) seed 1 at 2500 steps had no sharp
-# head (amod +0.27, obj +0.22): it failed there. At 3000, 3500 and 4000 steps it found nsubj, obj and
-# amod, amod +0.38, +0.38 and +0.40 above its baseline: so 3000.
-SYNTAX_STEPS = 3000
 SETTINGS = {"syntactic_margin": 0.10, "min_instances": 10, "positional_threshold": 0.9}  # config's roles
 
 
@@ -198,43 +192,46 @@ def test_names_are_rare_and_regular_words_are_not():
     assert sum(1 for n in names.values() if n == 1) > len(names) / 3
 
 
-def _tiny_control(tmp_path, grammar: Grammar, enc_layers: int, steps: int):
-    """Train a tiny Transformer (d_model 64, 4 heads, one decoder layer, no dropout) on 4000 pairs of
-    `grammar` and return what headcount's role analysis finds on 200 dev sentences (found_heads), and
-    the per-head syntactic scores it found them in."""
+CONTROL_FIXTURE = REPO / "tests/data/control_tiny"
+
+
+def _tiny_control(tmp_path, name: str):
+    """What headcount's role analysis finds on 200 dev sentences (found_heads), and the per-head
+    syntactic scores it found them in, in the tiny control model `name` that
+    tools/make_control_fixture.py trained (tests/data/control_tiny/<name>: d_model 64, 4 heads, one
+    decoder layer, 4000 pairs of its grammar). The model is stored, not trained here: what a few
+    thousand steps learn depends on the CPU's kernels (the same seed's best syntactic head was +0.38
+    above baseline on an AVX-512 CPU and +0.285 on an AVX2 one), and training took minutes."""
     import torch
+    from safetensors.torch import load_file
 
     from headcount.analysis.roles.collect import encoder_head_statistics
     from headcount.analysis.roles.registry import assign_roles
     from headcount.analysis.roles.statistics import count_words
-    from headcount.data.subwords import Segmenter, train_bpe
+    from headcount.data.subwords import Segmenter, pieces_fingerprint
     from headcount.io import read_lines
     from headcount.models.transformer import ModelConfig, Transformer
     from headcount.report.positive_control import found_heads
-    from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 
-    sizes = {"train": 4000, "dev": 200}
-    paths = {split: {"src": str(tmp_path / f"{split}.src.txt"), "tgt": str(tmp_path / f"{split}.tgt.txt"),
-                     "conllu": str(tmp_path / f"{split}.conllu")} for split in sizes}
-    write_corpus(grammar, 1, sizes, paths, str(tmp_path / "stats.json"), log=lambda m: None)
-    segmenters = {}
-    for side in ("src", "tgt"):
-        train_bpe(paths["train"][side], tmp_path / f"{side}.model", 300, max_piece_length=PIECE_LENGTH)
-        segmenters[side] = Segmenter(tmp_path / f"{side}.model")
-    data = {split: [segmenters[side].encode(read_lines(paths[split][side])) for side in ("src", "tgt")]
-            for split in sizes}
-    torch.manual_seed(1)
-    model = Transformer(ModelConfig(src_vocab=len(segmenters["src"]), tgt_vocab=len(segmenters["tgt"]), d_model=64,
-                                    n_heads=4, d_ff=128, enc_layers=enc_layers, dec_layers=1, dropout=0.0,
-                                    attn_dropout=0.0, relu_dropout=0.0, max_len=128))
-    cfg = TrainConfig(max_tokens=800, max_steps=steps, warmup_steps=60, lr_scale=0.5, label_smoothing=0.0,
-                      log_interval=steps, eval_interval=steps, checkpoint_interval=steps, dev_bleu_sentences=0,
-                      select="last", precision="fp32", device="cpu")
-    train(model, cfg, Corpus(*data["train"]), DevSet(*data["dev"]), tmp_path / "work", log=lambda m: None)
+    maker = load_script(REPO / "tools/make_control_fixture.py", "make_control_fixture")
+    folder = CONTROL_FIXTURE / name
+    made = json.loads((folder / "recipe.json").read_text())
+    expected = json.loads(json.dumps(maker.recipe(name)))
+    assert {key: made.get(key) for key in expected} == expected, \
+        f"{folder} was made with another recipe: run tools/make_control_fixture.py --only {name}"
+    paths = maker.write_control_corpus(name, tmp_path)  # the same seeded corpus the model was trained on
+    subwords = maker.train_control_subwords(paths, tmp_path, sides=("src",))["src"]
+    assert pieces_fingerprint(subwords) == made["subwords"]["src"], "the subwords differ from the model's"
+    segmenter = Segmenter(subwords)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**made["model_config"])).eval()
+    stored = {k: v.float() for k, v in load_file(str(folder / "model.safetensors")).items()}
+    missing = model.load_state_dict(stored, strict=False).missing_keys
+    assert stored and not [k for k in missing if k.startswith(maker.ENCODER_SIDE)], missing  # the decoder is unused
 
     table = read_conllu_files([paths["dev"]["conllu"]])
     frequencies = count_words(read_lines(paths["train"]["src"]), lowercase=False)
-    stats = encoder_head_statistics(model, segmenters["src"], table, frequencies, False, top_k=50, log=lambda m: None)
+    stats = encoder_head_statistics(model, segmenter, table, frequencies, False, top_k=50, log=lambda m: None)
     roles = assign_roles(stats["positional"], stats["syntactic"], stats["rare"], min_instances=10, rare_margin=0.1)
     return found_heads(roles, stats["syntactic"], SETTINGS), stats["syntactic"]
 
@@ -243,13 +240,11 @@ def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp
     """A small version of the language (15 words, no names), 3+1 layers, 3000 steps: the role
     analysis must find syntactic heads for at least two of the planted relations, one of them beyond
     doubt: its rate beats the relation's baseline plus the role margin (0.10) by more than its
-    instances' sampling noise explains (one-sided exact binomial, p < 0.001). A fixed excess (+0.3
-    until 2026-11-29) rested on one training trajectory, which the CPU's kernels change: torch seed
-    1's best head was +0.38 on an AVX-512 CPU and +0.285 on an AVX2 one (seed 2 there: +0.49).
-    (Its join of a word's two pieces is not sharp at this size: 0.51 on continuation pieces; the next
-    test checks that. All six planted functions are the full control experiment's to find.)"""
-    grammar = Grammar(nouns=6, verbs=3, adjectives=3, adverbs=3, names=300, name_rate=0.0)
-    found, syntactic = _tiny_control(tmp_path, grammar, enc_layers=3, steps=SYNTAX_STEPS)
+    instances' sampling noise explains (one-sided exact binomial, p < 0.001), not by a fixed excess
+    that one training trajectory happened to reach. (Its join of a word's two pieces is not sharp at
+    this size: 0.51 on continuation pieces; the next test checks that. All six planted functions are
+    the full control experiment's to find.)"""
+    found, syntactic = _tiny_control(tmp_path, "syntax")
     hits = found.dropna(subset=["layer"])
     assert len(set(hits["function"]) & {"nsubj", "obj", "amod", "advmod"}) >= 2, found.to_string()
     scored = hits.merge(syntactic, left_on=["function", "via", "layer", "head"],
@@ -285,10 +280,17 @@ def test_tiny_model_has_the_planted_piece_join_and_headcount_finds_it(tmp_path):
     which is what the previous test is for)."""
     from headcount.report.positive_control import POSITIONAL_FUNCTION
 
-    found, _ = _tiny_control(tmp_path, Grammar(name_rate=0.0), enc_layers=2, steps=1500)
+    found, _ = _tiny_control(tmp_path, "join")
     positional = found[(found["function"] == POSITIONAL_FUNCTION)].dropna(subset=["layer"])
     assert len(positional), found.to_string()
     assert positional["rate"].max() >= 0.95, found.to_string()  # sharp, not marginal
+
+
+def test_the_control_fixture_is_small_and_pickle_free():
+    """The committed models stay well under 1 MB and hold tensors only (safetensors)."""
+    files = [f for f in CONTROL_FIXTURE.rglob("*") if f.is_file()]
+    assert {f.name for f in files} == {"model.safetensors", "recipe.json"}
+    assert sum(f.stat().st_size for f in files) < 800_000, [(f.name, f.stat().st_size) for f in files]
 
 
 def _role_tables():
