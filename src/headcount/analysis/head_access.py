@@ -140,6 +140,20 @@ class HeadNames:
         return pd.DataFrame([{"type": k, "layer": la, "head": h, "name": self.name((k, la, h))} for k, la, h in rows])
 
 
+def _text_list(texts, argument: str, allow_none: bool = False) -> list[str] | None:
+    """A list of non-empty strings; a single string is refused as such."""
+    if texts is None and allow_none:
+        return None
+    if isinstance(texts, str):
+        raise ArgumentError(f"{argument}: one string, not a list of texts; write [{texts[:40]!r}...]")
+    if not isinstance(texts, Sequence) or not texts:
+        raise ArgumentError(f"{argument}: a non-empty list of texts, not {texts!r:.60}")
+    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if bad:
+        raise ArgumentError(f"{argument}[{bad[0]}]: {texts[bad[0]]!r} is not a non-empty string")
+    return list(texts)
+
+
 # --------------------------------------------------------------------------------------------
 # Texts as batches that remember their texts
 
@@ -417,6 +431,12 @@ class HeadAccess:
                               f"interventions, not {spec!r}")
 
     def _batches(self, texts: list[str], targets: list[str] | None) -> TextBatches:
+        texts, targets = _text_list(texts, "texts"), _text_list(targets, "targets", allow_none=True)
+        if self.translation and (targets is None or len(targets) != len(texts)):
+            raise ArgumentError("targets: an encoder-decoder reads each text with its reference translation; give "
+                                "one per text")
+        if not self.translation and targets is not None:
+            raise ArgumentError("targets: this model reads its texts alone; leave targets out")
         return encode_texts(self.model, self.src_tokenizer, self.tgt_tokenizer, texts, targets, self.max_tokens,
                             self.device)
 
@@ -479,22 +499,26 @@ class HeadAccess:
                 for handle in handles:
                     handle.remove()
             for kind in modules:
-                side = src if kind == "enc_self" else tgt_in
-                other = tgt_in if kind == "dec_self" else src
+                query_side, key_side = ("source" if kind == "enc_self" else "target",
+                                        "target" if kind == "dec_self" else "source")
+                sides = {"source": src, "target": tgt_in}
                 for r, i in enumerate(rows):
                     q, k = size(kind, r)
-                    found.labels[kind][i] = (self._labels(side[r, :q]), self._labels(other[r, :k]))
+                    found.labels[kind][i] = (self._labels(sides[query_side][r, :q], query_side),
+                                             self._labels(sides[key_side][r, :k], key_side))
         found.patterns, found.outputs = kept_patterns, kept_outputs
         return found
 
-    def _labels(self, ids: Tensor) -> list[str]:
+    def _labels(self, ids: Tensor, side: str) -> list[str]:
+        """Each position's token as its side's tokenizer spells it; special ids by name."""
         special = self.model.special
         names = {special.pad: "<pad>", special.eos: "<eos>", special.bos: "<bos>"}  # a causal LM's BOS may be its EOS
         if getattr(special, "mask", None) is not None:
             names[special.mask] = "<mask>"
         ids = [int(i) for i in ids]
         plain = [[i] for i in ids if i not in names]
-        decoded = iter(self.tgt_tokenizer.decode(plain) if plain else [])
+        tokenizer = self.src_tokenizer if side == "source" else self.tgt_tokenizer
+        decoded = iter(tokenizer.decode(plain) if plain else [])
         return [names[i] if i in names else next(decoded) for i in ids]
 
     def _mean_outputs(self, parts: Sequence[Intervention], batches: TextBatches) -> Callable[[HeadKey], Tensor]:
