@@ -397,3 +397,16 @@ def test_an_encoder_decoder_through_the_api(tmp_path):
         nll = F.cross_entropy(logits.transpose(1, 2), t_out, reduction="none", ignore_index=model.special.pad)
         expected[rows] = nll.double().sum(dim=1).numpy()
     np.testing.assert_allclose(found.sums[found.sets.index("x")], expected, rtol=1e-6, atol=2e-5)
+
+
+def test_matched_random_sets_take_as_many_heads_from_the_same_layers(tiny_dirs):
+    hf, tokenizer = opened(tiny_dirs, "llama")
+    with headcount.heads(hf, tokenizer) as h:
+        named = ["1.2", "2.1", "2.4"]
+        sets = h.matched_random(named, draws=30, seed=4)
+        assert sets == h.matched_random(named, draws=30, seed=4) != h.matched_random(named, draws=30, seed=5)
+        keys = [sorted(h.names.keys(s)) for s in sets.values()]
+        assert all([k[1] for k in ks] == [0, 1, 1] and not set(ks) & set(h.names.keys(named)) for ks in keys)
+        assert len({tuple(k) for k in keys}) > 1  # the draws differ
+        with pytest.raises(headcount.ArgumentError, match="^heads: layer 0"):
+            h.matched_random(["1.1", "1.2", "1.3"])

@@ -413,6 +413,27 @@ class HeadAccess:
             raise ArgumentError(f"source: a HeadCache (HeadAccess.cache), not {type(source).__name__}")
         return Intervention(tuple(self.names.keys(heads)), "patch", source=source)
 
+    def matched_random(self, heads, draws: int = 20, seed: int = 0) -> dict[str, list[str]]:
+        """`draws` random head sets matched to `heads` layer by layer (as many heads from each of
+        their layers, none of `heads` themselves): the baseline a named set is tested against.
+        -> {"random 1": [names], ...}, the same sets for the same seed."""
+        keys = self.names.keys(heads)
+        if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+            raise ArgumentError(f"draws: a positive whole number, not {draws!r}")
+        per_layer: dict[tuple[str, int], int] = {}
+        for kind, layer, _ in keys:
+            per_layer[(kind, layer)] = per_layer.get((kind, layer), 0) + 1
+        pools = {}
+        for (kind, layer), n in per_layer.items():
+            pools[(kind, layer)] = [h for h in range(self.names.widths[kind][layer]) if (kind, layer, h) not in keys]
+            if len(pools[(kind, layer)]) < n:
+                raise ArgumentError(f"heads: layer {layer} ({kind}) has {len(pools[(kind, layer)])} other heads, "
+                                    f"fewer than the {n} named there; no matched set can be drawn")
+        rng = np.random.default_rng(seed)
+        return {f"random {i + 1}": [self.names.name((kind, layer, int(h))) for (kind, layer), n in per_layer.items()
+                                    for h in sorted(rng.choice(pools[(kind, layer)], n, replace=False))]
+                for i in range(draws)}
+
     def _interventions(self, spec, argument: str) -> list[Intervention]:
         """A head set as given: None or [] (nothing), an Intervention, a list of Interventions, or a
         list of heads (zero ablation)."""
