@@ -353,7 +353,7 @@ def test_prune_leaves_the_model_as_it_was_and_trains_only_gates_on_a_pretrained_
      "ablation_heads, ablation_layers"),
     (lambda m, t, x: headcount.analyse(m, t, x, device="tpu"), "device"),
     (lambda m, t, x: headcount.prune(m, t, x + ["word " * 3000], 0.1), "train_texts"),
-    (lambda m, t, x: headcount.prune(m, t, x, 0.1, recipe={"heal_steps": 5}), "recipe"),
+    (lambda m, t, x: headcount.prune(m, t, x, 0.1, recipe={"heal_steps": 5}, gates_only=True), "recipe"),
     (lambda m, t, x: headcount.prune(m, t, x, 0.1, gates_only="yes"), "gates_only"),
     (lambda m, t, x: headcount.prune(m, t, x, 0.1, device="cuda:x"), "device"),
 ])
@@ -410,3 +410,12 @@ def test_matched_random_sets_take_as_many_heads_from_the_same_layers(tiny_dirs):
         assert len({tuple(k) for k in keys}) > 1  # the draws differ
         with pytest.raises(headcount.ArgumentError, match="^heads: layer 0"):
             h.matched_random(["1.1", "1.2", "1.3"])
+
+
+def test_a_recipe_that_heals_fine_tunes_the_weights_as_the_paper_does(tiny_dirs, lines):
+    hf, tokenizer = opened(tiny_dirs, "gpt2")
+    pruned = headcount.prune(hf, tokenizer, lines[:20], lam=0.1, steps=3, recipe={"heal_steps": 2},
+                             training={"max_tokens": 300}, log=False)
+    assert not pruned.record["gates_only"]
+    embeddings = dict(pruned.model.hf.named_parameters())["transformer.wte.weight"]
+    assert not torch.equal(embeddings, hf.transformer.wte.weight)  # the copy's weights trained; the caller's did not

@@ -433,7 +433,8 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
         transformers model: a pretrained model is its own reference, and fine-tuning it on a few
         texts would measure adaptation to them as much as pruning); False: fine-tune the weights
         with the gates, then heal, the paper's recipe (the default for a headcount model trained
-        here). A sentence encoder always trains its gates alone.
+        here, and where `recipe` sets heal_steps above 0). A sentence encoder always trains its
+        gates alone.
     train_texts (and an encoder-decoder's train_targets): the training data; dev_texts/dev_targets:
         the dev loss's (default the first 100 training texts).
     setting: "all" or "enc" (pruning.methods; a language model has "all" only).
@@ -500,7 +501,8 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     unknown = sorted(set(training or {}) - known)
     if unknown:
         raise ArgumentError(f"training: unknown keys {unknown}; known: {', '.join(sorted(known))}")
-    gates_only = (not own) if gates_only is None else gates_only
+    if gates_only is None:  # a recipe that heals asks for the paper's recipe, whose weights train
+        gates_only = not own and not (recipe or {}).get("heal_steps")
     frozen = gates_only or kind.gates_only
     # the baseline's settings (a constant schedule holds the rate where their Noam schedule ends)
     train_settings = {**TrainConfig().to_dict(), **DEFAULT_TRAINING, **(training or {}), "select": "last",
