@@ -419,3 +419,24 @@ def test_a_recipe_that_heals_fine_tunes_the_weights_as_the_paper_does(tiny_dirs,
     assert not pruned.record["gates_only"]
     embeddings = dict(pruned.model.hf.named_parameters())["transformer.wte.weight"]
     assert not torch.equal(embeddings, hf.transformer.wte.weight)  # the copy's weights trained; the caller's did not
+
+
+def test_a_gguf_loaded_model_prunes_heals_and_saves(tiny_dirs, lines, tmp_path):
+    """What transformers' gguf_file route leaves on a model, a quantisation record holding a
+    QuantizationMethod, stopped healing (the checkpoint's pickle refused it) and save_pretrained;
+    prune drops it from its copy, and the caller's model keeps it. A model still quantised
+    otherwise is refused by name."""
+    from transformers.utils.quantization_config import QuantizationMethod
+
+    hf, tokenizer = opened(tiny_dirs, "llama")
+    hf.config.quantization_config = {"quant_method": QuantizationMethod.GGUF}
+    hf.hf_quantizer, hf.is_quantized = object(), True
+    pruned = headcount.prune(hf, tokenizer, lines[:20], lam=0.1, steps=2, recipe={"heal_steps": 2},
+                             training={"max_tokens": 300}, log=False)
+    assert hf.config.quantization_config["quant_method"] == QuantizationMethod.GGUF and hf.is_quantized
+    pruned.save_pretrained(tmp_path / "pruned")
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").config.to_dict().get(
+        "quantization_config") is None
+    hf.config.quantization_config = {"quant_method": QuantizationMethod.BITS_AND_BYTES}
+    with pytest.raises(headcount.ArgumentError, match="^model: quantised with bitsandbytes"):
+        headcount.prune(hf, tokenizer, lines[:20], lam=0.1, steps=2, log=False)

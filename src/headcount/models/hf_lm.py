@@ -519,7 +519,8 @@ def dequantised(hf: nn.Module) -> nn.Module:
     object, which the safe loader refuses). A model that is still quantised (its weights are not
     plain floating-point tensors) is refused: headcount gates and trains plain weights."""
     quantizer = getattr(hf, "hf_quantizer", None)
-    method = getattr(getattr(hf.config, "quantization_config", None), "quant_method", None)
+    record = getattr(hf.config, "quantization_config", None)
+    method = record.get("quant_method") if isinstance(record, dict) else getattr(record, "quant_method", None)
     method = getattr(method, "value", method)
     if quantizer is None and method is None:
         return hf
