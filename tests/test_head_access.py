@@ -440,3 +440,17 @@ def test_a_gguf_loaded_model_prunes_heals_and_saves(tiny_dirs, lines, tmp_path):
     hf.config.quantization_config = {"quant_method": QuantizationMethod.BITS_AND_BYTES}
     with pytest.raises(headcount.ArgumentError, match="^model: quantised with bitsandbytes"):
         headcount.prune(hf, tokenizer, lines[:20], lam=0.1, steps=2, log=False)
+
+
+def test_token_ids_in_place_of_texts(tiny_dirs, lines):
+    """Repeated random tokens, say: ids give what their texts give."""
+    hf, tokenizer = opened(tiny_dirs, "gpt2")
+    ids = [tokenizer(line)["input_ids"] for line in lines[:4]]
+    with headcount.heads(hf, tokenizer) as h:
+        from_texts = h.measure(lines[:4], {"a": ["1.2", "2.3"]})
+        from_ids = h.measure(ids, {"a": ["1.2", "2.3"]})
+        cache = h.cache([ids[0] * 2], layers=[1])
+        with pytest.raises(headcount.ArgumentError, match=r"^texts\[1\]:"):
+            h.measure([ids[0], "a text"], {"a": ["1.2"]})
+    np.testing.assert_array_equal(from_ids.sums, from_texts.sums)
+    assert cache.pattern("2.1").shape == (2 * len(ids[0]), 2 * len(ids[0]))

@@ -148,10 +148,23 @@ def _text_list(texts, argument: str, allow_none: bool = False) -> list[str] | No
         raise ArgumentError(f"{argument}: one string, not a list of texts; write [{texts[:40]!r}...]")
     if not isinstance(texts, Sequence) or not texts:
         raise ArgumentError(f"{argument}: a non-empty list of texts, not {texts!r:.60}")
-    bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if _is_ids(texts[0]):  # already token ids (repeated random tokens, say)
+        bad = [i for i, t in enumerate(texts) if not _is_ids(t)]
+        if not bad:
+            return [[int(i) for i in t] for t in texts]
+    else:
+        bad = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
     if bad:
-        raise ArgumentError(f"{argument}[{bad[0]}]: {texts[bad[0]]!r} is not a non-empty string")
+        raise ArgumentError(f"{argument}[{bad[0]}]: {texts[bad[0]]!r} is neither a non-empty string nor a list of "
+                            f"token ids; give every text one way")
     return list(texts)
+
+
+def _is_ids(text) -> bool:
+    """Whether a text is given as token ids: a non-empty list, tuple or 1-d tensor of whole numbers."""
+    sequence = isinstance(text, (list, tuple)) or (isinstance(text, Tensor) and text.dim() == 1)
+    return sequence and len(text) > 0 and all(
+        isinstance(i, (int, np.integer)) or (isinstance(i, Tensor) and i.dim() == 0) for i in text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,11 +199,16 @@ class TextBatches:
 
 def encode_texts(model, src_tokenizer, tgt_tokenizer, texts: list[str], targets: list[str] | None,
                  max_tokens: int, device) -> TextBatches:
-    """`texts` (and an encoder-decoder's `targets`) -> TextBatches on `device`: a text that does not
-    fit the model is refused by its index (batching.check_lengths) before anything runs."""
+    """`texts` (and an encoder-decoder's `targets`), strings or token-id lists (without the special
+    tokens the objective adds), -> TextBatches on `device`: a text that does not fit the model is
+    refused by its index (batching.check_lengths) before anything runs."""
     objective = kind_of(model).objective
-    src = src_tokenizer.encode(texts)
-    tgt = tgt_tokenizer.encode(targets if targets is not None else texts)
+
+    def encoded(tokenizer, lines):  # strings through the tokenizer; token ids as they are
+        return [list(x) for x in lines] if lines and not isinstance(lines[0], str) else tokenizer.encode(lines)
+
+    src = encoded(src_tokenizer, texts)
+    tgt = encoded(tgt_tokenizer, targets if targets is not None else texts)
     if getattr(model, "max_positions", None) is not None:
         check_lengths(src, tgt, model.max_positions, objective)
     indices = make_batches([len(s) + 1 for s in src], [len(t) + 1 for t in tgt], max_tokens, seed=0)
