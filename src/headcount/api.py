@@ -533,10 +533,11 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
             raise ArgumentError(f"{name}: {error}") from None
     data = Corpus(*(TokenCorpus.encode_lines(list, ids) for ids in encoded["train_texts"]))
     dev = DevSet(*encoded["dev_texts"], dev_refs)
+    prune_settings["gates_only"] = frozen  # the workflow's prune.gates_only, where prune_model reads it
     if gates_only and not kind.gates_only:
-        for p in hc.parameters():  # prepare_for_pruning trains what requires a gradient: the gates it attaches
+        # frozen here too: prepare_for_pruning trains only what requires a gradient, the gates it attaches
+        for p in hc.parameters():
             p.requires_grad_(False)
-        log("gates only: every weight frozen, the gates alone train (no healing)")
     fingerprint = {"api": "headcount.prune", "setting": setting, "lambda": lam,
                    "log_alpha_init": prune_settings["log_alpha_init"], "gate_lr_scale": prune_settings["gate_lr_scale"],
                    "texts": len(train_texts), "gates_only": frozen}
