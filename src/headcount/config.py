@@ -225,6 +225,32 @@ def _lm_problems(name: str, exp: dict, partial: dict) -> list[str]:
     return problems
 
 
+def _target_problems(name: str, exp: dict) -> list[str]:
+    """prune.targets and prune.gates_only (the Lagrangian controller's runs), each with its fix."""
+    key = f"config key 'experiments.{name}.prune"
+    prune, problems = exp["prune"], []
+    if prune.get("gates_only") and prune["heal_steps"]:
+        problems.append(f"{key}.gates_only': true freezes the weights, so nothing heals; set prune.heal_steps: 0 "
+                        f"(or gates_only: false)")
+    model = exp["model"]
+    gated = {"enc": model["n_heads"] * model["enc_layers"],
+             "all": model["n_heads"] * (model["enc_layers"] + 2 * model["dec_layers"])}
+    for setting, targets in (prune.get("targets") or {}).items():
+        distinct = {(kind, float(value)): target for target in targets for kind, value in target.items()}
+        if len(distinct) != len(targets):
+            problems.append(f"{key}.targets.{setting}': {targets} repeats a target")
+        if targets and setting == "enc" and is_lm_experiment(exp):
+            problems.append(f"{key}.targets.enc': a language model has one kind of attention, so its only pruning "
+                            f"setting is all; give the targets as prune.targets.all")
+        if is_pretrained(exp):  # its head count is the model's own, known once it is imported
+            continue
+        for target in distinct.values():
+            if target.get("heads", 0) > gated[setting]:
+                problems.append(f"{key}.targets.{setting}': {{heads: {target['heads']}}} keeps more heads than the "
+                                f"{gated[setting]} the model gates in setting {setting}; use at most {gated[setting]}")
+    return problems
+
+
 def declared_kind(exp: dict) -> tuple[bool, str] | None:
     """(whether it is a language model, what says so) for a pretrained model whose kind is known
     without importing it: a fairseq or headcount checkpoint (a translation model), or a local
@@ -581,6 +607,7 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
                 elif lambda_label(value) == lambda_label(0):
                     problems.append(f"config key 'experiments.{name}.prune.from_scratch.{setting}': 0 is the "
                                     f"control, which prunes no head; leave it out")
+        problems += _target_problems(name, exp)
         training = exp["training"]
         # Only for experiments that run: a shared change of defaults (eval_interval) would otherwise
         # fail an experiment nobody asked for.
@@ -742,7 +769,7 @@ def check_yaml_syntax(path: str | os.PathLike) -> None:
 # The prune settings a fine-tuning run depends on (the lambda grid is not one of them: extending
 # it reruns nothing). The recipe keys, their meaning and defaults: config/README.md.
 FINE_TUNING_KEYS = ("gate_lr_scale", "weight_lr_scale", "log_alpha_init", "lr_schedule", "resume_optimizer",
-                    "heal_steps", "select", "training")
+                    "heal_steps", "select", "training", "penalty_scale", "gates_only")
 
 
 def fine_tuning_steps(prune: dict) -> int:

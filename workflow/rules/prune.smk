@@ -2,7 +2,10 @@
 # setting's grid, training each pruned configuration from scratch, the curve of every ranked
 # method (Michel et al.'s and any other in pruning.methods), and the tables and figures. Lambda
 # is a wildcard: a new grid value adds its own jobs only; so is the ranked method.
-# Lambda 0 is each setting's control (gates pinned open); it has no from-scratch twin.
+# Lambda 0 is each setting's control (gates pinned open); it has no from-scratch twin. A run of
+# prune.targets prunes to a named head count instead of by a lambda (prune_to_target).
+
+from headcount.pruning.methods import target_dirs, target_from_label
 
 
 rule prune_heads:
@@ -41,6 +44,75 @@ rule prune_heads:
         work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/lambda_{w.lam}/train",
     script:
         "../scripts/prune_heads.py"
+
+
+rule prune_to_target:
+    """Prune to a named head count (prune.targets) with a Lagrangian controller over the same gates;
+    written as prune_heads writes a lambda's run. On demand (or through prune_targets).
+    """
+    input:
+        baseline="results/{exp}/baseline/model.pt",
+        train_src="results/{exp}/data/train.src.txt",
+        train_tgt="results/{exp}/data/train.tgt.txt",
+        dev_src="results/{exp}/data/dev.src.txt",
+        dev_tgt="results/{exp}/data/dev.tgt.txt",
+        src_spm=tokenizer("src"),
+        tgt_spm=tokenizer("tgt"),
+    output:
+        model="results/{exp}/prune/{setting}/target_{target}/model.pt",
+        gates="results/{exp}/prune/{setting}/target_{target}/gates.json",
+        trajectory="results/{exp}/prune/{setting}/target_{target}/trajectory.csv",
+    log:
+        log_path("prune/{setting}/target_{target}/prune_to_target"),
+    benchmark:
+        benchmark_path("prune/{setting}/target_{target}/prune_to_target")
+    wildcard_constraints:
+        target=r"heads_[0-9]+|fraction_[0-9.e-]+",
+    conda:
+        ENV
+    threads: training_threads
+    resources:
+        gpu=gpu_count,
+        gpu_model=gpu_model,
+        mem_mb=lambda w: exp_config(w)["resources"]["train_mem_mb"],
+        runtime=lambda w: exp_config(w)["resources"]["train_runtime_min"],
+    params:
+        lam=None,
+        target=lambda w: target_from_label(w.target),
+        # the fine-tuning recipe and, where set, the controller's settings
+        prune=lambda w: {
+            **prune_job_settings(w),
+            **{k: v for k, v in exp_config(w)["prune"].items() if k == "controller"},
+        },
+        training=lambda w: exp_config(w)["training"],
+        lowercase=lambda w: exp_config(w)["subwords"]["lowercase"],
+        baseline_checkpoint="results/{exp}/baseline/train/checkpoint.pt",
+        work_dir=lambda w: f"results/{w.exp}/prune/{w.setting}/target_{w.target}/train",
+    script:
+        "../scripts/prune_heads.py"
+
+
+# On demand: snakemake results/{exp}/prune/targets.tsv
+rule prune_targets:
+    """Every run of prune.targets: its error against the target and its undecided gates."""
+    input:
+        gates=lambda w: [
+            f"results/{w.exp}/{folder}/gates.json"
+            for folder in target_dirs(
+                exp_config(w)["prune"], lm_settings() if is_lm(w.exp) else SETTINGS
+            )
+        ],
+    output:
+        "results/{exp}/prune/targets.tsv",
+    log:
+        log_path("prune/prune_targets"),
+    conda:
+        ENV
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    script:
+        "../scripts/prune_targets.py"
 
 
 rule train_from_scratch:

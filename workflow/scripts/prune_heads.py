@@ -21,5 +21,6 @@ with job(snakemake) as log:
         trajectory_out=snakemake.output.trajectory,
         lowercase=snakemake.params.lowercase,
         baseline_checkpoint=snakemake.params.baseline_checkpoint,
+        target=getattr(snakemake.params, "target", None),  # prune_to_target's runs
         log=log,
     )

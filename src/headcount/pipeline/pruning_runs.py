@@ -28,7 +28,15 @@ from headcount.pruning.hard_concrete import (
     penalty,
     prepare_for_pruning,
 )
-from headcount.pruning.methods import is_control, ranked_method, setting_types
+from headcount.pruning.lagrangian import DEFAULT_CONTROLLER, LagrangianController
+from headcount.pruning.methods import (
+    PENALTY_SCALES,
+    is_control,
+    ranked_method,
+    setting_types,
+    target_heads,
+    target_label,
+)
 from headcount.pruning.ranked import heads_layout, masks_from_table, ranked_masks, retained_counts
 from headcount.pruning.removal import (
     attention_flops,
@@ -44,17 +52,28 @@ from headcount.training.schedules import baseline_last_lr, fine_tuning_lr, heali
 
 def prune_heads(
     baseline: str, train_src: str, train_tgt: str, dev_src: str, dev_tgt: str, src_spm: str, tgt_spm: str,
-    setting: str, lam: float, prune_settings: dict, train_settings: dict, work_dir: str, model_out: str,
+    setting: str, lam: float | None, prune_settings: dict, train_settings: dict, work_dir: str, model_out: str,
     gates_out: str, trajectory_out: str, log=print, lowercase: bool = False, baseline_checkpoint: str | None = None,
+    target: dict | None = None,
 ) -> dict:
     """Fine-tune the converged baseline with lambda * L_C for one setting; write the pruned model
     (gates folded in), the gate table and the gates' trajectory. Resumable from `work_dir`.
+
+    With a `target` (prune.targets: {"heads": N} or {"fraction": f}; lam None) the run prunes to
+    that head count by the Lagrangian controller instead (prune_model); on a pretrained model its
+    gates then train alone on the frozen weights, without healing, unless prune.gates_only says
+    otherwise.
 
     lambda = 0 is the control: gates pinned open, the rest of the recipe unchanged. The recipe
     (prune_settings, config/README.md): the learning-rate schedule, the baseline's Adam state
     (from `baseline_checkpoint`, its training checkpoint), a last phase of `heal_steps` with the
     gates frozen at their evaluation values, and the checkpoint selection.
     """
+    saved_baseline = load_checkpoint(baseline)
+    if target is not None and "pretrained" in saved_baseline and "gates_only" not in prune_settings:
+        prune_settings = {**prune_settings, "gates_only": True, "heal_steps": 0}
+        log("a pretrained model pruned to a target: its gates alone train on the frozen weights, no healing "
+            "(prune.gates_only: false trains the weights too)")
     recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
     if recipe["resume_optimizer"] and not (baseline_checkpoint and Path(baseline_checkpoint).is_file()):
         raise HeadcountError(f"config key 'prune.resume_optimizer' is true but the baseline's training checkpoint "
@@ -66,7 +85,6 @@ def prune_heads(
     dev_references = read_lines(dev_tgt)
     dev = DevSet(src_seg.encode(read_lines(dev_src)), tgt_seg.encode(dev_references), dev_references)
     model = load_model(baseline)
-    saved_baseline = load_checkpoint(baseline)
     # A pretrained model (the import_pretrained rule) has no training run here: its steps are not
     # counted, so a row's steps are those of fine-tuning alone.
     baseline_steps = 0 if "pretrained" in saved_baseline else int(
@@ -82,12 +100,13 @@ def prune_heads(
             raise HeadcountError(f"{baseline_checkpoint} holds no optimizer state; set prune.resume_optimizer: false")
         init_optimizer = optimizer_state_loader(saved["optimizer"], baseline_params, baseline_checkpoint)
     fingerprint = {"baseline": sha256_file(baseline), "setting": setting, "lambda": lam,
+                   **({"target": target} if target is not None else {}),
                    "log_alpha_init": prune_settings["log_alpha_init"],
                    "gate_lr_scale": prune_settings["gate_lr_scale"],
                    "train_src": sha256_file(train_src), "train_tgt": sha256_file(train_tgt)}
     record = prune_model(model, data, dev, tgt_seg, setting, lam, prune_settings, train_settings, work_dir,
                          fingerprint, baseline_steps=baseline_steps, init_optimizer=init_optimizer,
-                         lowercase=lowercase, log=log)
+                         lowercase=lowercase, log=log, target=target)
     model.save(model_out, {"pruning": {k: v for k, v in record.items() if k not in ("heads", "trajectory")}})
     with atomic_path(trajectory_out) as tmp:
         record.pop("trajectory").to_csv(tmp, index=False)
@@ -95,12 +114,42 @@ def prune_heads(
     return record
 
 
-def pruning_recipe(setting: str, lam: float, prune_settings: dict, train_settings: dict) -> dict:
+def target_table(gates: list[str]) -> pd.DataFrame:
+    """One row per run pruned to a target (their gates.json): the target, the heads kept by
+    headcount's rule and the paper's, the error against the target, the expected open count, the
+    undecided gates (report.preregistered.GATE_UNDECIDED) and their share, and the multipliers."""
+    from headcount.report.preregistered import MAX_UNDECIDED_SHARE
+    from headcount.report.pruning_report import undecided_gates
+
+    rows = []
+    for path in gates:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+        table = pd.DataFrame(record["heads"])
+        gated = table[table["gated"].astype(bool)]
+        found = undecided_gates(table)
+        target, controller = record["target"], record["controller"]
+        kept = int((~gated["pruned"].astype(bool)).sum())
+        share = found["gates_undecided"] / max(found["gates_gated"], 1)
+        rows.append({"setting": record["setting"], "target": target_label(target),
+                     "target_heads": controller["target_heads"], "gated": found["gates_gated"], "kept": kept,
+                     "kept_paper_rule": int((~gated["pruned_paper"].astype(bool)).sum()),
+                     "error": kept - controller["target_heads"], "expected_open": controller["expected_open"],
+                     "undecided": found["gates_undecided"], "undecided_share": round(share, 4),
+                     "decided": share <= MAX_UNDECIDED_SHARE, "lambda_1": controller["lambda_1"],
+                     "lambda_2": controller["lambda_2"], "steps": controller["steps"],
+                     "gates_only": record.get("gates_only")})
+    return pd.DataFrame(rows)
+
+
+def pruning_recipe(setting: str, lam: float | None, prune_settings: dict, train_settings: dict) -> dict:
     """The fine-tuning recipe of `prune_settings` (config/README.md), checked: the learning-rate
     schedule, the baseline's Adam state, the healing steps, the checkpoint selection."""
-    if not lam >= 0:
+    if lam is not None and not lam >= 0:
         raise HeadcountError(f"pruning lambda {lam} is negative: a negative penalty rewards open gates. "
                              f"Use values >= 0 in prune.lambdas.{setting}")
+    scale = prune_settings.get("penalty_scale", "authors")
+    if scale not in PENALTY_SCALES:
+        raise HeadcountError(f"config key 'prune.penalty_scale': {scale!r}; use one of {', '.join(PENALTY_SCALES)}")
     recipe = {"lr_schedule": prune_settings.get("lr_schedule", "noam"),
               "resume_optimizer": bool(prune_settings.get("resume_optimizer", False)),
               "heal_steps": int(prune_settings.get("heal_steps", 0)), "select": prune_settings.get("select", "last")}
@@ -112,9 +161,9 @@ def pruning_recipe(setting: str, lam: float, prune_settings: dict, train_setting
     return recipe
 
 
-def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: float, prune_settings: dict,
+def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: float | None, prune_settings: dict,
                 train_settings: dict, work_dir: str | Path, fingerprint: dict, baseline_steps: int = 0,
-                init_optimizer=None, lowercase: bool = False, log=print) -> dict:
+                init_optimizer=None, lowercase: bool = False, log=print, target: dict | None = None) -> dict:
     """Fine-tune `model` (in place) with lambda * L_C for one setting, on encoded `data` and `dev`;
     fold the gates in and return the run's record: its gate table under "heads" (records) and its
     gates' trajectory under "trajectory" (a DataFrame). Checkpoints go to `work_dir`, which makes
@@ -124,10 +173,19 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
     lambda = 0 is the control: gates pinned open, the rest of the recipe unchanged. The recipe
     (pruning_recipe): the learning-rate schedule, `init_optimizer` (the baseline's Adam state), a
     last phase of `heal_steps` with the gates frozen at their evaluation values, and the checkpoint
-    selection.
+    selection. `prune_settings["penalty_scale"]` states L_C (pruning.methods.PENALTY_SCALES;
+    default the authors'); `prune_settings["gates_only"]` trains the gates alone on frozen weights.
+
+    `target` ({"heads": N} or {"fraction": f} of the gated heads kept; lam then None): instead of
+    the lambda penalty, a Lagrangian controller (pruning.lagrangian, its settings
+    `prune_settings["controller"]`) drives the expected number of open gates to the target.
     """
+    if target is not None and lam:
+        raise HeadcountError(f"a pruning run has a lambda ({lam}) or a target ({target}), not both")
     recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
-    control = is_control(lam)
+    control = target is None and is_control(lam)
+    scale = prune_settings.get("penalty_scale", "authors")
+    controller_settings = {**DEFAULT_CONTROLLER, **(prune_settings.get("controller") or {})}
     select_best = recipe["select"] == "best_dev_bleu"
     # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
     # least pruned weights: the loop keeps the last weights, and best_dev_bleu selection happens
@@ -138,28 +196,61 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
     cfg = TrainConfig(**{**settings, "adam_betas": tuple(settings["adam_betas"])})
     kind = kind_of(model)
     types = setting_types(setting, kind.name)
+    gates_only = kind.gates_only or bool(prune_settings.get("gates_only", False))
     if kind.gates_only and recipe["heal_steps"]:
         raise HeadcountError(f"config key 'prune.heal_steps': {recipe['heal_steps']}, but a {kind.name} model prunes "
                              f"with its gates alone (its loss is the distance to its own unpruned output, which "
                              f"trained weights would move); set prune.heal_steps: 0")
+    if gates_only and recipe["heal_steps"]:
+        raise HeadcountError(f"config key 'prune.heal_steps': {recipe['heal_steps']}, but prune.gates_only is true: "
+                             f"the weights are frozen, so nothing heals; set prune.heal_steps: 0")
     torch.manual_seed(cfg.seed)
     weight_scale = float(prune_settings.get("weight_lr_scale", 1.0))
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
                                         prune_settings["gate_lr_scale"], control=control,
-                                        weight_lr_scale=weight_scale)
+                                        weight_lr_scale=weight_scale, gates_only=gates_only)
     lr_at = fine_tuning_lr(recipe["lr_schedule"], train_settings, cfg.to_dict(), model.d_model, weight_scale)
-    log(("control (lambda 0, gates pinned open)" if control else f"pruning {', '.join(types)} with lambda {lam}")
-        + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
+    controller = None
+    if target is not None:
+        n_gated = sum(g.log_alpha.numel() for g in gates)
+        try:
+            heads = target_heads(target, n_gated)
+        except ValueError as error:
+            raise HeadcountError(f"config key 'prune.targets.{setting}': {error}") from None
+        controller = LagrangianController(gates, heads, cfg.max_steps, lr=float(controller_settings["lr"]),
+                                          warmup=float(controller_settings["warmup"]))
+        model.lagrangian = controller  # its multipliers go into the training loop's checkpoints
+        extra_loss = controller
+        what = (f"pruning {', '.join(types)} to {heads} of {n_gated} heads ({target}) by a Lagrangian controller "
+                f"(multipliers' learning rate {controller.lr:g}, the target reached after "
+                f"{controller.warmup_steps} steps)")
+    else:
+        extra_loss = penalty(gates, lam, scale)
+        what = ("control (lambda 0, gates pinned open)" if control
+                else f"pruning {', '.join(types)} with lambda {lam}, L_C scaled {scale}")
+    log(what + f": {len(gates)} gated layers, gate learning rate x{prune_settings['gate_lr_scale']}, recipe {recipe}")
     if kind.gates_only:
         log(f"a {kind.name} model: only the gates train, every weight stays frozen (its loss, {kind.objective}, is "
             f"the distance to the same weights with every gate open); no dropout")
+    elif gates_only:
+        log("gates only: every weight frozen, the gates alone train (no healing)")
     fingerprint = {**fingerprint, "weight_lr_scale": weight_scale, "recipe": recipe}
+    # Keys that a run from before them did not have appear only where they change something, so
+    # such a run still resumes.
+    if scale != "authors":
+        fingerprint["penalty_scale"] = scale
+    if gates_only and not kind.gates_only:
+        fingerprint["gates_only"] = True
+    if controller is not None:
+        fingerprint.update(target=target, controller=controller_settings)
     if groups:
-        summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=penalty(gates, lam),
+        summary = train(model, cfg, data, dev, work_dir, parameters=groups, extra_loss=extra_loss,
                         extra_metrics=gate_snapshot, run_fingerprint=fingerprint, lr_at=lr_at,
                         init_optimizer=init_optimizer, log=log)
     else:  # a gates-only model's control: frozen weights, gates pinned open
         summary = _untrained(work_dir, log)
+    if controller is not None:
+        del model.lagrangian  # not part of the pruned model
     model.to("cpu")
     table = gate_table(model)
     trajectory = gate_trajectory(Path(work_dir) / "metrics.jsonl")
@@ -168,7 +259,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
         candidates += _fine_tuning_candidates(model, table, summary["snapshots"])
     fold_gates(model)
     # the folded model trains what the gated one trained (a gates-only kind: nothing, and it does not heal)
-    weights = [] if kind.gates_only else list(groups[0]["params"])
+    weights = [] if gates_only else list(groups[0]["params"])
     final_lr = lr_at(cfg.max_steps)
     heal_summary = None
     if recipe["heal_steps"]:
@@ -206,6 +297,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
              "heal": heal_summary["steps"] if heal_summary else 0}
     steps["total"] = sum(steps.values())
     record = {"setting": setting, "lambda": lam, "control": control, "retained": counts,
+              "penalty_scale": None if controller is not None else scale, "gates_only": gates_only,
               "retained_paper_rule": counts_paper, "summary": summary, "heal_summary": heal_summary,
               "recipe": recipe, "steps": steps, "selected": selected,
               "lr": {"baseline_last": baseline_last_lr(train_settings, model.d_model),
@@ -213,6 +305,13 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
                      "fine_tuning_last": final_lr, "weight_lr_scale": weight_scale},
               "train_config": cfg.to_dict(), "prune_settings": prune_settings,
               "heads": table.to_dict(orient="records"), "provenance": provenance()}
+    if controller is not None:
+        state = controller.state()
+        record["target"] = dict(target)  # as asked; the head count it came to is the controller's
+        record["controller"] = state
+        kept = sum(counts[t] for t in types)
+        log(f"target {state['target_heads']} heads: {kept} kept ({kept - state['target_heads']:+d}), expected open "
+            f"{state['expected_open']:.2f}, multipliers {state['lambda_1']:.4g}, {state['lambda_2']:.4g}")
     return {**record, "trajectory": trajectory}
 
 
@@ -233,7 +332,8 @@ def _fine_tuning_candidates(model, final: pd.DataFrame, snapshots: list[dict]) -
     out = []
     for snap in snapshots:
         gated = copy.deepcopy(model)
-        gated.load_state_dict(load_checkpoint(snap["path"])["model"])
+        weights = load_checkpoint(snap["path"])["model"]  # a target run's also hold its controller's
+        gated.load_state_dict({k: v for k, v in weights.items() if not k.startswith("lagrangian.")})
         if gate_table(gated)["pruned"].tolist() == final["pruned"].tolist():
             out.append(("fine_tuning", snap["step"], fold_gates(gated).state_dict()))
     return out

@@ -19,14 +19,14 @@ from torch import Tensor
 from headcount.io import CheckpointError
 from headcount.models.gates import attach_gates, l0_penalty, pin_open
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
-from headcount.pruning.methods import setting_types
+from headcount.pruning.methods import PENALTY_SCALES, setting_types
 
 SELECTIONS = ("last", "best_dev_bleu")
 
 
 def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: float | None,
                         gate_lr_scale: float, control: bool = False,
-                        weight_lr_scale: float = 1.0) -> tuple[list, list[dict]]:
+                        weight_lr_scale: float = 1.0, gates_only: bool = False) -> tuple[list, list[dict]]:
     """Attach Hard Concrete gates for a setting and freeze what it does not train.
 
     Returns the gates and the optimizer's param groups (gates get their own learning-rate scale).
@@ -35,23 +35,24 @@ def prepare_for_pruning(model: Seq2SeqWithHeads, setting: str, log_alpha_init: f
     schedule's times `gate_lr_scale` whatever the weights' rate.
     With `control`, the gates are pinned open (gates.pin_open) and left out of the optimizer: the
     same weights train, on the same batches, at the same rates. A kind that prunes with its gates
-    alone (ModelKind.gates_only: a sentence encoder) has every weight frozen; its control then
-    trains nothing (no groups).
+    alone (ModelKind.gates_only: a sentence encoder), or any model with `gates_only` (a pretrained
+    model pruned on frozen weights), has every weight frozen; its control then trains nothing (no
+    groups).
     """
     kind = kind_of(model)
     gates = attach_gates(model, setting_types(setting, kind.name), init=log_alpha_init)
     if control:
         pin_open(gates)
     gate_params = {id(g.log_alpha) for g in gates}
-    if kind.gates_only:
-        for p in model.parameters():
-            p.requires_grad_(id(p) in gate_params and p.requires_grad)
     if setting == "enc":
         # The encoder's parameters include its gates; pinned ones (the control) stay frozen.
         pinned = {id(g.log_alpha) for g in gates if not g.log_alpha.requires_grad}
         trained = ({id(p) for p in model.encoder_parameters()} | gate_params) - pinned
         for p in model.parameters():
             p.requires_grad_(id(p) in trained)
+    if kind.gates_only or gates_only:
+        for p in model.parameters():
+            p.requires_grad_(id(p) in gate_params and p.requires_grad)
     weights = [p for p in model.parameters() if id(p) not in gate_params and p.requires_grad]
     groups = [{"params": weights, "lr_scale": 1.0},
               {"params": [g.log_alpha for g in gates if g.log_alpha.requires_grad],
@@ -91,9 +92,17 @@ def optimizer_state_loader(saved: dict, saved_params: list[Tensor], source: str)
     return init
 
 
-def penalty(gates: list, lam: float):
-    """lambda * L_C, as a function of the model (the training loop's `extra_loss`)."""
-    return lambda model: lam * l0_penalty(gates)
+def penalty(gates: list, lam: float, scale: str = "authors"):
+    """lambda * L_C, as a function of the model (the training loop's `extra_loss`). `scale`
+    (pruning.methods.PENALTY_SCALES): "authors", L_C the mean over gated layers of the expected open
+    heads (models.gates.l0_penalty), so each gate's pressure is lambda / layers; "per_head", L_C
+    their sum over every gated head (the paper's formula), so each gate's pressure is lambda
+    whatever the depth."""
+    if scale == "authors":
+        return lambda model: lam * l0_penalty(gates)
+    if scale == "per_head":
+        return lambda model: lam * torch.stack([g.p_open().sum() for g in gates]).sum()
+    raise ValueError(f"penalty scale {scale!r}; use one of {', '.join(PENALTY_SCALES)}")
 
 
 def gate_snapshot(model: Seq2SeqWithHeads) -> dict:

@@ -39,6 +39,60 @@ from headcount.models.seq2seq import ATTENTION_TYPES, MODEL_KINDS
 
 SETTINGS = {"enc": ("enc_self",), "all": ATTENTION_TYPES}  # in the tables' and figures' order
 
+# How the L0 penalty is stated (prune.penalty_scale): "authors", the mean over gated layers of the
+# expected open heads (a gate's pressure is lambda / layers: lambda values compare with the
+# authors'); "per_head", their sum (a gate's pressure is lambda, on a 6-layer as on a 30-layer model).
+PENALTY_SCALES = ("authors", "per_head")
+# A target head count (prune.targets, headcount.prune's target): heads kept, or a share of the gated
+# heads kept (rounded to whole heads).
+TARGET_KINDS = ("heads", "fraction")
+
+
+def target_problem(target) -> str | None:
+    """What is wrong with a target ({"heads": N} or {"fraction": f}), or None."""
+    if not isinstance(target, dict) or len(target) != 1 or next(iter(target)) not in TARGET_KINDS:
+        return f"{target!r} is not one of {{heads: N}} (heads kept) or {{fraction: f}} (share of heads kept)"
+    kind, value = next(iter(target.items()))
+    if kind == "heads" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        return f"heads: {value!r} is not a whole number of heads >= 0"
+    if kind == "fraction" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1):
+        return f"fraction: {value!r} is not a share of heads between 0 and 1"
+    return None
+
+
+def target_heads(target: dict, gated: int) -> int:
+    """The number of heads a target keeps, of `gated` gated heads: a fraction rounds to whole heads
+    (a non-integer target would leave one gate half open)."""
+    problem = target_problem(target)
+    if problem:
+        raise ValueError(f"pruning target {problem}")
+    kind, value = next(iter(target.items()))
+    heads = int(value) if kind == "heads" else int(round(value * gated))
+    if heads > gated:
+        raise ValueError(f"pruning target of {heads} heads, but only {gated} heads are gated")
+    return heads
+
+
+def target_label(target: dict) -> str:
+    """A target as it appears in paths: heads_30, fraction_0.5."""
+    kind, value = next(iter(target.items()))
+    return f"{kind}_{value:g}"
+
+
+def target_dirs(prune: dict, settings) -> list[str]:
+    """The folders of an experiment's prune.targets runs, prune/{setting}/target_{label}, for the
+    settings its model has."""
+    targets = prune.get("targets") or {}
+    return [f"prune/{setting}/target_{target_label(t)}" for setting in settings for t in targets.get(setting, [])]
+
+
+def target_from_label(label: str) -> dict:
+    """The target a path's label names (target_label's inverse)."""
+    kind, _, value = label.partition("_")
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"pruning target label {label!r}: expected heads_<N> or fraction_<f>")
+    return {kind: int(value) if kind == "heads" else float(value)}
+
 
 def setting_types(setting: str, model_kind: str = "encoder_decoder") -> tuple[str, ...]:
     """The attention types a setting gates, of those a model of `model_kind` has."""
@@ -131,6 +185,9 @@ def ranked_method(name: str) -> PruningMethod:
 register_method(PruningMethod("hard_concrete", "trained",
                               description="fine-tuning with a Hard Concrete gate per head and an L0 penalty "
                                           "(Voita et al. 2019, section 6)"))
+register_method(PruningMethod("l0_target", "trained",
+                              description="the same gates trained to a named head count by a Lagrangian controller "
+                                          "(Wang, Wohlwend and Lei 2020; pruning.lagrangian)"))
 register_method(PruningMethod("michel", "ranked", score="michel",
                               description="heads removed by their layer-normalised importance (Michel et al. 2019)",
                               label="Michel", legend="Michel et al. ranking", reference="Michel et al., 2019"))
