@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from headcount.io import CheckpointError, atomic_path
+from headcount.models.remote_code import refuse_auto_map
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -55,8 +56,6 @@ def _check_model_config(path, state: dict) -> None:
                               f"written by headcount or was altered. Delete it, "
                               f"or replace it with one from a source you trust.")
     if isinstance(config, str):
-        from headcount.models.hf_source import refuse_auto_map
-
         refuse_auto_map(config_settings(config, path), f"{path}: its 'model_config'", in_checkpoint=True)
 
 

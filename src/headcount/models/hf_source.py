@@ -26,14 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from headcount.io import HeadcountError
+from headcount.models.remote_code import UnsafeModel, refuse_auto_map, ships_architecture
 
 
 class PretrainedModelUnavailable(HeadcountError):
     """The pretrained model cannot be loaded (no network for a hub id, a wrong path, ...)."""
-
-
-class UnsafeModel(HeadcountError):
-    """The model asks for something headcount never does (run its own code)."""
 
 
 class MissingWeights(HeadcountError):
@@ -136,49 +133,6 @@ def _check_pickled_weights(directory: Path) -> None:
         check_pickle_stream(weights)
 
 
-def refuse_auto_map(settings: dict, where: str, in_checkpoint: bool = False) -> None:
-    """UnsafeModel, naming `where`, for a transformers config that maps a class onto Python code of
-    the model's own (`auto_map`, at any depth: an encoder-decoder nests its halves' configs). Every
-    config headcount reads or rebuilds goes through here: a directory's config.json, a checkpoint's
-    embedded model_config (`in_checkpoint`: which headcount never writes with one)."""
-    found, todo = [], [((), settings)]
-    while todo and len(found) < 8:
-        at, value = todo.pop()
-        if isinstance(value, dict):
-            if value.get("auto_map"):
-                found.append((at, value))
-            todo += [((*at, str(k)), v) for k, v in value.items() if isinstance(v, (dict, list)) and len(at) < 32]
-        elif isinstance(value, list):
-            todo += [((*at, str(i)), v) for i, v in enumerate(value[:10_000]) if isinstance(v, (dict, list))]
-    if not found:
-        return
-    at, config = found[0]
-    key = ".".join((*at, "auto_map"))
-    auto_map = config["auto_map"]
-    classes = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
-    model_type = config.get("model_type")
-    if in_checkpoint:
-        fix = ("headcount writes no auto_map into its checkpoints, so this file was altered or built elsewhere: "
-               "replace it with one from a source you trust")
-    elif _ships(model_type):
-        fix = (f"model_type {model_type!r} is an architecture transformers ships, so the model needs no code of "
-               f"its own: remove '{key}' from it (or load the model where you trust its code and save it again "
-               f"with save_pretrained, which writes no auto_map for a shipped architecture)")
-    else:
-        fix = (f"model_type {model_type!r} is not an architecture transformers ships: use a model whose "
-               f"architecture it ships, or port this one to one and save it with save_pretrained")
-    raise UnsafeModel(f"{where}: '{key}' maps the model's classes onto its own Python code ({classes}); "
-                      f"headcount never runs a model's code (trust_remote_code is always False). {fix}")
-
-
-def _ships(model_type) -> bool:
-    if not isinstance(model_type, str):
-        return False
-    from transformers import CONFIG_MAPPING
-
-    return model_type in CONFIG_MAPPING
-
-
 def rebuilt_config(state: dict, label: str = "the checkpoint"):
     """The transformers config a headcount checkpoint carries ('model_config', JSON), rebuilt with
     eager attention: the one way a config is rebuilt from a checkpoint, refusing auto_map (the
@@ -195,7 +149,7 @@ def rebuilt_config(state: dict, label: str = "the checkpoint"):
     settings = config_settings(text, label)
     refuse_auto_map(settings, f"{label}: its 'model_config'", in_checkpoint=True)
     model_type = settings.pop("model_type", None)
-    if not _ships(model_type):
+    if not ships_architecture(model_type):
         raise CheckpointError(f"{label}: its 'model_config' names model_type {model_type!r}, which is no "
                               f"architecture transformers ships; the file was not written by headcount or was "
                               f"altered")
