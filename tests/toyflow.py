@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import jobserver
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,10 +20,40 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 CORES = os.environ.get("HEADCOUNT_TEST_CORES", "2")
 
 
-def snakemake(*args, cwd=REPO, env=None, timeout=600, snakefile=REPO / "Snakefile"):
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+DRY = {"-n", "--dry-run", "--dryrun", "--lint", "--unlock", "--report", "--summary", "--list-rules"}
+
+
+def snakemake(*args, cwd=REPO, env=None, timeout=600, snakefile=REPO / "Snakefile", plain=False):
+    """Snakemake on the command line. A run that executes jobs sends its script jobs to the warm
+    interpreter of tests/jobserver.py, unless `plain` (a test of how a job's own process behaves)."""
+    args = list(map(str, args))
+    env = {**os.environ, **(env or {})}
+    if plain or DRY & set(args):
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), *args]
+    else:
+        env[jobserver.ENV] = start_jobserver()
+        cmd = [sys.executable, str(Path(jobserver.__file__)), "snakemake", "-s", str(snakefile), *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+_server: dict = {}
+
+
+def start_jobserver() -> str:
+    """The socket of this test process's job server, started on first use (it imports torch and
+    transformers once: about 10 CPU s) and stopped when the tests end."""
+    if "socket" not in _server:
+        import atexit
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="headcount-jobs-"))
+        path = str(folder / "socket")
+        process = subprocess.Popen([sys.executable, str(Path(jobserver.__file__)), "serve", path],
+                                   stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert process.stdout.readline().strip() == "ready", "the job server did not start"
+        atexit.register(lambda: (process.kill(), shutil.rmtree(folder, ignore_errors=True)))
+        _server.update(socket=path, process=process)
+    return _server["socket"]
 
 
 def shipped_config() -> dict:
