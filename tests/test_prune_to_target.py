@@ -19,7 +19,7 @@ from headcount.models.transformer import Transformer
 from headcount.pipeline.pruning_runs import prune_model
 from headcount.pruning.hard_concrete import penalty
 from headcount.pruning.lagrangian import LagrangianController, ascent_step, ramped_target
-from headcount.pruning.methods import target_from_label, target_heads, target_label, target_problem
+from headcount.pruning.methods import target_dirs, target_from_label, target_heads, target_label, target_problem
 from headcount.report.preregistered import MAX_UNDECIDED_SHARE
 from headcount.report.pruning_report import undecided_gates
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
@@ -86,6 +86,9 @@ def test_targets_are_read_as_heads_kept_and_fractions_round_to_whole_heads():
         assert target_problem(bad), bad
     with pytest.raises(ValueError, match="only 8 heads are gated"):
         target_heads({"heads": 9}, 8)
+    prune = {"targets": {"enc": [{"heads": 4}], "all": [{"fraction": 0.5}, {"heads": 10}]}}
+    assert target_dirs(prune, ("all",)) == ["prune/all/target_fraction_0.5", "prune/all/target_heads_10"]
+    assert target_dirs({}, ("enc", "all")) == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,3 +253,36 @@ def test_the_translation_transformer_reaches_its_target(translation_model, setti
         [record["controller"]["lambda_1"], record["controller"]["lambda_2"]])
     assert int(saved["lagrangian.step"]) == STEPS
     assert not any(k.startswith("lagrangian.") for k in model.state_dict())  # not part of the pruned model
+
+
+def test_the_workflow_driver_prunes_a_pretrained_model_to_its_target_on_frozen_weights(tmp_path):
+    """prune_heads (the prune_to_target rule's driver) on the imported GPT-2 with prune.targets'
+    recipe: gates only by default on a pretrained model (its heal_steps set aside), gates.json
+    records the target and the controller, and target_table reads them back."""
+    pytest.importorskip("transformers")
+    from headcount.models.hf_lm import import_pretrained_lm
+    from headcount.pipeline.pruning_runs import prune_heads, target_table
+
+    directory = DATA / "gpt2_multi30k"
+    baseline, tokenizer = tmp_path / "model.pt", tmp_path / "tokenizer"
+    import_pretrained_lm(directory, baseline, tokenizer_dir=tokenizer)
+    lines = json.loads((directory / "reference_summary.json").read_text(encoding="utf-8"))["probe_lines"]
+    text = tmp_path / "text.txt"
+    text.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    prune_settings, train_settings = _settings(gates_only=False)
+    del prune_settings["gates_only"]  # left out: the driver's default for a pretrained model
+    prune_settings["heal_steps"] = 200  # the default recipe's healing, which frozen weights set aside
+    out = tmp_path / "target_heads_3"
+    lines_logged = []
+    record = prune_heads(str(baseline), str(text), str(text), str(text), str(text), str(tokenizer), str(tokenizer),
+                         "all", None, prune_settings, train_settings, str(out / "train"), str(out / "model.pt"),
+                         str(out / "gates.json"), str(out / "trajectory.csv"), log=lines_logged.append,
+                         target={"heads": 3})
+    assert record["gates_only"] and record["steps"]["heal"] == 0
+    saved = json.loads((out / "gates.json").read_text(encoding="utf-8"))
+    assert saved["target"] == {"heads": 3} and saved["controller"]["target_heads"] == 3
+    assert saved["lambda"] is None and saved["penalty_scale"] is None
+    row = target_table([str(out / "gates.json")]).iloc[0]
+    assert row["target"] == "heads_3" and row["gated"] == 8
+    assert abs(row["error"]) <= 1 and row["decided"], row.to_dict()
+    assert row["kept"] == 8 - sum(r["pruned"] for r in saved["heads"])
