@@ -240,7 +240,11 @@ def test_the_translation_transformer_reaches_its_target(translation_model, setti
 
     model, ids = translation_model
     model = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
     record = _prune_to(model, ids, target, tmp_path, setting=setting, gates_only=gates_only)
+    moved = [k for k, v in model.state_dict().items() if "out_proj" not in k and "head_mask" not in k
+             and not torch.equal(v, before[k])]
+    assert bool(moved) is not gates_only, moved  # frozen weights stay (W^O takes the folded gates)
     summary = _check_reached(record)
     assert summary["gated"] == (24 if setting == "all" else 8)
     assert record["gates_only"] is gates_only
