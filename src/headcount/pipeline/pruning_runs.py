@@ -180,8 +180,8 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
     the lambda penalty, a Lagrangian controller (pruning.lagrangian, its settings
     `prune_settings["controller"]`) drives the expected number of open gates to the target.
     """
-    if target is not None and lam:
-        raise HeadcountError(f"a pruning run has a lambda ({lam}) or a target ({target}), not both")
+    if (target is None) == (lam is None):
+        raise HeadcountError(f"a pruning run has a lambda ({lam}) or a target ({target}): exactly one of them")
     recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
     control = target is None and is_control(lam)
     scale = prune_settings.get("penalty_scale", "authors")
@@ -216,7 +216,8 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
         try:
             heads = target_heads(target, n_gated)
         except ValueError as error:
-            raise HeadcountError(f"config key 'prune.targets.{setting}': {error}") from None
+            raise HeadcountError(f"{error} (setting {setting}); name a count of at most {n_gated} heads in "
+                                 f"prune.targets.{setting} or headcount.prune's target") from None
         controller = LagrangianController(gates, heads, cfg.max_steps, lr=float(controller_settings["lr"]),
                                           warmup=float(controller_settings["warmup"]))
         model.lagrangian = controller  # its multipliers go into the training loop's checkpoints
