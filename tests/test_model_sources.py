@@ -289,3 +289,31 @@ def test_attention_parameters_count_the_projections_and_shrink_with_removed_head
     # layer 0 keeps one query head (4 rows of W^Q, 4 columns of W^O) and the one KV head it reads
     assert attention_parameters(model) == per_layer + (d * dh + 2 * d * 1 * dh + d * dh)
     assert kv_cache_bytes_per_token(model) == (2 * 1 * dh + 2 * kv * dh) * 2
+
+
+def test_within_gguf_read_once_each_file_is_parsed_once_and_callers_get_their_own_metadata(tmp_path):
+    """transformers builds a reader, a tensor-name map and the metadata of a GGUF anew for its
+    config, tokenizer and weights (SmolLM2's import: 59 CPU s, 19 within the block, the same
+    checkpoint and tokenizer files; benchmarks/RESULTS.md). Within the block: one of each per file
+    (and per architecture), the metadata a fresh copy each time (its callers edit it), and the
+    originals back after the block, nested blocks included."""
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from headcount.models.hf_source import gguf_read_once
+
+    first, second = _gguf(tmp_path / "a.gguf", "llama"), _gguf(tmp_path / "b.gguf", "llama")
+    originals = (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint)
+    with gguf_read_once():
+        reader = gguf.GGUFReader(str(first))
+        with gguf_read_once():
+            assert gguf.GGUFReader(str(first)) is reader and gguf.GGUFReader(str(second)) is not reader
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not gguf.get_tensor_name_map(
+            gguf.MODEL_ARCH.LLAMA, 2)
+        metadata = gguf_utils.load_gguf_checkpoint(str(first))
+        metadata["config"]["edited"] = True
+        again = gguf_utils.load_gguf_checkpoint(str(first))
+        assert "edited" not in again["config"] and again == originals[2](str(first))
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint) == originals
+    assert gguf.GGUFReader(str(first)) is not gguf.GGUFReader(str(first))

@@ -64,7 +64,13 @@ from headcount.models.checkpoint import PickleRefusal, refused_pickle, save_chec
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.hf import _cache_argument
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
-from headcount.models.hf_source import PretrainedModelUnavailable, check_loading_report, resolve_source, unavailable
+from headcount.models.hf_source import (
+    PretrainedModelUnavailable,
+    check_loading_report,
+    gguf_read_once,
+    resolve_source,
+    unavailable,
+)
 from headcount.models.lrp import LRPNotImplemented  # noqa: F401 (part of this module's __all__: what its lrp_forward raises)
 from headcount.models.seq2seq import NotAvailableForKind, register_family
 
@@ -542,6 +548,11 @@ def load_transformers_lm(name_or_dir: str | os.PathLike, offline: bool | None = 
     missing weights of the model (e.g. a sentence encoder without the masked-LM head) or holding
     weights it does not use is refused unless `allow_weights` names them
     (hf_source.check_loading_report)."""
+    with gguf_read_once():
+        return _load_transformers_lm(name_or_dir, offline, dtype, allow_weights)
+
+
+def _load_transformers_lm(name_or_dir, offline, dtype, allow_weights):
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_source(name_or_dir, offline)

@@ -90,6 +90,14 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them).
     `objective` (a language model's only): "sentence_embedding" imports an encoder as a sentence
     encoder (hf_sentence.load_sentence_encoder); None, the objective its config says."""
+    from headcount.models.hf_source import gguf_read_once
+
+    with gguf_read_once():
+        return _import_pretrained(name_or_dir, model_out, tokenizer_dir, offline, src_lang, tgt_lang, allow_weights,
+                                  objective)
+
+
+def _import_pretrained(name_or_dir, model_out, tokenizer_dir, offline, src_lang, tgt_lang, allow_weights, objective):
     from headcount.models.hf_lm import import_pretrained_lm, is_language_model
 
     if is_language_model(name_or_dir, offline=offline):
