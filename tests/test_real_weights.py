@@ -179,15 +179,46 @@ def _crosscheck(tool: str, *args: str) -> str:
     return done.stdout
 
 
-def test_transformer_lens_agrees_on_smollm2(smollm2):
-    """Attention patterns, loss and single-head ablation (three layers' heads) against
-    TransformerLens' own Llama (grouped-query attention, rotary positions, RMSNorm)."""
-    out = _crosscheck("crosscheck_transformer_lens.py", "--model", str(smollm2[3]), "--ablate-layers", "0,17,29")
+# headcount.heads' check: three sentences, a head set across three layers (19.7, 18.4, 3.3 from 1)
+API_TEXTS, API_HEADS = SENTENCES[:3], [(18, 6), (17, 3), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def transformer_lens(smollm2, tmp_path_factory):
+    """One run of tools/crosscheck_transformer_lens.py on the fixture's weights (building
+    TransformerLens' Llama costs most of it): the adapter's check on two sentences, single-head
+    ablation of layer 18's nine heads (the masked-head test covers the first and last layers
+    against transformers), and TransformerLens' side of headcount.heads' check.
+    -> (the tool's output, headcount.heads' cache and measurement)."""
+    import json
+
+    import headcount
+    from headcount.models.restore import fingerprint
+
+    need(CROSSCHECK_PYTHON.exists(), f"{CROSSCHECK_PYTHON} is missing (make crosscheck-venv builds it)")
+    model, tokenizer, plain, directory = smollm2
+    before = fingerprint(plain)
+    with headcount.heads(plain, tokenizer.tokenizer, device="cpu") as h:
+        cache = h.cache(API_TEXTS, layers=[18])
+        found = h.measure(API_TEXTS, {"zero": API_HEADS, "mean": h.ablate(API_HEADS, how="mean")})
+    assert fingerprint(plain) == before  # the caller's model as it was
+    rows = [[model.special.bos] + ids for ids in tokenizer.encode(API_TEXTS)]  # the API reads BOS + ids[:-1]
+    spec = tmp_path_factory.mktemp("tl") / "api.json"
+    spec.write_text(json.dumps({"rows": rows, "heads": API_HEADS}))
+    out = _crosscheck("crosscheck_transformer_lens.py", "--model", str(directory), "--ablate-layers", "17",
+                      "--sentences", "2", "--api-check", str(spec))
+    return out, cache, found
+
+
+def test_transformer_lens_agrees_on_smollm2(transformer_lens):
+    """Attention patterns, loss and single-head ablation against TransformerLens' own Llama
+    (grouped-query attention, rotary positions, RMSNorm)."""
+    out = transformer_lens[0]
     errors = dict(re.findall(r"^max abs error (\w+)\s+(\S+)$", out, re.M))
     assert set(errors) == {"logits", "pattern", "loss", "ablation"}, out
     assert float(errors["pattern"]) < 1e-5 and float(errors["loss"]) < 1e-5, out
     assert float(errors["ablation"]) < 1e-4 and float(errors["logits"]) < 1e-3, out
-    assert re.search(r"single-head ablation of 27 heads", out), out
+    assert re.search(r"single-head ablation of 9 heads", out), out
 
 
 def test_attnlrp_agrees_with_lxt_on_smollm2(smollm2):
@@ -199,65 +230,16 @@ def test_attnlrp_agrees_with_lxt_on_smollm2(smollm2):
     assert float(found[0][1]) < 1e-5, out  # 1.2e-6 measured: transformers' float32 softmax/RMSNorm casts
 
 
-def test_the_per_head_api_agrees_with_transformer_lens_on_smollm2(smollm2, tmp_path):
+def test_the_per_head_api_agrees_with_transformer_lens_on_smollm2(transformer_lens):
     """headcount.heads on transformers' own Llama (the fixture's, wrapped and given back) against
     TransformerLens' hooks on the same weights: head 19.7's pattern (hook_pattern) and output
     (hook_z), and each text's loss with a head set across three layers zeroed (hook_z set to 0) and
     mean-ablated (hook_z set to its mean over the texts' positions). Three sentences."""
     import json
 
-    import headcount
-    from headcount.models.restore import fingerprint
-
-    need(CROSSCHECK_PYTHON.exists(), f"{CROSSCHECK_PYTHON} is missing (make crosscheck-venv builds it)")
-    model, tokenizer, plain, directory = smollm2
-    texts, heads = SENTENCES[:3], [(18, 6), (17, 3), (2, 2)]  # 19.7, 18.4, 3.3 counted from 1
-    before = fingerprint(plain)
-    with headcount.heads(plain, tokenizer.tokenizer, device="cpu") as h:
-        cache = h.cache(texts, layers=[18])
-        found = h.measure(texts, {"zero": heads, "mean": h.ablate(heads, how="mean")})
-    assert fingerprint(plain) == before
-    rows = [[model.special.bos] + ids for ids in tokenizer.encode(texts)]  # the API reads BOS + ids[:-1]
-    (tmp_path / "rows.json").write_text(json.dumps({"rows": rows, "heads": heads}))
-    script = tmp_path / "tl.py"
-    script.write_text(f"""
-import json, sys, torch
-sys.path.insert(0, {str(ROOT / "tools")!r})
-from crosscheck_transformer_lens import hooked_llama
-from headcount.models.hf_lm import load_pretrained_lm
-spec = json.loads(open({str(tmp_path / "rows.json")!r}).read())
-tl = hooked_llama(load_pretrained_lm({str(directory)!r}, offline=True))
-out = {{"pattern": [], "z": [], "none": [], "zero": [], "mean": []}}
-zs = {{}}
-def nll(logits, row):
-    return float(-logits[0, :-1].log_softmax(-1).gather(-1, row[0, 1:, None]).sum())
-with torch.no_grad():
-    for ids in spec["rows"]:
-        row, n = torch.tensor([ids]), len(ids) - 1
-        logits, cache = tl.run_with_cache(row)
-        out["pattern"].append(cache["pattern", 18][0, 6, :n, :n].tolist())
-        out["z"].append(cache["z", 18][0, :n, 6].tolist())
-        out["none"].append(nll(logits, row))
-        for layer, head in spec["heads"]:
-            zs.setdefault((layer, head), []).append(cache["z", layer][0, :n, head])
-    mean = {{key: torch.cat(values).double().mean(dim=0).float() for key, values in zs.items()}}
-    for ids in spec["rows"]:
-        row = torch.tensor([ids])
-        for how in ("zero", "mean"):
-            def hook(z, hook, how=how):
-                layer = int(hook.name.split(".")[1])
-                for l, head in spec["heads"]:
-                    if l == layer:
-                        z[:, :, head] = 0 if how == "zero" else mean[(l, head)]
-                return z
-            logits = tl.run_with_hooks(row, fwd_hooks=[(f"blocks.{{l}}.attn.hook_z", hook) for l, _ in spec["heads"]])
-            out[how].append(nll(logits, row))
-print(json.dumps(out))
-""")
-    done = subprocess.run([str(CROSSCHECK_PYTHON), str(script)], capture_output=True, text=True, cwd=ROOT, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    out, cache, found = transformer_lens
+    texts = API_TEXTS
+    theirs = json.loads(next(line for line in out.splitlines() if line.startswith("api-check "))[len("api-check "):])
     errors = {"pattern": max(float((torch.tensor(cache.pattern("19.7", text=i).to_numpy()) -
                                     torch.tensor(theirs["pattern"][i])).abs().max()) for i in range(len(texts))),
               "z": max(float((cache.output("19.7", text=i) - torch.tensor(theirs["z"][i])).abs().max())

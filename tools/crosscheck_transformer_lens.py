@@ -25,7 +25,9 @@ site-packages see the project's venv, and tests/test_real_weights.py runs this t
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -161,6 +163,43 @@ def compare(model, tl, tokens: torch.Tensor, ablate_layers: list[int]) -> tuple[
     return errors, facts
 
 
+def api_check(tl, spec: dict) -> dict:
+    """TransformerLens' side of headcount.heads' check (tests/test_real_weights.py): for each row of
+    `spec["rows"]` (BOS + ids), layer 19's head 7 pattern (hook_pattern) and output (hook_z), and the
+    row's summed next-token NLL as it is, with `spec["heads"]` (layer, head from 0) zeroed at hook_z,
+    and with them set to their mean output over every row's positions."""
+    out = {"pattern": [], "z": [], "none": [], "zero": [], "mean": []}
+    outputs: dict = {}
+
+    def nll(logits, row):
+        return float(-logits[0, :-1].log_softmax(-1).gather(-1, row[0, 1:, None]).sum())
+
+    with torch.no_grad():
+        for ids in spec["rows"]:
+            row, n = torch.tensor([ids]), len(ids) - 1
+            logits, cache = tl.run_with_cache(row)
+            out["pattern"].append(cache["pattern", 18][0, 6, :n, :n].tolist())
+            out["z"].append(cache["z", 18][0, :n, 6].tolist())
+            out["none"].append(nll(logits, row))
+            for layer, head in spec["heads"]:
+                outputs.setdefault((layer, head), []).append(cache["z", layer][0, :n, head])
+        mean = {key: torch.cat(values).double().mean(dim=0).float() for key, values in outputs.items()}
+        for ids in spec["rows"]:
+            row = torch.tensor([ids])
+            for how in ("zero", "mean"):
+                def edit(z, hook, how=how):
+                    layer = int(hook.name.split(".")[1])
+                    for at, head in spec["heads"]:
+                        if at == layer:
+                            z[:, :, head] = 0 if how == "zero" else mean[(at, head)]
+                    return z
+
+                logits = tl.run_with_hooks(row, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", edit)
+                                                           for layer in sorted({at for at, _ in spec["heads"]})])
+                out[how].append(nll(logits, row))
+    return out
+
+
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a Llama-family transformers directory or GGUF file (default: a tiny GPT-2)")
@@ -170,6 +209,9 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--d-model", type=int, default=32)
     parser.add_argument("--length", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sentences", type=int, default=len(SENTENCES), help="of a real model's (default: all)")
+    parser.add_argument("--api-check", help="a JSON file of rows and heads: also print api_check's results, "
+                        "on the same TransformerLens model")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     from headcount.models.hf_lm import load_lm_tokenizer, load_pretrained_lm
@@ -177,7 +219,7 @@ def main(argv=None) -> dict[str, float]:
     if args.model:
         model = load_pretrained_lm(args.model, offline=True)
         tokenizer = load_lm_tokenizer(args.model, offline=True)
-        rows = [[model.special.bos] + ids for ids in tokenizer.encode(SENTENCES)]
+        rows = [[model.special.bos] + ids for ids in tokenizer.encode(SENTENCES[: args.sentences])]
         tokens = torch.tensor([row[: min(map(len, rows))] for row in rows])
         tl = hooked_llama(model)
         name = f"{model.family.name} {args.model}"
@@ -197,6 +239,8 @@ def main(argv=None) -> dict[str, float]:
           f"{facts['ablated_heads']} heads: loss changes from {facts['delta_min']:+.6f} to {facts['delta_max']:+.6f}")
     for key, value in errors.items():
         print(f"max abs error {key:9s} {value:.3e}")
+    if args.api_check:
+        print("api-check " + json.dumps(api_check(tl, json.loads(Path(args.api_check).read_text()))))
     return errors
 
 
