@@ -206,50 +206,16 @@ def test_smoke_run_end_to_end(smoke_run):
 
 
 @pytest.mark.workflow
-def test_a_workflow_killed_mid_training_resumes_to_the_same_results(tmp_path, smoke_run):
-    """SIGKILL the whole workflow while the baseline trains (no signal handler runs: the job resumes
-    from its last periodic checkpoint), rerun as README says, and compare the weights with the
-    uninterrupted smoke run's, bit for bit. Equal weights give equal outputs downstream; the pruning
-    and from-scratch jobs' own kill-and-resume is tests/test_pruning.py's."""
-    import shutil
-
-    import torch
-
-    from headcount.models.checkpoint import load_checkpoint
-
-    assert smoke_run.result.returncode == 0, "the smoke run failed; see test_smoke_run_end_to_end"
-    workdir = tmp_path / "killed"
-    shutil.copytree(smoke_run.workdir, workdir, symlinks=True)  # data and subwords done, with their metadata
-    shutil.rmtree(workdir / "results/toy/baseline")
-    config_path = write_config(workdir / "smoke.yaml", smoke_run.config)
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "results/toy/baseline/model.pt",
-           "--cores", CORES, "--configfile", str(config_path)]
-    process = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
-    checkpoint = workdir / "results/toy/baseline/train/checkpoint.pt"
-    metrics = workdir / "results/toy/baseline/train/metrics.jsonl"
-    kill_when(process, lambda: checkpoint.exists() and metrics.exists() and '"step": 100' in metrics.read_text(),
-              timeout=300)
-    assert not (workdir / "results/toy/baseline/model.pt").exists()
-    unlock = subprocess.run(cmd + ["--unlock"], cwd=workdir, capture_output=True, text=True)
-    assert unlock.returncode == 0, unlock.stderr
-
-    result = subprocess.run(cmd + ["--rerun-incomplete"], cwd=workdir, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "resuming from" in (workdir / "results/toy/logs/train_baseline.log").read_text()
-    resumed = load_checkpoint(workdir / "results/toy/baseline/model.pt")["model"]
-    clean = load_checkpoint(smoke_run.results / "baseline/model.pt")["model"]
-    assert resumed.keys() == clean.keys()
-    for name, tensor in clean.items():
-        assert torch.equal(tensor, resumed[name]), name
-
-
-@pytest.mark.workflow
-def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_resumes(tmp_path, smoke_run):
-    """SIGTERM, then SIGINT, to the Snakemake process alone while the baseline trains (a training
-    that would run for hours): the signal reaches the job, which checkpoints, and Snakemake exits
-    within seconds without leaving its lock. Without passing the signal on, Snakemake waited for
-    the job. The README's resume command then finishes the run with the uninterrupted weights."""
+def test_sigterm_sigint_and_sigkill_end_the_run_and_the_rerun_resumes_to_the_same_weights(tmp_path, smoke_run):
+    """The baseline trains in a copy of the finished smoke run, interrupted three ways, each resumed
+    as README says, and ends with the uninterrupted run's weights bit for bit:
+    - SIGTERM, then SIGINT, to the Snakemake process alone while the baseline trains (a training that
+      would run for hours): the signal reaches the job, which checkpoints, and Snakemake exits within
+      seconds without leaving its lock (without passing the signal on, Snakemake waited for the job);
+    - SIGKILL to the whole workflow (no signal handler runs): after --unlock, the job resumes from its
+      last periodic checkpoint.
+    Equal weights give equal outputs downstream; the pruning and from-scratch jobs' own kill-and-resume
+    is tests/test_pruning.py's. Plain jobs: the signals must reach the job's own process."""
     import os
     import shutil
     import signal
@@ -269,6 +235,7 @@ def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_re
     long_run, config_path = write_config(workdir / "long.yaml", config), workdir / "smoke.yaml"
     write_config(config_path, smoke_run.config)
     train_dir = workdir / "results/toy/baseline/train"
+    log_path = workdir / "results/toy/logs/train_baseline.log"
 
     def command(config_file):
         return [sys.executable, "-m", "snakemake", "-s", str(workdir / "Snakefile"), "results/toy/baseline/model.pt",
@@ -297,25 +264,33 @@ def test_sigterm_or_sigint_to_snakemake_ends_the_run_in_seconds_and_the_rerun_re
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            job_log = (workdir / "results/toy/logs/train_baseline.log").read_text()
             pytest.fail(f"snakemake still running 60 s after {signum.name}; its output:\n{output.read_text()[-3000:]}"
-                        f"\njob log:\n{job_log[-1500:]}")
+                        f"\njob log:\n{log_path.read_text()[-1500:]}")
         print(f"{signum.name}: snakemake exited after {time.time() - sent:.1f} s")
         assert returncode != 0
         assert not any(job.is_running() and job.status() != psutil.STATUS_ZOMBIE for job in jobs)
         assert not list((workdir / ".snakemake/locks").glob("*")), "the lock stayed behind"
-        log = (workdir / "results/toy/logs/train_baseline.log").read_text()
-        assert f"{signum.name} received: checkpoint written at step" in log
+        assert f"{signum.name} received: checkpoint written at step" in log_path.read_text()
         step = load_checkpoint(train_dir / "checkpoint.pt")["step"]
         assert reached + 20 <= step < 100  # before the first evaluation
         reached = step
 
-    # What the README says to type after an interruption (here with the test's config and target).
+    # SIGKILL to the whole workflow once the run (the README's command) has gone past its first evaluation.
+    process = subprocess.Popen(command(config_path), cwd=workdir, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    kill_when(process, lambda: last_step() >= 100, timeout=300)
+    assert f"resuming from results/toy/baseline/train/checkpoint.pt at step {reached}" in log_path.read_text()
+    assert not (workdir / "results/toy/baseline/model.pt").exists()
+    killed_at = load_checkpoint(train_dir / "checkpoint.pt")["step"]
+    assert reached < killed_at < 200
+    unlock = subprocess.run(command(config_path) + ["--unlock"], cwd=workdir, capture_output=True, text=True)
+    assert unlock.returncode == 0, unlock.stderr
+
     result = subprocess.run(command(config_path), cwd=workdir, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert f"resuming from results/toy/baseline/train/checkpoint.pt at step {reached}" in (
-        workdir / "results/toy/logs/train_baseline.log").read_text()
+    assert f"resuming from results/toy/baseline/train/checkpoint.pt at step {killed_at}" in log_path.read_text()
     resumed = load_checkpoint(workdir / "results/toy/baseline/model.pt")["model"]
     clean = load_checkpoint(smoke_run.results / "baseline/model.pt")["model"]
+    assert resumed.keys() == clean.keys()
     for name, tensor in clean.items():
         assert torch.equal(tensor, resumed[name]), name
