@@ -290,3 +290,32 @@ def test_the_workflow_driver_prunes_a_pretrained_model_to_its_target_on_frozen_w
     assert row["target"] == "heads_3" and row["gated"] == 8
     assert abs(row["error"]) <= 1 and row["decided"], row.to_dict()
     assert row["kept"] == 8 - sum(r["pruned"] for r in saved["heads"])
+
+
+def test_the_api_prunes_a_transformers_model_to_a_named_count(tmp_path):
+    """headcount.prune(..., target=3) on the GPT-2 as transformers loads it: gates only by default,
+    within one head of the target, nothing undecided; lam and target together, or a bad target,
+    are named."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import headcount
+    from headcount.api import ArgumentError
+
+    directory = DATA / "gpt2_multi30k"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+    lines = json.loads((directory / "reference_summary.json").read_text(encoding="utf-8"))["probe_lines"]
+    with pytest.raises(ArgumentError, match="not both"):
+        headcount.prune(model, tokenizer, lines, 0.1, target=3)
+    with pytest.raises(ArgumentError, match="target"):
+        headcount.prune(model, tokenizer, lines, target=1.5)
+    with pytest.raises(ArgumentError, match="target"):
+        headcount.prune(model, tokenizer, lines, target=9, steps=2)
+    # the API's constant rate is the default baseline's last at d_model 64 (2.55e-3): x400 gives the
+    # gates the tests' 1.0
+    pruned = headcount.prune(model, tokenizer, lines, target=3, steps=STEPS, log=False,
+                             recipe={"gate_lr_scale": 400, "controller": {"lr": 0.01, "warmup": 0.3}},
+                             training={"max_tokens": 300, "precision": "fp32"})
+    assert pruned.record["gates_only"] and pruned.record["target"] == {"heads": 3}
+    kept = sum(pruned.retained.values())
+    assert abs(kept - 3) <= 1 and len(pruned.undecided) == 0, (kept, pruned.gates.to_string())

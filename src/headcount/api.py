@@ -46,6 +46,9 @@ DEFAULT_MAX_TOKENS = 2000
 # model whose gates alone train (a sentence encoder) has nothing to heal: heal_steps 0 for it.
 DEFAULT_PRUNE_SETTINGS = {"gate_lr_scale": 10.0, "log_alpha_init": None, "lr_schedule": "constant",
                           "resume_optimizer": False, "heal_steps": 200, "select": "last"}
+# Recipe keys without a config default (config/README.md): the lambda penalty's scale and the
+# target controller's settings.
+OPTIONAL_PRUNE_SETTINGS = ("penalty_scale", "controller")
 # The training settings a baseline of the workflow has (config/config.yaml's defaults, training),
 # less those of its dev BLEU and checkpoint selection: what `prune` fine-tunes with, where
 # prune.training (DEFAULT_PRUNE_TRAINING) does not say otherwise.
@@ -419,13 +422,16 @@ class Pruning:
                                  log=lambda message: None)
 
 
-def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_targets: Sequence[str] | None = None,
+def prune(model, tokenizer, train_texts: Sequence[str], lam: float | None = None, *,
+          target: int | float | dict | None = None, train_targets: Sequence[str] | None = None,
           dev_texts: Sequence[str] | None = None, dev_targets: Sequence[str] | None = None, setting: str = "all",
           steps: int | None = None, training: dict | None = None, recipe: dict | None = None,
           gates_only: bool | None = None, objective: str | None = None, work_dir: str | Path | None = None,
           device: str = "auto", log=None) -> Pruning:
     """Prune `model`'s heads: train Hard Concrete gates on every head of the setting's attention
-    types under the penalty lam * L0 (lam = 0: the control, gates pinned open).
+    types under the penalty lam * L0 (lam = 0: the control, gates pinned open), or to a `target`
+    head count: an int (heads kept), a float (the share of the gated heads kept) or
+    {"heads": N} / {"fraction": f}, by a Lagrangian controller (pruning.lagrangian) instead of lam.
 
     model, tokenizer: as for `analyse`. The model is left as it was: a copy is pruned (the model's
         memory twice while it runs), and `Pruning.model` holds it.
@@ -441,7 +447,8 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     steps: gate training steps (default DEFAULT_PRUNE_TRAINING's max_steps).
     training: overrides of the training settings (training.loop.TrainConfig: max_tokens, seed,
         precision, ...; the workflow's `training`, DEFAULT_TRAINING); recipe: overrides of
-        DEFAULT_PRUNE_SETTINGS (gate_lr_scale, log_alpha_init, lr_schedule, heal_steps) and, under
+        DEFAULT_PRUNE_SETTINGS (gate_lr_scale, log_alpha_init, lr_schedule, heal_steps), with
+        penalty_scale ("authors" or "per_head") and controller ({"lr", "warmup"}), and, under
         "training", of fine-tuning's own (DEFAULT_PRUNE_TRAINING): the workflow's `prune`.
     work_dir: where checkpoints go (a run there resumes); default a temporary folder, removed after.
     Every argument is checked, and every text's length, before training starts.
@@ -455,8 +462,10 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     from headcount.training.loop import Corpus, DevSet, TrainConfig
 
     log = _logger(log)
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
-        raise ArgumentError(f"lam: the L0 penalty's weight, a number >= 0 (0: the control), not {lam!r}")
+    target = _target(target, lam)
+    if target is None and (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0):
+        raise ArgumentError(f"lam: the L0 penalty's weight, a number >= 0 (0: the control), not {lam!r}; or give "
+                            f"a target head count instead")
     train_texts = _texts("train_texts", train_texts)
     train_targets = _texts("train_targets", train_targets, allow_none=True)
     dev_texts = _texts("dev_texts", dev_texts, allow_none=True) or train_texts[:100]
@@ -510,14 +519,15 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
     recipe = dict(recipe or {})
     prune_training = {**DEFAULT_PRUNE_TRAINING, **recipe.pop("training", {})}
     prune_settings = {**DEFAULT_PRUNE_SETTINGS, "heal_steps": 0 if frozen else DEFAULT_PRUNE_SETTINGS["heal_steps"]}
-    unknown = sorted(set(recipe) - set(prune_settings)) + sorted(f"training.{k}" for k in set(prune_training) - known)
+    unknown = sorted(set(recipe) - set(prune_settings) - set(OPTIONAL_PRUNE_SETTINGS)) + sorted(
+        f"training.{k}" for k in set(prune_training) - known)
     if unknown:
         raise ArgumentError(f"recipe: unknown keys {unknown}; known: {', '.join(sorted(prune_settings))} and "
                             f"training (fine-tuning's own training settings)")
     if frozen and recipe.get("heal_steps"):
         raise ArgumentError(f"recipe: heal_steps {recipe['heal_steps']}, but the weights are frozen (gates only), so "
                             f"nothing heals; leave heal_steps out, or pass gates_only=False to fine-tune the weights")
-    prune_settings.update(recipe)
+    prune_settings.update(recipe, gates_only=frozen)
     if steps is not None:
         prune_training["max_steps"] = steps
         prune_training["checkpoint_interval"] = min(prune_training["checkpoint_interval"], steps)
@@ -540,10 +550,15 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
             p.requires_grad_(False)
     fingerprint = {"api": "headcount.prune", "setting": setting, "lambda": lam,
                    "log_alpha_init": prune_settings["log_alpha_init"], "gate_lr_scale": prune_settings["gate_lr_scale"],
-                   "texts": len(train_texts), "gates_only": frozen}
+                   "texts": len(train_texts), "gates_only": frozen, **({"target": target} if target else {})}
     with tempfile.TemporaryDirectory(prefix="headcount-prune-") as scratch:
-        record = prune_model(hc, data, dev, tgt_tok, setting, float(lam), prune_settings, train_settings,
-                             work_dir or scratch, fingerprint, log=log)
+        try:
+            record = prune_model(hc, data, dev, tgt_tok, setting, None if target else float(lam), prune_settings,
+                                 train_settings, work_dir or scratch, fingerprint, log=log, target=target)
+        except HeadcountError as error:
+            if target and "pruning target" in str(error):
+                raise ArgumentError(f"target: {error}") from None
+            raise
     trajectory = record.pop("trajectory")
     record["gates_only"] = frozen
     pruned = Pruning(hc, pd.DataFrame(record["heads"]), trajectory, record, tokenizer=tokenizer)
@@ -558,6 +573,25 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float, *, train_tar
                                          f"longer (steps) or faster (recipe gate_lr_scale)"
                                          if len(undecided) > MAX_UNDECIDED_SHARE * gated else ""))
     return pruned
+
+
+def _target(target, lam) -> dict | None:
+    """prune's target as pruning.methods reads it ({"heads": N} or {"fraction": f}), checked."""
+    if target is None:
+        return None
+    if lam is not None:
+        raise ArgumentError("lam, target: a run prunes by a penalty (lam) or to a head count (target), not both; "
+                            "leave one out")
+    from headcount.pruning.methods import target_problem
+
+    if isinstance(target, int) and not isinstance(target, bool):
+        target = {"heads": target}
+    elif isinstance(target, float):
+        target = {"fraction": target}
+    problem = target_problem(target)
+    if problem:
+        raise ArgumentError(f"target: {problem}; an int counts heads kept, a float is the share kept")
+    return dict(target)
 
 
 @contextmanager
