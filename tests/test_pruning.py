@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import random_batch, toy_corpus
 from test_stages import MODEL, training
-from toyflow import kill_when
 
 from headcount.data.subwords import train_bpe
 from headcount.io import HeadcountError, read_lines, write_lines
@@ -17,6 +16,8 @@ from headcount.models.loading import load_model
 from headcount.pipeline.training_runs import train_translation_model
 from headcount.pruning.hard_concrete import fold_gates, gate_table, prepare_for_pruning
 from headcount.pruning.ranked import masks_from_table, ranked_masks, retained_counts
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 
 PRUNE = dict(gate_lr_scale=10.0, log_alpha_init=None,
              training=dict(max_steps=12, warmup_steps=4, lr_scale=0.5, checkpoint_interval=4))
@@ -158,47 +159,61 @@ def test_from_scratch_model_keeps_the_pruned_mask(toy_run):
     assert len(read_lines(tmp_path / "dev.src.txt")) == 10
 
 
-KILLABLE = """
-import sys
-sys.path.insert(0, {src!r})
-from headcount.pipeline.pruning_runs import prune_heads
-from headcount.pipeline.training_runs import train_translation_model
-files, kind, out = {files!r}, {kind!r}, {out!r}
-if kind == "prune":
-    prune_heads({base!r}, *files, setting="all", lam=0.5, prune_settings={prune!r}, train_settings={train!r},
-                work_dir=out + "/train", model_out=out + "/model.pt", gates_out=out + "/gates.json",
-                trajectory_out=out + "/trajectory.csv", log=lambda m: None)
-else:
-    train_translation_model(*files, {model!r}, {train!r}, False, out + "/train", out + "/model.pt",
-                            out + "/summary.json", head_mask_from={base!r}, log=lambda m: None)
-"""
+def killable_job(kind, files, out, base, prune, train, model):
+    """The job the kill test runs in a process of its own: a pruning run or a from-scratch twin."""
+    from headcount.pipeline.pruning_runs import prune_heads
+    from headcount.pipeline.training_runs import train_translation_model
+
+    if kind == "prune":
+        prune_heads(base, *files, setting="all", lam=0.5, prune_settings=prune, train_settings=train,
+                    work_dir=out + "/train", model_out=out + "/model.pt", gates_out=out + "/gates.json",
+                    trajectory_out=out + "/trajectory.csv", log=lambda m: None)
+    else:
+        train_translation_model(*files, model, train, False, out + "/train", out + "/model.pt", out + "/summary.json",
+                                head_mask_from=base, log=lambda m: None)
 
 
 @pytest.mark.parametrize("kind", ["prune", "scratch"])
 def test_a_job_killed_with_sigkill_resumes_to_the_same_result(toy_run, kind):
     """Start the job in its own process, SIGKILL it after a checkpoint, rerun it, and compare
-    with an uninterrupted run: bitwise on CPU with the same seed."""
-    import subprocess
-    import sys
-    from pathlib import Path
+    with an uninterrupted run: bitwise on CPU with the same seed. Each run is a fork of this
+    process (torch already imported, one thread as here), not a new interpreter: the kill and
+    the resume are the same, without three imports of torch."""
+    import multiprocessing
+    import os
+    import signal
+    import time
 
     tmp_path, files, model = toy_run
     prune = dict(PRUNE, training=dict(PRUNE["training"], max_steps=60, checkpoint_interval=5))
     train = dict(training(60), checkpoint_interval=5, eval_interval=30)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    fork = multiprocessing.get_context("fork")
 
-    def script(out):
-        return KILLABLE.format(src=src, files=files, kind=kind, out=str(out), base=str(tmp_path / "base.pt"),
-                               prune=prune, train=train, model=model)
+    def start(out):
+        process = fork.Process(target=killable_job, args=(kind, files, str(out), str(tmp_path / "base.pt"), prune,
+                                                          train, model))
+        process.start()
+        return process
 
     clean, killed = tmp_path / f"{kind}_clean", tmp_path / f"{kind}_killed"
-    assert subprocess.run([sys.executable, "-c", script(clean)], timeout=300).returncode == 0
-    process = subprocess.Popen([sys.executable, "-c", script(killed)], start_new_session=True)
+    process = start(clean)
+    process.join(300)
+    assert process.exitcode == 0
+    process = start(killed)
     metrics = killed / "train/metrics.jsonl"
-    kill_when(process, lambda: metrics.exists() and '"step": 20,' in metrics.read_text(), timeout=240, poll=0.05)
+    deadline = time.time() + 240
+    while time.time() < deadline and process.is_alive() and not (metrics.exists() and '"step": 20,' in
+                                                                  metrics.read_text()):
+        time.sleep(0.05)
+    assert process.is_alive(), "the job ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    assert process.exitcode == -signal.SIGKILL
     assert not (killed / "model.pt").exists()
     assert 0 < torch.load(killed / "train/checkpoint.pt", weights_only=False)["step"] < 60  # mid-run
-    assert subprocess.run([sys.executable, "-c", script(killed)], timeout=300).returncode == 0
+    process = start(killed)
+    process.join(300)
+    assert process.exitcode == 0
     a, b = torch.load(clean / "model.pt", weights_only=False), torch.load(killed / "model.pt", weights_only=False)
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
