@@ -4,7 +4,6 @@ import json
 import math
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -15,6 +14,8 @@ from headcount.models.checkpoint import load_checkpoint
 from headcount.models.transformer import Transformer
 from headcount.training.loop import Corpus, DevSet, TrainConfig, TrainingStopped, evaluate_loss, sequence_loss, train
 from headcount.training.schedules import noam_lr
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 
 
 def test_noam_schedule_rises_linearly_then_decays_as_inverse_sqrt():
@@ -447,81 +448,8 @@ def test_checkpoints_are_read_and_written_through_one_module():
     assert [path for path, _ in saves] == ["src/headcount/models/checkpoint.py"], saves
 
 
-# --------------------------------------------------------------------------------------------
-# A training job stopped by a real signal, in its own process
-
-
-SIGNALLED = dict(max_steps=100, log_interval=1, eval_interval=40, checkpoint_interval=40)
-
-
-def training_job(out: str) -> None:
-    """A workflow job in miniature, for the test below to start as a process and signal: the
-    scripts' job wrapper (log file, one-line errors, exit status) around the training loop."""
-    import sys
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workflow/scripts"))
-    from _common import job
-
-    out = Path(out)
-    snakemake = SimpleNamespace(log=[str(out / "job.log")], threads=1, rule="train_baseline", wildcards={},
-                                params={}, input=[], output=[])
-    with job(snakemake) as log:
-        data, dev, *sizes = make_toy_data()
-        train(fresh_model(sizes), settings(**SIGNALLED), data, dev, out / "train", log=log)
-
-
-def test_a_training_job_stopped_by_sigterm_or_sigint_resumes_to_the_same_weights(toy_data, tmp_path):
-    """SIGTERM (a wall-time limit, scancel), then SIGINT (Ctrl-C), each sent to the job's process
-    mid-training: it exits at once with status 1 and a one-line message, its checkpoint holds the
-    step it had reached, and the rerun resumes from there to the uninterrupted run's weights."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    data, dev, *sizes = toy_data
-    clean = fresh_model(sizes)
-    train(clean, settings(**SIGNALLED), data, dev, tmp_path / "clean", log=quiet)
-
-    out = tmp_path / "job"
-    here = str(Path(__file__).resolve().parent)
-    command = [sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); import test_train; "
-                                     f"test_train.training_job({str(out)!r})"]
-    metrics = out / "train/metrics.jsonl"
-
-    def last_step() -> int:
-        text = metrics.read_text() if metrics.exists() else ""
-        return max(map(int, re.findall(r'"step": (\d+)', text)), default=0)
-
-    reached = 0
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        name = signal.Signals(signum).name
-        with open(tmp_path / f"{name}.err", "w") as err:
-            process = subprocess.Popen(command, stderr=err, start_new_session=True)
-            deadline = time.time() + 240
-            while last_step() < reached + 10 and process.poll() is None and time.time() < deadline:
-                time.sleep(0.02)
-            assert process.poll() is None, "the job ended before the signal"
-            process.send_signal(signum)
-            assert process.wait(timeout=60) == 1
-        log = (out / "job.log").read_text()
-        stopped = re.findall(rf"ERROR: training stopped by {name} at step (\d+) of 100; the checkpoint "
-                             rf"\S+checkpoint.pt holds that step. Run the workflow again", log)
-        assert len(stopped) == 1, log[-2000:]
-        step = int(stopped[0])
-        assert reached + 10 <= step < 100
-        assert load_checkpoint(out / "train/checkpoint.pt")["step"] == step  # not the last interval's (40, 80)
-        assert f"resuming from {out / 'train/checkpoint.pt'} at step {reached}" in log or not reached
-        assert "Traceback" not in (tmp_path / f"{name}.err").read_text()
-        reached = step
-
-    assert subprocess.run(command, stderr=subprocess.DEVNULL, timeout=300).returncode == 0
-    final = load_checkpoint(out / "train/checkpoint.pt")
-    assert final["step"] == 100
-    for name, tensor in clean.state_dict().items():
-        assert torch.equal(tensor, final["model"][name]), name  # bitwise, on CPU with the same seed
+# A training job stopped by a real signal in its own process, through the workflow's job wrapper:
+# tests/test_workflow.py's SIGTERM, SIGINT and SIGKILL test.
 
 
 def test_token_corpus_holds_the_sentences_exactly_and_batches_alike(toy_data):

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from headcount.io import read_lines, sha256_file
 from headcount.training.evaluate import corpus_bleu
 
 
+@pytest.mark.slow
 def test_lint_is_clean():
     result = snakemake("--lint", "--cores", "1")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -48,6 +50,7 @@ def test_the_conda_environment_has_every_dependency_of_the_package():
     assert not differ, f"constraints differ (pyproject, conda env): {differ}"
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_default_config_lists_the_whole_baseline():
     env = {"HEADCOUNT_MIRROR": str(SHARED_DATA)} if SHARED_DATA.is_dir() else {}
     # --forceall: the plan from scratch, whatever results/ already holds on this machine.
@@ -58,6 +61,7 @@ def test_dry_run_of_the_default_config_lists_the_whole_baseline():
         assert rule in result.stdout, rule
 
 
+@pytest.mark.slow
 def test_paper_experiments_resolve_in_a_dry_run(tmp_path):
     config = shipped_config()
     config["run"] = ["wmt_en_ru", "wmt_en_de", "wmt_en_fr", "opensubtitles_en_ru", "multi30k_en_fr"]
@@ -69,6 +73,7 @@ def test_paper_experiments_resolve_in_a_dry_run(tmp_path):
     assert "train_baseline" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
     config = shipped_config()
     config["defaults"]["training"]["max_steps"] = -5
@@ -80,6 +85,7 @@ def test_a_bad_config_fails_before_any_job_naming_the_key(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_mirror_file_is_reported_before_any_job(tmp_path, toy_mirror):
     (toy_mirror / "toy/val.de.gz").unlink()
     config_path = write_config(tmp_path / "smoke.yaml", smoke_config(toy_mirror))
@@ -209,9 +215,10 @@ def test_smoke_run_end_to_end(smoke_run):
 def test_sigterm_sigint_and_sigkill_end_the_run_and_the_rerun_resumes_to_the_same_weights(tmp_path, smoke_run):
     """The baseline trains in a copy of the finished smoke run, interrupted three ways, each resumed
     as README says, and ends with the uninterrupted run's weights bit for bit:
-    - SIGTERM, then SIGINT, to the Snakemake process alone while the baseline trains (a training that
-      would run for hours): the signal reaches the job, which checkpoints, and Snakemake exits within
-      seconds without leaving its lock (without passing the signal on, Snakemake waited for the job);
+    - SIGTERM (a wall-time limit, scancel), then SIGINT (Ctrl-C), to the Snakemake process alone while
+      the baseline trains (a training that would run for hours): the signal reaches the job, which
+      checkpoints the step it reached and ends with a one-line error and no traceback, and Snakemake
+      exits within seconds without leaving its lock (without passing the signal on, it waited for the job);
     - SIGKILL to the whole workflow (no signal handler runs): after --unlock, the job resumes from its
       last periodic checkpoint.
     Equal weights give equal outputs downstream; the pruning and from-scratch jobs' own kill-and-resume
@@ -270,9 +277,14 @@ def test_sigterm_sigint_and_sigkill_end_the_run_and_the_rerun_resumes_to_the_sam
         assert returncode != 0
         assert not any(job.is_running() and job.status() != psutil.STATUS_ZOMBIE for job in jobs)
         assert not list((workdir / ".snakemake/locks").glob("*")), "the lock stayed behind"
-        assert f"{signum.name} received: checkpoint written at step" in log_path.read_text()
+        log = log_path.read_text()
+        assert f"{signum.name} received: checkpoint written at step" in log
+        # the job's one-line error, and the checkpoint holds the step it names (not the last interval's)
+        stopped = re.findall(rf"ERROR: training stopped by {signum.name} at step (\d+) of 100000; the checkpoint "
+                             rf"\S+checkpoint.pt holds that step. Run the workflow again", log)
+        assert len(stopped) == 1 and "Traceback" not in log, log[-2000:]
         step = load_checkpoint(train_dir / "checkpoint.pt")["step"]
-        assert reached + 20 <= step < 100  # before the first evaluation
+        assert step == int(stopped[0]) and reached + 20 <= step < 100  # before the first evaluation
         reached = step
 
     # SIGKILL to the whole workflow once the run (the README's command) has gone past its first evaluation.
