@@ -114,7 +114,7 @@ def api_against_workflow(results: Path, config: dict, model_dir: Path) -> None:
     gated = headcount.prune(model, tokenizer, train, 2.0,
                             dev_texts=(results / "data/dev.src.txt").read_text(encoding="utf-8").splitlines(),
                             training=defaults["training"], recipe={**prune, "training": defaults["prune"]["training"]},
-                            device="cpu", log=False)
+                            gates_only=False, device="cpu", log=False)  # as the workflow's lambda runs: weights train
     workflow_gates = pd.DataFrame(json.loads((results / "prune/all/lambda_2/gates.json").read_text())["heads"])
     pd.testing.assert_frame_equal(gated.gates, workflow_gates[gated.gates.columns], rtol=1e-5, check_dtype=False)
 
@@ -141,6 +141,7 @@ def test_a_trained_bert_runs_through_every_stage(tmp_path):
     assert sum(export["heads"]["enc_self"]) == gates["retained"]["enc_self"]
 
 
+@pytest.mark.slow
 def test_a_pretrained_bert_plans_and_imports(tmp_path):
     """A masked LM shares the DAG: it plans like GPT-2, and the import rule writes what it needs."""
     mirror = make_toy_mirror(tmp_path)
@@ -162,6 +163,7 @@ def test_a_pretrained_bert_plans_and_imports(tmp_path):
     assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
 
 
+@pytest.mark.slow
 def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path):
     """Every problem at once, one experiment per mistake (one dry run: each costs a second or two)."""
     config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")  # a hub id: not checked offline
@@ -186,6 +188,7 @@ def test_what_a_language_model_experiment_cannot_have_is_a_config_error_with_the
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_language_model_experiment_without_lang_is_a_config_error(tmp_path):
     config = lm_config(make_toy_mirror(tmp_path), "Qwen/Qwen3-0.6B")
     del config["experiments"]["toy"]["lang"]
@@ -195,6 +198,7 @@ def test_a_language_model_experiment_without_lang_is_a_config_error(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_the_shipped_gpt2_experiment_plans_in_a_dry_run(tmp_path):
     """gpt2_en (config/config.yaml) names a hub id: planned without a network (nothing loads the
     model before the import job), perplexity where a translation experiment has BLEU."""
