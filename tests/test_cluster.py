@@ -23,7 +23,7 @@ from toyflow import REPO, smoke_config, write_config
 RULES = REPO / "workflow/rules"
 # The rules whose jobs train or decode with the model: they must say what they need of a node.
 MODEL_RULES = {"train_baseline", "translate", "score_heads", "head_roles", "prune_heads", "train_from_scratch",
-               "ranked_curve", "snapshot_statistics", "lm_quality", "reference_nll"}
+               "ranked_curve", "snapshot_statistics", "lm_quality", "reference_nll", "prune_to_target"}
 
 
 def rule_blocks() -> dict[str, str]:
@@ -96,6 +96,7 @@ def test_the_local_profile_caps_gpu_jobs():
 
 
 @pytest.mark.parametrize("profile", ["local", "slurm"])
+@pytest.mark.slow
 def test_the_profiles_plan_the_smoke_run(tmp_path, toy_mirror, profile):
     if profile == "slurm":
         pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
@@ -184,6 +185,7 @@ def planned_threads(workdir, config) -> dict[str, set[int]]:
     return threads
 
 
+@pytest.mark.slow
 def test_thread_keys_size_their_own_jobs(tmp_path, toy_mirror):
     config = smoke_config(toy_mirror)
     config["defaults"]["seeds"] = [1, 2]
