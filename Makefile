@@ -9,7 +9,7 @@ CORES ?= all
 
 DEMO_CORES ?= 2
 
-.PHONY: setup models crosscheck-venv browser run demo test lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
+.PHONY: setup models crosscheck-venv browser run demo test test-fast lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
 
 # The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
 # `pip install` of headcount alone accepts.
@@ -71,6 +71,11 @@ browser:
 
 test: setup models crosscheck-venv browser lint
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
+
+# The inner loop while editing: the unit tests without workflow runs, real weights or training
+# (tests marked workflow or slow), in under a minute on 2 cores. CI runs the whole suite (make test).
+test-fast: setup
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 -m "not workflow and not slow"
 
 lint: setup
 	$(BIN)/ruff check src tests workflow/scripts benchmarks tools

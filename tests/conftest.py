@@ -38,11 +38,13 @@ torch.set_num_threads(1)  # tests are small; keep the second core for the workfl
 SMOKE_RUN_FILES = {"test_atlas.py", "test_rerun.py", "test_workflow.py"}
 
 
-# The work units that take a worker longest, longest first (`--durations=0` of `make test`, 2026-11-28),
-# sent to the workers before the rest. xdist's own order (most tests first) started them last: three of
-# these have under 10 tests, and the suite ended with one worker idle while the other ran them.
-SLOWEST_UNITS = ("smoke_run", "tests/test_real_weights.py", "tests/test_lm_workflow.py", "tests/test_control.py",
-                 "tests/test_pretrained_workflow.py", "tests/test_sentence_encoder.py")
+# The work units that take a worker longest, longest first (`--durations=0` of `make test` on an AVX2
+# EPYC; benchmarks/RESULTS.md), sent to the workers before the rest: xdist's own order (most tests
+# first) started some of them last, and the suite ended with one worker idle while the other ran them.
+SLOWEST_UNITS = ("smoke_run", "tests/test_real_weights.py", "tests/test_lm_workflow.py",
+                 "tests/test_untrusted_inputs.py", "tests/test_pretrained_workflow.py", "tests/test_pruning.py",
+                 "tests/test_train.py",
+                 "tests/test_prune_to_target.py", "tests/test_sentence_encoder.py", "tests/test_trained_marian.py")
 
 
 def pytest_collection_modifyitems(items):

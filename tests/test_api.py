@@ -14,6 +14,8 @@ from conftest import toy_conllu, toy_corpus
 import headcount
 from headcount import api
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -280,6 +280,7 @@ def test_the_toy_runs_atlas_in_chromium_shows_its_tables(smoke_run, chromium):
             assert number_after("BLEU", status.text) == pytest.approx(run.bleu, abs=0.01)
 
 
+@pytest.mark.slow
 def test_the_slider_greys_exactly_each_runs_closed_heads(tmp_path, chromium):
     """The toy run closes no gate; here runs that close some, one setting gating every type."""
     from selenium.webdriver.common.by import By
@@ -336,6 +337,7 @@ LM_LINES = ["A man in a blue shirt is riding a bike down the street.", "Two dogs
             "A black dog runs through the grass.", "A group of people stand outside a building."]
 
 
+@pytest.mark.slow
 def test_a_decoder_only_language_models_atlas_shows_bos_and_its_pieces_with_perplexity(tmp_path):
     """The trained tiny GPT-2 (2 layers x 4 heads of causal dec_self): every head's examples over
     BOS + the line's pieces (BOS first, causal rows), its role's marks past BOS, the histogram equal

@@ -50,6 +50,7 @@ def assert_batched_equals_reference(model, batches, heads_per_pass: int):
     assert all(torch.equal(m, masks[kind]) for kind, m in model.head_mask().items())  # restored
 
 
+@pytest.mark.slow
 def test_headcount_transformer_with_a_masked_head():
     torch.manual_seed(0)
     model = Transformer(tiny_config(d_model=16, n_heads=4, enc_layers=2, dec_layers=2)).eval()
@@ -67,6 +68,7 @@ def test_headcount_transformer_with_a_masked_head():
         assert_batched_equals_reference(model, batches, heads_per_pass)
 
 
+@pytest.mark.slow
 def test_a_transformers_encoder_decoder_with_masked_and_removed_heads():
     pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -86,6 +88,7 @@ def lines():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "bert"])
+@pytest.mark.slow
 def test_language_models_including_grouped_query_attention(family, lines, tmp_path):
     pytest.importorskip("transformers")
     from headcount.models import hf_lm_tiny

@@ -289,6 +289,7 @@ def test_sink_outranks_positional_but_not_the_conditional_roles():
     assert roles.loc[0, "statistic"] == 0.94  # the sink share is the number behind head 0's role
 
 
+@pytest.mark.slow
 def test_find_head_roles_on_a_decoder_only_model(tmp_path, monkeypatch):
     """The stage: the model's kind decides the heads, the roles and the extra tables."""
     from headcount.pipeline import role_finding

@@ -138,6 +138,7 @@ def readme_example(name: str) -> dict:
     raise AssertionError(f"config/README.md has no example {name}")
 
 
+@pytest.mark.slow
 def test_an_override_merges_and_the_documented_pattern_replaces(config):
     """--configfile merges (snakemake.utils.update_config), so a test set or a setting's grid
     stays unless the experiment is defined whole under a new name, as config/README.md shows."""
@@ -194,6 +195,7 @@ def test_each_extra_seed_is_an_experiment_with_that_seed_and_the_seed_lambdas(co
     assert main["prune"]["lambdas"]["enc"] == config["defaults"]["prune"]["lambdas"]["enc"]  # untouched
 
 
+@pytest.mark.slow
 def test_averaged_weights_need_snapshots_and_every_seed_and_no_twin_keeps_them(config):
     """training.average_snapshots: a config error without a snapshot at every selectable step; the
     seeds snapshot as the main run does (their model.pt is a mean too); a twin neither snapshots nor
@@ -215,6 +217,7 @@ def test_averaged_weights_need_snapshots_and_every_seed_and_no_twin_keeps_them(c
     assert load_experiments(config, SCHEMA)["multi30k_en_de_seed2"]["training"]["snapshot_interval"] == 0
 
 
+@pytest.mark.slow
 def test_seed_from_scratch_false_leaves_the_twins_to_training_seed(config):
     exp = config["experiments"]["multi30k_en_de"]
     exp.update(seed_lambdas={"all": [1.0]}, seed_from_scratch=False, prune={"from_scratch": {"all": [0.1, 1.0]}})
@@ -226,6 +229,7 @@ def test_seed_from_scratch_false_leaves_the_twins_to_training_seed(config):
     assert "seed_from_scratch" in problems(config)
 
 
+@pytest.mark.slow
 def test_without_seed_lambdas_the_extra_seeds_run_the_controls_only(config):
     config["experiments"]["multi30k_en_de"]["seed_lambdas"] = None
     seed2 = load_experiments(config, SCHEMA)["multi30k_en_de_seed2"]
@@ -238,6 +242,7 @@ def test_a_seed_experiment_cannot_take_the_name_of_another(config):
     assert "'experiments.multi30k_en_de_seed2': the name of multi30k_en_de's seed 2" in problems(config)
 
 
+@pytest.mark.slow
 def test_the_powered_experiment_is_the_amended_design_on_gpus(config):
     """config/powered.yaml over config/config.yaml (as --configfile merges it): the published CPU
     design becomes the powered one (baselines to their plateau, averaged; the pooled test sets;

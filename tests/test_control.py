@@ -59,6 +59,7 @@ def test_gold_parse_follows_the_grammar():
                 assert all(words[j].pos == "ADJ" for j in range(i + 1, w.head - 1))
 
 
+@pytest.mark.slow
 def test_partners_sit_at_varying_distances():
     """No fixed offset finds a planted syntactic partner most of the time (else a positional head
     would pass for a syntactic one)."""
@@ -88,6 +89,7 @@ def test_conllu_reads_back_as_the_sentences(tmp_path):
         assert rows["relation"].tolist() == [w.relation for w in s.words]
 
 
+@pytest.mark.slow
 def test_target_is_a_function_of_the_source():
     targets = {}
     for s in corpus(5000, nouns=4, verbs=3, adjectives=2, adverbs=2, names=20):
@@ -159,6 +161,7 @@ def test_target_lists_words_by_the_class_they_show():
     assert orders[False] > 200  # the order is seldom the source's
 
 
+@pytest.mark.slow
 def test_only_both_pieces_of_a_word_say_what_it_is(tmp_path):
     """Every regular word is an onset and a coda from a grid; no syllable alone tells the part of
     speech (each one begins or ends words of at least two), and the experiment's subwords
@@ -183,6 +186,7 @@ def test_only_both_pieces_of_a_word_say_what_it_is(tmp_path):
     assert sum(len(Segmenter(tmp_path / "whole.model").pieces(w)) == 1 for w in lexicon.pos) > len(lexicon.pos) / 2
 
 
+@pytest.mark.slow
 def test_names_are_rare_and_regular_words_are_not():
     counts = Counter(w.form for s in corpus(20000) for w in s.words)
     names = {form: n for form, n in counts.items() if form[0] in NAME_PREFIXES}
@@ -236,6 +240,7 @@ def _tiny_control(tmp_path, name: str):
     return found_heads(roles, stats["syntactic"], SETTINGS), stats["syntactic"]
 
 
+@pytest.mark.slow
 def test_tiny_model_has_the_planted_syntactic_heads_and_headcount_finds_them(tmp_path):
     """A small version of the language (15 words, no names), 3+1 layers, 3000 steps: the role
     analysis must find syntactic heads for at least two of the planted relations, one of them beyond
@@ -273,6 +278,7 @@ def test_binomial_tail_is_the_brute_force_sum_and_a_known_value():
     assert binomial_tail(8, 10, 0.5) == pytest.approx(56 / 1024, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_tiny_model_has_the_planted_piece_join_and_headcount_finds_it(tmp_path):
     """The full vocabulary (an 8 x 8 grid of syllables, no names), 2+1 layers, 1500 steps: a head
     must join each word's two pieces, found by headcount's positional shares (0.99 of the

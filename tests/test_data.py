@@ -132,6 +132,7 @@ def test_download_gzips_plain_text_for_a_gz_path(tmp_path):
     assert gzip.decompress(dest.read_bytes()) == b"eins\nzwei\n"
 
 
+@pytest.mark.slow
 def test_unreachable_url_without_mirror_fails_clearly(tmp_path):
     dest = tmp_path / "x.gz"
     with pytest.raises(DataError, match=r"could not download http://127.0.0.1:9/x.gz.*set a data mirror"):

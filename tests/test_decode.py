@@ -55,6 +55,7 @@ def test_beam_of_one_is_greedy():
     assert greedy == beam
 
 
+@pytest.mark.slow
 def test_batching_and_order_do_not_change_translations():
     torch.manual_seed(5)
     model = Transformer(tiny_config()).eval()

@@ -63,6 +63,7 @@ def copied_under_a_new_name(example: dict, name: str) -> dict:
 
 
 @pytest.mark.parametrize("page, count", [("README.md", 1), ("docs/pretrained.md", 3)])
+@pytest.mark.slow
 def test_the_pretrained_config_validates_when_copied_under_a_new_name(page, count, tmp_path, monkeypatch):
     examples = pretrained_examples(REPO / page)
     assert len(examples) == count, f"{page}: expected {count} YAML blocks with a pretrained experiment"
@@ -81,6 +82,7 @@ def test_the_pretrained_config_validates_when_copied_under_a_new_name(page, coun
         assert copy_["prune"]["lr_schedule"] == "noam"
 
 
+@pytest.mark.slow
 def test_the_readme_variants_validate_too():
     """'Without pruning' (empty grids) as README says to write it; the demo's config."""
     (example,) = pretrained_examples(README)
@@ -373,6 +375,7 @@ def untraced(tables: list[str], rows: dict[str, dict]) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_every_published_table_names_a_shipped_config_and_commits_that_exist():
     rows = provenance_rows()
     tables = {f"tables/{p.name}" for p in (REPO / "docs/tables").iterdir() if p.is_file()} - {"tables/provenance.tsv"}
@@ -385,6 +388,7 @@ def test_every_published_table_names_a_shipped_config_and_commits_that_exist():
             assert found.returncode == 0, f"provenance.tsv: {row['file']} names {commit}, which git does not have"
 
 
+@pytest.mark.slow
 def test_every_headline_number_traces_to_a_shipped_config():
     """The tables README's headline cites were made with a config that still holds their experiment
     as it ran (so `make run` rebuilds them), and the README says which config and commits."""
@@ -400,6 +404,7 @@ def test_every_headline_number_traces_to_a_shipped_config():
             f"README.md: the headline's introduction names neither {row['config']} nor {row['commits']}"
 
 
+@pytest.mark.slow
 def test_the_provenance_check_fails_a_table_whose_config_changed(tmp_path):
     rows = {"tables/x.md": {"file": "tables/x.md", "config": "config/config.yaml", "experiment": "multi30k_en_de",
                             "commits": "36797f8"}}  # the commit whose config became the amended design
@@ -435,6 +440,7 @@ def word_problems(files: list[Path]) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_no_page_comment_or_config_speaks_of_a_working_day():
     """"this session", "the next session", "this machine" (a page's working day) and "helper" mean
     nothing to a user: say what was measured where (the machine by its processor), or leave it out.

@@ -68,6 +68,7 @@ def test_paired_bootstrap_uses_sacrebleus_resamples():
     assert ours["low"] < ours["difference"] < ours["high"]
 
 
+@pytest.mark.slow
 def test_paired_bootstrap_interval_is_the_percentile_interval_of_resampled_differences():
     """An independent computation: resample sentences with numpy, rescore with sacrebleu's corpus_bleu."""
     import numpy as np

@@ -63,6 +63,7 @@ def test_the_architecture_is_read_as_written(fairseq_model):
     assert model.generator.weight is model.tgt_embed.weight  # tied in both
 
 
+@pytest.mark.slow
 def test_greedy_translations_equal_fairseqs_sequence_generator(fairseq_model):
     _, model, ref = fairseq_model
     assert len(ref["sources"]) == 20

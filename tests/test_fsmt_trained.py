@@ -64,6 +64,7 @@ def test_the_converted_model_is_fsmt_with_fairseqs_ids(converted):
     assert model.special.pad == 1 and model.special.bos == model.special.eos == 2
 
 
+@pytest.mark.slow
 def test_greedy_translations_equal_fairseqs_sequence_generator(converted):
     model, ref = converted
     same = 0

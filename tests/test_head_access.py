@@ -97,6 +97,7 @@ def opened(tiny_dirs, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_a_head_set_equals_transformers_with_its_columns_edited(tiny_dirs, lines, family):
     hf, tokenizer = opened(tiny_dirs, family)
     before = fingerprint(hf)

@@ -328,6 +328,7 @@ def zero_head_columns(model: HFSeq2Seq, kind: str, layer: int, head: int, scale:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_head_mask_equals_zeroed_output_columns(family):
     model = tiny(family)
     src, tgt_in = batch(model)
@@ -668,6 +669,7 @@ def tiny_fsmt_dir(tmp_path_factory):
     return write_tiny_fsmt(tmp_path_factory.mktemp("wmt19-toy"), src, tgt, langs=("en", "de"))
 
 
+@pytest.mark.slow
 def test_fsmt_tokenizer_gives_each_side_its_own_vocabulary_and_moses_language(tiny_fsmt_dir, tmp_path):
     """transformers' FSMT tokenizer segments any text with the source's Moses rules and maps it to
     the source vocabulary; the target side (load_tokenizers, after import_pretrained's copy too)
@@ -1080,6 +1082,7 @@ def test_lrp_conserves_without_biases(family):
 # headcount's analyses on a tiny Marian model, through the interface only
 
 
+@pytest.mark.slow
 def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
     from headcount.analysis.importance import dev_batches, head_ablation, head_confidence, michel_importance
     from headcount.analysis.relevance import head_relevance
@@ -1155,6 +1158,7 @@ def test_analyses_run_on_a_tiny_marian_model(marian_tokenizer, tmp_path):
         torch.testing.assert_close(load_model(tmp_path / "pruned.pt")(src, tgt_in)[0], masked, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_roles_and_pruning_run_on_a_tiny_fsmt_model(tiny_fsmt_dir, tmp_path):
     """FSMT through the stages the other tests leave to Marian: head roles (its BPE pieces aligned
     with the words), a few gated fine-tuning steps (its sinusoids stay constants), an encoder layer

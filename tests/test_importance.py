@@ -152,6 +152,7 @@ def scaled_head_loss(model, batch, kind, layer, head, row, pos, factor):
         handle.remove()
 
 
+@pytest.mark.slow
 def test_michel_importance_matches_finite_differences():
     """<ctx, dL/dctx> at a token is the derivative of L when that context is scaled by (1 + d)."""
     model = tiny_model(seed=1)
@@ -317,6 +318,7 @@ def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figu
         measures.score_table(ScoringInputs(model, padded_batches()), ["no_such_measure"])
 
 
+@pytest.mark.slow
 def test_spearman_interval_is_the_percentile_interval_of_resampled_heads():
     """Against a loop of the plain spearman over the same resamples of the heads."""
     from headcount.analysis.correlations import spearman_interval

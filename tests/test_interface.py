@@ -94,6 +94,7 @@ def test_keep_heads_refuses_hard_concrete_gates(tiny_model):
         tiny_model.attention_modules()["enc_self"][0].keep_heads([0])
 
 
+@pytest.mark.slow
 def test_load_model_reads_checkpoints_written_before_families_and_after(tmp_path, tiny_model):
     src, tgt = random_batch(tiny_model)
     with torch.no_grad():

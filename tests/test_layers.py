@@ -11,6 +11,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "headcount"
 
 # Bottom to top. A module may import its own layer and the layers below it. A name ending in "."
@@ -138,11 +140,13 @@ def upward(edges: list[Import], layer=layer_of) -> list[Import]:
             and ORDER.index(layer(e.imported)) > ORDER.index(layer(e.importer))]
 
 
+@pytest.mark.slow
 def test_every_module_has_a_layer():
     modules, _ = import_graph()
     assert not [m for m in sorted(modules) if layer_of(m) is None], "add these modules to a layer in LAYERS"
 
 
+@pytest.mark.slow
 def test_no_import_circle():
     modules, edges = import_graph()
     found = circles(modules, edges)
@@ -151,6 +155,7 @@ def test_no_import_circle():
     assert not found, "import circles:\n" + "\n".join(detail)
 
 
+@pytest.mark.slow
 def test_no_import_from_a_lower_layer_into_a_higher_one():
     _, edges = import_graph()
     found = [f"{e.where}: {e.importer} ({layer_of(e.importer)}) imports {e.imported} ({layer_of(e.imported)})"

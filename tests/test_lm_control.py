@@ -125,6 +125,7 @@ def hand_built_induction_gpt2(directory):
     return load_pretrained_lm(directory).eval()
 
 
+@pytest.mark.slow
 def test_the_detectors_find_a_hand_built_induction_circuit(tmp_path):
     """Through the adapter's forward pass: the hand-built model copies the second copy, the
     induction role finds its layer-1 head (and no other), the positional role its layer-0 head."""

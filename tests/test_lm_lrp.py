@@ -19,6 +19,8 @@ from headcount.io import HeadcountError  # noqa: E402
 from headcount.models import hf_lm, hf_lm_tiny  # noqa: E402
 from headcount.models.lrp import lrp_forward, make_rules, masked_step_relevance, step_relevance  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 

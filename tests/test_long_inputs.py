@@ -169,6 +169,7 @@ def test_streamed_confidence_equals_every_layer_at_once(family, llama):
 
 
 @pytest.mark.parametrize("family", ["headcount", "llama"])
+@pytest.mark.slow
 def test_a_layers_map_is_gone_before_the_next_layer_computes_its_own(family, llama):
     """What streaming is for: when layer l's map reaches the callback, no earlier layer's map is
     alive anywhere (the model's own output lists included), so memory holds one layer's maps."""

@@ -104,6 +104,7 @@ def test_a_difference_one_seed_ran_says_so():
     assert "| enc | 10 | pruned - control | +" in text or "| enc | 10 | pruned - control | -" in text
 
 
+@pytest.mark.slow
 def test_the_workflow_step_reads_each_seeds_runs_from_files(tmp_path):
     """write_matched_over_seeds on the files the workflow names: two seeds, encoder-only runs
     keeping 20, 12 and 2 heads (the first seed) and 16 and 6 (the second), against one control each."""

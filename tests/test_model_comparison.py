@@ -249,6 +249,7 @@ def test_a_missing_file_names_itself_and_the_fix(tmp_path):
 # The stage, on a tiny model
 
 
+@pytest.mark.slow
 def test_compare_models_on_tiny_models(tmp_path):
     from conftest import tiny_config, toy_corpus
 

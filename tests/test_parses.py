@@ -142,6 +142,7 @@ def test_stanza_document_round_trip(small_conllu):
 
 
 @pytest.mark.skipif(not EWT_DEV.is_file(), reason="UD English EWT not in ../shared/data")
+@pytest.mark.slow
 def test_stanza_document_round_trip_on_real_treebank(tmp_path):
     """The first 150 sentences of UD English EWT dev: real multiword tokens and empty nodes."""
     with open(EWT_DEV, encoding="utf-8") as f:
@@ -218,6 +219,7 @@ def spacy_nlp():
         pytest.skip(f"the spaCy pipeline {SPACY_MODEL} is not installed: {err}")
 
 
+@pytest.mark.slow
 def test_spacy_parse_of_model_lines_keeps_the_text_and_maps_labels(spacy_nlp):
     lines = ["The old man didn't see the dog.", "The  men are happy."]
     table = parse_with_spacy(lines, pipeline=spacy_nlp)

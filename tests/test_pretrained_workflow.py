@@ -89,6 +89,7 @@ def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
     assert [m.n_heads for m in physical.attention_modules()["enc_self"]] == kept
 
 
+@pytest.mark.slow
 def test_a_missing_pretrained_directory_is_a_config_error_naming_the_key(tmp_path):
     config = smoke_config(make_toy_mirror(tmp_path))
     config["defaults"]["training"].update(snapshot_interval=0)
@@ -102,6 +103,7 @@ def test_a_missing_pretrained_directory_is_a_config_error_naming_the_key(tmp_pat
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_what_a_pretrained_experiment_cannot_have_is_a_config_error_with_the_fix(tmp_path):
     config = smoke_config(make_toy_mirror(tmp_path))
     config["experiments"]["toy"]["pretrained"] = "Helsinki-NLP/opus-mt-en-de"  # a hub id: not checked offline
@@ -128,6 +130,7 @@ def test_what_a_pretrained_experiment_cannot_have_is_a_config_error_with_the_fix
         assert absent not in result.stdout, absent
 
 
+@pytest.mark.slow
 def test_the_shipped_pretrained_experiments_plan_in_a_dry_run(tmp_path):
     """opus-mt (MarianMT) and fairseq's WMT19 model (FSMT): hub ids, planned without a network."""
     config = shipped_config()
@@ -174,6 +177,7 @@ def test_a_fairseq_checkpoint_runs_through_every_stage(tmp_path):
     assert sum(export["heads"]["enc_self"]) == gates["retained"]["enc_self"]
 
 
+@pytest.mark.slow
 def test_a_fairseq_experiment_with_missing_files_is_a_config_error_naming_each(tmp_path):
     config = smoke_config(make_toy_mirror(tmp_path))
     config["defaults"]["training"].update(snapshot_interval=0)

@@ -24,6 +24,8 @@ from headcount.report.preregistered import MAX_UNDECIDED_SHARE
 from headcount.report.pruning_report import undecided_gates
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
 DATA = Path(__file__).parent / "data"
 BETA, LOW, HIGH = 0.33, -0.1, 1.1  # the Hard Concrete constants (models.gates), written out
 

@@ -29,6 +29,7 @@ def registered(monkeypatch):
     return THROWAWAY
 
 
+@pytest.mark.slow
 def test_a_registered_ranked_method_gets_a_curve_per_setting_and_feeds_the_report(tmp_path, toy_mirror):
     workdir = copy_workflow(tmp_path / "wf")
     methods = workdir / "src/headcount/pruning/methods.py"
@@ -47,6 +48,7 @@ def test_a_registered_ranked_method_gets_a_curve_per_setting_and_feeds_the_repor
             assert f"results/toy/prune/{setting}/{name}" in report.group(1)
 
 
+@pytest.mark.slow
 def test_the_report_sets_every_run_against_a_registered_ranked_method(tmp_path, registered):
     from headcount.report.pruning_report import pruning_report
     from headcount.training.evaluate import paired_bootstrap

@@ -31,6 +31,8 @@ from headcount.analysis.roles.statistics import count_words  # noqa: E402
 from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
 from headcount.models.packaged import fetch_packaged_model, packaged_path  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
 transformers.logging.set_verbosity_error()
 ROOT = Path(__file__).resolve().parents[1]
 CROSSCHECK_PYTHON = ROOT / ".venv-crosscheck" / "bin" / "python"

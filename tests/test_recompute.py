@@ -243,6 +243,7 @@ def lrp_batch(model, family: str):
 
 @pytest.mark.parametrize("rule", ["ding", "attnlrp"])
 @pytest.mark.parametrize("family", ["headcount", "llama", "gpt2", "bert"])
+@pytest.mark.slow
 def test_lrp_recomputed_equals_kept(family, rule):
     """Several chunks of seeds (max_seeds 3), so a recomputed graph serves several backward passes
     (the encoder's, shared by the chunks; BERT's one forward pass)."""

@@ -101,6 +101,7 @@ def commands(tmp_path_factory):
 
 
 @pytest.mark.parametrize("command", COMMANDS_WITHOUT_CORES)
+@pytest.mark.slow
 def test_commands_that_run_nothing_need_no_cores(commands, command):
     code, out, err = commands[command]
     assert code == 0, err[-3000:]
@@ -233,6 +234,7 @@ with job(snakemake):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_job_loads_no_torch_itself_and_torch_takes_the_jobs_threads(tmp_path):
     """The job wrapper sizes torch's thread pool through OMP_NUM_THREADS, so jobs that never use
     torch do not pay for importing it, and a job that does gets its `threads` (1 here, where
@@ -264,6 +266,7 @@ TORCH_FREE_SCRIPTS = ("fetch_source", "prepare_training_data", "prepare_evaluati
                       "matched_over_seeds", "build_atlas")
 
 
+@pytest.mark.slow
 def test_jobs_that_run_no_model_load_no_torch():
     """Each script's module-level imports, run in one fresh interpreter: none of them loads torch
     (an import of a torch module from a shared one put 2-4 s on every report job)."""

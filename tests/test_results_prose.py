@@ -143,6 +143,7 @@ def results_part(text: str) -> str:
     return text[text.index(START):text.index(END)]
 
 
+@pytest.mark.slow
 def test_every_number_in_the_results_prose_is_in_a_table_it_cites():
     text = results_part(RESULTS.read_text())
     assert len(blocks(text)) >= 10
@@ -189,6 +190,7 @@ def test_quoted_numbers_reads_signs_ranges_and_leaves_out_code_and_links():
 # The published verdicts and the tables they read
 
 
+@pytest.mark.slow
 def test_the_published_claims_are_the_rules_on_the_published_tables():
     """docs/tables/pruning_claims.md is what headcount.report.claims gives on docs/tables (a change
     of rules must republish it: tools/republish_claims.py)."""
@@ -237,6 +239,7 @@ def test_the_controls_layer_survival_is_its_gate_order():
 RESULTS_LM = REPO / "docs/results_lm.md"
 
 
+@pytest.mark.slow
 def test_every_number_in_the_language_model_results_is_in_a_table_it_cites():
     text = RESULTS_LM.read_text()
     assert len(blocks(text)) >= 4

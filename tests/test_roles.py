@@ -620,6 +620,7 @@ def test_a_role_registered_once_reaches_every_table_and_figure(monkeypatch, tmp_
 
 
 
+@pytest.mark.slow
 def test_encoder_head_statistics_is_batch_invariant():
     torch.manual_seed(0)
     model = Transformer(ModelConfig(src_vocab=64, tgt_vocab=64, d_model=16, n_heads=2, d_ff=32, enc_layers=2,
@@ -660,6 +661,7 @@ def test_positional_and_rare_come_from_the_given_text_and_long_parsed_sentences_
 # The stage: which text and which parser each table comes from
 
 
+@pytest.mark.slow
 def test_find_head_roles_names_its_text_and_parser_and_cross_checks_on_gold_trees(tmp_path):
     import json
 

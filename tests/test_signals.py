@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 # A stand-in for Snakemake's scheduler: its SIGTERM handler takes a lock that its main thread holds
 # while it selects jobs. The signal lands while the main thread holds the lock; a child (a "job")
 # must get it too. Run in a process of its own, so that a deadlock fails the test instead of hanging it.
@@ -33,6 +35,7 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_stop_signal_reaches_the_jobs_and_the_previous_handler_without_deadlock():
     src = Path(__file__).resolve().parents[1] / "src"
     try:

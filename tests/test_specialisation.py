@@ -133,6 +133,7 @@ def run_statistics(root, out):
         out_figure=str(out / "specialisation.png"), device="cpu", log=lambda m: None)
 
 
+@pytest.mark.slow
 def test_the_snapshots_of_a_tiny_run_give_one_row_each_with_dev_bleu(tiny_run, tmp_path):
     root, summary = tiny_run
     snapshots = root / "work" / "snapshots"

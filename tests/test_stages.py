@@ -3,6 +3,7 @@
 import os
 import shutil
 
+import pytest
 from conftest import toy_corpus
 
 from headcount.data.subwords import train_bpe
@@ -21,6 +22,7 @@ def training(max_steps):
                 device="cpu", threads=1)
 
 
+@pytest.mark.slow
 def test_a_run_resumes_after_its_files_were_moved_and_touched(tmp_path):
     data = tmp_path / "a"
     src, tgt = toy_corpus(200, seed=1)

@@ -77,6 +77,7 @@ def test_fairseq_trains_where_it_is_told_and_with_the_environment_it_is_given(tt
     assert "--cpu" in commands[0] and "--cpu" not in commands[1]
 
 
+@pytest.mark.slow
 def test_the_deadline_stops_a_queued_run_with_the_processes_it_started(ttq, tmp_path, monkeypatch):
     """fairseq-train is the run's grandchild: stopping only the child left it training (found when a
     stopped benchmark kept a core busy for half an hour)."""

@@ -24,6 +24,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import crosscheck_marian as crosscheck  # noqa: E402
 import train_marian_reference as reference  # noqa: E402
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
 TOLERANCE = 1e-5
 N_WORDS, N_NOUNS = 160, 120
 

@@ -51,6 +51,8 @@ LOG_ALPHA = {0: [-10.0, -10.0, 10.0, 1.0], 1: [-10.0, 0.3, 10.0, 1.0]}
 LOADER = """
 import json, sys
 import torch, transformers
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 cases, out = json.loads(sys.argv[1]), sys.argv[2]
 results = {}
 for family, case in cases.items():

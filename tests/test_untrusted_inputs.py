@@ -863,6 +863,8 @@ def _file_payloads(root: Path) -> dict:
 
 CHILD = r"""
 import importlib, json, resource, sys, time
+
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 sys.path.insert(0, sys.argv[1])
 cases = json.loads(sys.argv[2])
 functions = {name: getattr(importlib.import_module(module), function)
