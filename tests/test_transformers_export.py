@@ -39,6 +39,9 @@ from headcount.pruning.transformers_export import (  # noqa: E402
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
+
+
 SENTENCE = "sentence_encoder"
 FAMILIES = (*SEQ2SEQ_FAMILIES, *LM_FAMILIES, SENTENCE)
 ATOL = 1e-5
@@ -52,7 +55,6 @@ LOADER = """
 import json, sys
 import torch, transformers
 
-pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 cases, out = json.loads(sys.argv[1]), sys.argv[2]
 results = {}
 for family, case in cases.items():

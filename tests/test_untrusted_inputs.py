@@ -21,6 +21,8 @@ from toyflow import REPO, shipped_config, smoke_config, snakemake, write_config
 
 from headcount.config import ConfigError, _path_problems, escapes, load_experiments
 
+pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it runs subprocesses and dry runs
+
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
 
 
@@ -864,7 +866,6 @@ def _file_payloads(root: Path) -> dict:
 CHILD = r"""
 import importlib, json, resource, sys, time
 
-pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 sys.path.insert(0, sys.argv[1])
 cases = json.loads(sys.argv[2])
 functions = {name: getattr(importlib.import_module(module), function)
