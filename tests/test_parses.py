@@ -240,6 +240,7 @@ def test_spacy_parse_of_model_lines_keeps_the_text_and_maps_labels(spacy_nlp):
     assert second.loc["men", "relation"] == "nsubj" and second.loc["men", "head"] == second.loc["happy", "word"]
 
 
+@pytest.mark.slow
 def test_spacy_parses_given_words_as_they_are(spacy_nlp):
     table = parse_with_spacy([["It", "was", "n't", "taken", "by", "them", "."]], pipeline=spacy_nlp)
     assert table["form"].tolist() == ["It", "was", "n't", "taken", "by", "them", "."]

@@ -108,6 +108,7 @@ def test_commands_that_run_nothing_need_no_cores(commands, command):
     assert "total number of cores" not in err
 
 
+@pytest.mark.slow
 def test_a_report_of_a_partial_run_holds_what_exists(commands):
     code, out, err = commands["report"]
     assert code == 0, err[-3000:]
@@ -118,6 +119,7 @@ def test_a_report_of_a_partial_run_holds_what_exists(commands):
     assert len(heatmaps) == 13 and all(path.endswith(".png") for path in heatmaps)
 
 
+@pytest.mark.slow
 def test_every_rule_says_what_it_does(commands):
     """`snakemake --list-rules` prints each rule as `name (docstring)`."""
     code, out, err = commands["list-rules"]
@@ -129,6 +131,7 @@ def test_every_rule_says_what_it_does(commands):
     assert bare == [], "no docstring in `snakemake --list-rules` (or a rules file the Snakefile does not include)"
 
 
+@pytest.mark.slow
 def test_slurm_asks_for_a_gpu_model_only_with_gpus(commands):
     utils = pytest.importorskip("snakemake_executor_plugin_slurm.utils")
     code, out, err = commands["gpu"]
@@ -144,6 +147,7 @@ def test_slurm_asks_for_a_gpu_model_only_with_gpus(commands):
     assert utils.set_gres_string(Job({**gpu, "gpu": 1})) == " --gpus=a100:1"
 
 
+@pytest.mark.slow
 def test_a_yaml_error_in_the_config_names_file_line_and_column(commands):
     code, out, err = commands["broken-config"]
     assert code != 0
