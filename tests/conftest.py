@@ -177,6 +177,22 @@ def smoke_run(tmp_path_factory) -> ToyRun:
     return ToyRun(workdir, config, result)
 
 
+@pytest.fixture(scope="module")
+def lines() -> list[str]:
+    """Toy text, both sides of 120 pairs: what the tiny transformers language models of
+    test_hf_lm and test_head_access are trained and tokenised on (a module may define its own)."""
+    src, tgt = toy_corpus(120, seed=5)
+    return src + tgt
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, lines) -> dict:
+    """family -> a directory holding a tiny transformers language model of it (test_hf_lm.FAMILIES)."""
+    from test_hf_lm import FAMILIES, _write
+
+    return {family: _write(family, tmp_path_factory.mktemp(family), lines) for family in FAMILIES}
+
+
 def make_toy_mirror(root: Path) -> Path:
     """A data mirror holding a toy en-de corpus in Multi30k's layout, under root/mirror."""
     mirror = root / "mirror"

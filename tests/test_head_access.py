@@ -15,7 +15,7 @@ from conftest import toy_corpus
 
 transformers = pytest.importorskip("transformers")
 
-from test_hf_lm import DECODERS, FAMILIES, GQA, _write, transformers_model  # noqa: E402
+from test_hf_lm import DECODERS, FAMILIES, GQA, transformers_model  # noqa: E402
 from test_hf_models import FAMILIES as SEQ2SEQ_FAMILIES  # noqa: E402
 from test_hf_models import batch as seq2seq_batch  # noqa: E402
 from test_hf_models import tiny, zero_head_columns  # noqa: E402
@@ -30,17 +30,6 @@ torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
 SET = [(0, 1), (1, 3)]  # a set across both layers of the tiny models (counted from 0)
-
-
-@pytest.fixture(scope="module")
-def lines():
-    src, tgt = toy_corpus(120, seed=5)
-    return src + tgt
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory, lines):
-    return {family: _write(family, tmp_path_factory.mktemp(family), lines) for family in FAMILIES}
 
 
 def w_o(hf, family: str, layer: int):

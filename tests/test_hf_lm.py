@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from conftest import toy_corpus
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
@@ -31,17 +30,6 @@ def _write(family: str, directory, lines):
     if family in ("qwen2", "qwen3"):
         return hf_lm_tiny.write_tiny_qwen2(directory, lines, family=family)
     return getattr(hf_lm_tiny, f"write_tiny_{family}")(directory, lines)
-
-
-@pytest.fixture(scope="module")
-def lines():
-    src, tgt = toy_corpus(120, seed=5)
-    return src + tgt
-
-
-@pytest.fixture(scope="module")
-def tiny_dirs(tmp_path_factory, lines):
-    return {family: _write(family, tmp_path_factory.mktemp(family), lines) for family in FAMILIES}
 
 
 def transformers_model(directory, family: str) -> nn.Module:

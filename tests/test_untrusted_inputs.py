@@ -1105,7 +1105,6 @@ def _mutated(data: bytes, rng: random.Random, header: int, counts: list[int] = (
 
 
 def test_fuzzed_gguf_headers_end_in_a_named_error_or_read(tmp_path):
-    from headcount.io import HeadcountError
     from headcount.models.hf_source import _gguf_reader
 
     original = _small_gguf(tmp_path / "ok.gguf").read_bytes()
@@ -1120,25 +1119,32 @@ def test_fuzzed_gguf_headers_end_in_a_named_error_or_read(tmp_path):
         for _ in range(rng.randrange(2)):
             data = _mutated(data, rng, min(header, len(data) - 1))
         path.write_bytes(data)
-        start = time.perf_counter()
-        try:
-            with deadline(10):
-                _gguf_reader(path)
-            outcomes["read"] += 1
-        except HeadcountError as error:
-            outcomes["refused"] += 1
-            assert str(error).startswith(f"{path}: "), str(error)
-        except Exception as error:  # pragma: no cover - what the test is for
-            raise AssertionError(f"{data[:header]!r}: {type(error).__name__}: {error}") from error
-        assert time.perf_counter() - start < SECONDS
+        _fuzzed_load(path, _gguf_reader, outcomes, "read", data[:header])
     assert outcomes["refused"] > 100 and outcomes["read"] > 10, outcomes
+
+
+def _fuzzed_load(path, load, outcomes: dict, loaded: str, shown) -> None:
+    """One mutated file through `load`: it loads (counted as `loaded`) or is refused by a named
+    error that starts with its path, within SECONDS; any other exception fails, showing `shown`."""
+    from headcount.io import HeadcountError
+
+    start = time.perf_counter()
+    try:
+        with deadline(10):
+            load(path)
+        outcomes[loaded] += 1
+    except HeadcountError as error:
+        outcomes["refused"] += 1
+        assert str(error).startswith(f"{path}: "), str(error)
+    except Exception as error:  # pragma: no cover - what the test is for
+        raise AssertionError(f"{shown!r}: {type(error).__name__}: {error}") from error
+    assert time.perf_counter() - start < SECONDS
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # a mutated PROTO byte: torch warns, then reads
 def test_fuzzed_checkpoint_pickles_end_in_a_named_error_or_load(tmp_path):
     import torch
 
-    from headcount.io import HeadcountError
     from headcount.models.checkpoint import load_checkpoint
 
     source = tmp_path / "ok.pt"
@@ -1159,15 +1165,5 @@ def test_fuzzed_checkpoint_pickles_end_in_a_named_error_or_load(tmp_path):
         with zipfile.ZipFile(path, "w") as archive:
             for name, record in records.items():
                 archive.writestr(name, data if name == pickle_name else record)
-        start = time.perf_counter()
-        try:
-            with deadline(10):
-                load_checkpoint(path)
-            outcomes["loaded"] += 1
-        except HeadcountError as error:
-            outcomes["refused"] += 1
-            assert str(error).startswith(f"{path}: "), str(error)
-        except Exception as error:  # pragma: no cover - what the test is for
-            raise AssertionError(f"{data!r}: {type(error).__name__}: {error}") from error
-        assert time.perf_counter() - start < SECONDS
+        _fuzzed_load(path, load_checkpoint, outcomes, "loaded", data)
     assert outcomes["refused"] > 100, outcomes
