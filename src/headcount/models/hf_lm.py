@@ -540,6 +540,7 @@ def dequantised(hf: nn.Module) -> nn.Module:
     return hf
 
 
+@gguf_read_once()
 def load_transformers_lm(name_or_dir: str | os.PathLike, offline: bool | None = None,
                          dtype: torch.dtype = torch.float32, allow_weights: dict | None = None):
     """A hub id, a local directory or a GGUF file -> (the transformers model, in eval mode, its
@@ -548,11 +549,6 @@ def load_transformers_lm(name_or_dir: str | os.PathLike, offline: bool | None = 
     missing weights of the model (e.g. a sentence encoder without the masked-LM head) or holding
     weights it does not use is refused unless `allow_weights` names them
     (hf_source.check_loading_report)."""
-    with gguf_read_once():
-        return _load_transformers_lm(name_or_dir, offline, dtype, allow_weights)
-
-
-def _load_transformers_lm(name_or_dir, offline, dtype, allow_weights):
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_source(name_or_dir, offline)

@@ -223,9 +223,12 @@ def gguf_read_once():
     out as a copy, which its callers edit) and the originals back after."""
     import copy
 
-    import gguf
-    import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
+    try:
+        import gguf
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no GGUF can be read then: nothing to share (resolve_source names the install)
+        yield
+        return
     if getattr(gguf.GGUFReader, "memoised", False):  # an outer block is in force
         yield
         return

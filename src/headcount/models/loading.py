@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from headcount.data.special import Tokenizer
+from headcount.models.hf_source import gguf_read_once
 from headcount.models.seq2seq import MODEL_FAMILIES, Seq2SeqWithHeads
 
 DEFAULT_FAMILY = "headcount"  # checkpoints written before families existed
@@ -80,6 +81,7 @@ def open_tokenizer(path: str | os.PathLike, side: str) -> Tokenizer:
     return Segmenter(path)
 
 
+@gguf_read_once()
 def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLike,
                       tokenizer_dir: str | os.PathLike | None = None, offline: bool | None = None,
                       src_lang: str | None = None, tgt_lang: str | None = None,
@@ -90,14 +92,6 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them).
     `objective` (a language model's only): "sentence_embedding" imports an encoder as a sentence
     encoder (hf_sentence.load_sentence_encoder); None, the objective its config says."""
-    from headcount.models.hf_source import gguf_read_once
-
-    with gguf_read_once():
-        return _import_pretrained(name_or_dir, model_out, tokenizer_dir, offline, src_lang, tgt_lang, allow_weights,
-                                  objective)
-
-
-def _import_pretrained(name_or_dir, model_out, tokenizer_dir, offline, src_lang, tgt_lang, allow_weights, objective):
     from headcount.models.hf_lm import import_pretrained_lm, is_language_model
 
     if is_language_model(name_or_dir, offline=offline):
