@@ -86,3 +86,38 @@ def rules() -> dict[str, object]:
         "ablation: resolved heads for a correlation": ABLATION_MIN_RESOLVED_HEADS,
         "lrp: top heads": LRP_TOP_HEADS, "lrp: top share": LRP_TOP_SHARE, "lrp: share of layers": LRP_LAYER_SHARE,
     }
+
+
+# --- heads at matched counts, against random heads, and the causal tests of roles: fixed before
+# any of these runs was scored (docs/method.md, "Matched head counts and causal roles: rules fixed
+# before they ran"). The language models and encoders are judged by these; the translation default
+# keeps MATCHED_HEADS above.
+MATCHED_DATE = "2026-11-29"
+MATCHED_FRACTIONS_REMOVED = (0.25, 0.5, 0.75)  # of every head, for the language models and encoders
+RANDOM_DRAWS = 20  # random head sets per matched count, and per causal test
+RANDOM_BAND = (5, 95)  # percentiles of the random draws' losses, shown as the band
+# "No loss": the most a pruned model may add to the unpruned one's loss, in the metric's units.
+NO_LOSS_NATS = 0.05  # nats per token (a language model)
+NO_LOSS_COSINE = 0.01  # cosine distance to the unpruned embedding (a sentence encoder)
+# An arm beats random at a count only when (1) its loss lies below the band's lower edge (the
+# RANDOM_BAND[0] percentile of the draws) and (2) the one-sided paired bootstrap test of its loss
+# against the draw at that edge rejects "no lower" at ALPHA (the 95% paired interval's upper end
+# below 0), over the evaluation windows. Each arm is also compared with the next arm above it.
+BEATS_RANDOM_EDGE = RANDOM_BAND[0]
+# A role is causal when the effect of ablating its heads exceeds this percentile of the effects of
+# RANDOM_DRAWS layer-matched random sets of as many heads (and its paired interval against the
+# unablated model excludes 0).
+CAUSAL_PERCENTILE = 95
+WINDOW_TOKENS = 512  # held-out running text, in the model's tokens, at most
+ICL_POSITIONS = (50, 500)  # Olsson et al.'s in-context learning score: loss at token 500 minus at token 50
+REPEATED_HALF = 50  # repeated random tokens: a sequence of this many tokens, then the same again
+
+
+def matched_rules() -> dict[str, object]:
+    """The matched-count and causal rules by the name docs/method.md's table gives them."""
+    return {"date": MATCHED_DATE, "fractions of heads removed": MATCHED_FRACTIONS_REMOVED,
+            "random draws": RANDOM_DRAWS, "random band (percentiles)": RANDOM_BAND,
+            "no loss (nats per token)": NO_LOSS_NATS, "no loss (cosine distance)": NO_LOSS_COSINE,
+            "beats random: below this percentile": BEATS_RANDOM_EDGE, "alpha (one-sided)": ALPHA,
+            "causal: above this percentile": CAUSAL_PERCENTILE, "window (tokens)": WINDOW_TOKENS,
+            "icl positions": ICL_POSITIONS, "repeated half (tokens)": REPEATED_HALF}
