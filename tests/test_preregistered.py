@@ -164,3 +164,10 @@ def test_the_gate_budget_is_where_every_run_has_decided_and_stays_decided():
     assert gate_budget([stuck], cap=2500) is None
     late = trajectory({50: [0.5] * 20, 2100: [0.01] * 20})  # decided only past the cap
     assert gate_budget([late]) == 2000 and gate_budget([late], cap=2500) == 2250
+
+
+def test_method_md_states_the_matched_count_rules_with_the_modules_values():
+    written = method_rules("Matched head counts and causal roles: rules fixed before they ran")
+    assert written.keys() == preregistered.matched_rules().keys()
+    for name, value in preregistered.matched_rules().items():
+        assert written[name] == as_text(value), name

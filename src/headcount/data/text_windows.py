@@ -1,0 +1,83 @@
+"""Running English text in windows of at most a few hundred tokens: what a language model is scored
+on, instead of 14-token captions (in-context copying and long-range heads need context to show).
+
+The sources are files of ../shared/data-style mirrors: newstest (one sentence a line, in document
+order), FLORES-101 devtest, and the text of UD treebanks ("# text = " lines of a .conllu). A window
+is consecutive sentences of one source joined by spaces, as many as fit in `max_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from headcount.io import HeadcountError
+
+# name -> path under the data root. Training text (the gates', the rankings') and held-out text
+# never share a file.
+SOURCES = {
+    **{f"newstest{year}": f"opus-mt-testsets/eng-deu/newstest{year}.eng.gz" for year in range(2012, 2021)},
+    "flores101_devtest": "opus-mt-testsets/flores101_devtest/eng.devtest.gz",
+    "ewt_train": "UD_English-EWT/en_ewt-ud-train.conllu.gz",
+    "ewt_test": "UD_English-EWT/en_ewt-ud-test.conllu",
+}
+TRAIN_SOURCES = tuple(f"newstest{year}" for year in range(2012, 2019)) + ("ewt_train",)
+HELD_OUT_SOURCES = ("newstest2019", "newstest2020", "flores101_devtest", "ewt_test")
+
+
+def read_sentences(path: str | Path) -> list[str]:
+    """The sentences of a text file (one a line) or of a treebank (its "# text = " lines), gzipped
+    or not, blank lines left out."""
+    path = Path(path)
+    if not path.exists():
+        raise HeadcountError(f"{path}: no such file; point the data root at a mirror of ../shared/data "
+                             f"(text_windows.SOURCES lists the files read)")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    if ".conllu" in path.name:
+        lines = [line[len("# text = "):] for line in lines if line.startswith("# text = ")]
+    return [line.strip() for line in lines if line.strip()]
+
+
+def windows_of(sentences: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
+    """Consecutive sentences joined by spaces into windows of at most `max_tokens` tokens (as
+    `count_tokens` counts a text). A sentence longer than a window on its own is left out."""
+    out, current = [], ""
+    for sentence in sentences:
+        if count_tokens(sentence) > max_tokens:
+            continue
+        joined = f"{current} {sentence}" if current else sentence
+        if count_tokens(joined) <= max_tokens:
+            current = joined
+        else:
+            out.append(current)
+            current = sentence
+    if current:
+        out.append(current)
+    return out
+
+
+def spread(windows: Sequence[str], n: int) -> list[str]:
+    """`n` windows evenly spaced through `windows` (all of them when there are at most `n`)."""
+    if n >= len(windows):
+        return list(windows)
+    step = len(windows) / n
+    return [windows[int(i * step)] for i in range(n)]
+
+
+def source_windows(data_root: str | Path, sources: Sequence[str], count_tokens: Callable[[str], int],
+                   max_tokens: int, per_source: int) -> tuple[list[str], list[str]]:
+    """`per_source` windows from each of `sources`, spread through each source -> (windows, the
+    source of each)."""
+    unknown = [name for name in sources if name not in SOURCES]
+    if unknown:
+        raise HeadcountError(f"text sources {unknown}: not known; choose from {sorted(SOURCES)}")
+    texts, names = [], []
+    for name in sources:
+        found = spread(windows_of(read_sentences(Path(data_root) / SOURCES[name]), count_tokens, max_tokens),
+                       per_source)
+        texts += found
+        names += [name] * len(found)
+    return texts, names

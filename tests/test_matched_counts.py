@@ -1,0 +1,136 @@
+"""pruning.matched_counts: the arms' head sets, the resumable scoring, and the preregistered verdict
+rule, on hand-made cases whose answers are known, and on a tiny language model against
+HeadAccess.measure."""
+
+import numpy as np
+import pytest
+import torch
+
+import headcount
+from headcount.analysis.head_access import BASELINE, Measurement
+from headcount.pruning import matched_counts as mc
+from headcount.report import preregistered
+
+KEYS = [("dec_self", layer, head) for layer in range(3) for head in range(4)]
+
+
+def test_counts_follow_the_preregistered_fractions():
+    assert mc.counts_removed(270) == [68, 135, 202]
+    assert mc.counts_removed(72) == [18, 36, 54]
+    assert preregistered.MATCHED_FRACTIONS_REMOVED == (0.25, 0.5, 0.75)
+
+
+def test_a_ranking_removes_the_lowest_first_and_its_sets_are_nested():
+    scores = {key: float(i) for i, key in enumerate(reversed(KEYS))}  # the last key scores lowest
+    arm = mc.ranking_arm("x", scores, [3, 6], "hand-made")
+    assert arm.removed[3] == list(reversed(KEYS))[:3]
+    assert arm.removed[6][:3] == arm.removed[3]
+
+
+def test_random_draws_are_nested_distinct_and_reproducible():
+    arms = mc.random_arms(KEYS, [3, 6, 9], draws=5, seed=1)
+    again = mc.random_arms(KEYS, [3, 6, 9], draws=5, seed=1)
+    assert [a.removed for a in arms] == [a.removed for a in again]
+    for arm in arms:
+        assert arm.removed[9][:6] == arm.removed[6] and len(set(arm.removed[9])) == 9
+    assert len({tuple(a.removed[3]) for a in arms}) > 1
+
+
+def test_iterative_ranking_rescores_with_the_removed_heads_known():
+    seen = []
+
+    def rescore(removed):  # the heads' scores fall once a neighbour in their layer is gone
+        seen.append(list(removed))
+        gone_layers = {layer for _, layer, _ in removed}
+        return {k: (0.0 if k[1] in gone_layers else 1.0) + 0.01 * k[2] for k in KEYS}
+
+    arm = mc.iterative_arm("it", rescore, KEYS, [2, 4], step=1, ranked_on="", log=lambda m: None)
+    assert len(seen) == 4 and seen[0] == []
+    # after the first head (layer 0, head 0) goes, its layer's heads score lowest: layer 0 empties first
+    assert arm.removed[4] == [("dec_self", 0, h) for h in range(4)]
+    assert arm.removed[2] == arm.removed[4][:2]
+
+
+def test_whole_units_come_nearest_the_count():
+    layers = {("dec_self", la): [k for k in KEYS if k[1] == la] for la in range(3)}
+    arm = mc.unit_arm("layers", layers, {("dec_self", 0): 2.0, ("dec_self", 1): 0.5, ("dec_self", 2): 1.0},
+                      [3, 6, 11], "")
+    assert arm.removed[3] == layers[("dec_self", 1)]  # 4 heads: nearest 3
+    assert len(arm.removed[6]) in (4, 8) and len(arm.removed[11]) == 8  # never every layer
+
+
+def test_kv_groups_follow_transformers_repeat_kv():
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    groups = mc.kv_groups({"dec_self": [9, 9]}, kv_heads=3)
+    kv = torch.arange(3.0).view(1, 3, 1, 1)  # key/value head i holds the value i
+    expanded = repeat_kv(kv, 3).flatten()  # which key/value head each query head reads
+    for (kind, layer, group), heads in groups.items():
+        assert [int(expanded[h]) for _, _, h in heads] == [group] * 3
+    assert mc.kv_groups({"dec_self": [4]}, kv_heads=None) == {}
+    assert mc.kv_bytes_per_token([("dec_self", 0, h) for h in range(3)], groups, head_dim=64) == 2 * 64 * 2 * 5
+    assert mc.kv_bytes_per_token([("dec_self", 0, 0), ("dec_self", 0, 4)], groups, head_dim=64) == 2 * 64 * 2 * 6
+
+
+def _measurement(values: dict[str, float], texts: int = 40, noise: float = 0.01, seed: int = 0) -> Measurement:
+    """Per-text losses around each set's value, with text effects shared by every set (what makes
+    the intervals paired)."""
+    rng = np.random.default_rng(seed)
+    shared = rng.normal(0, 0.5, texts)
+    names = [BASELINE, *values]
+    sums = np.stack([3.0 + shared + (values.get(n, 0.0) + rng.normal(0, noise, texts)) for n in names]) * 10
+    return Measurement(names, {n: [] for n in names}, sums, np.full(texts, 10.0), baseline=BASELINE)
+
+
+def test_the_verdict_rule_on_known_cases():
+    draws = mc.random_arms(KEYS, [6], draws=20, seed=0)
+    good = mc.Arm("good", "method", "", {6: KEYS[:6]})
+    edge = mc.Arm("at the edge", "method", "", {6: KEYS[6:]})
+    bad = mc.Arm("bad", "method", "", {6: KEYS[3:9]})
+    values = {mc.set_name(a, 6): 1.0 + 0.05 * i for i, a in enumerate(draws)}  # the band: 1.0-1.95
+    values.update({mc.set_name(good, 6): 0.2, mc.set_name(edge, 6): 1.045, mc.set_name(bad, 6): 3.0})
+    measured = _measurement(values, noise=0.1)  # a 0.005 difference is not resolved, 0.8 is
+    table = mc.verdicts(measured, [good, edge, bad, *draws], margin=0.05).set_index("arm")
+    assert table.loc["good", "beats_random"] and table.loc["good", "below_band"]
+    # numpy's 5th percentile of 1.00, 1.05, ...: 1.0475, above the unpruned model's loss
+    assert table.loc["good", "random_p5"] - measured.value(BASELINE) == pytest.approx(1.0475, abs=0.05)
+    assert not table.loc["at the edge", "beats_random"]  # below the band's edge, but not beyond the draw at it
+    assert not table.loc["bad", "below_band"] and not table.loc["bad", "beats_random"]
+    assert table.loc["good", "next_arm"] == "at the edge" and table.loc["good", "vs_next_high"] < 0
+    assert not table.loc["good", "no_loss"]  # 0.2 nats above the unpruned model
+    near = mc.verdicts(_measurement({mc.set_name(good, 6): 0.0, **{mc.set_name(a, 6): 1.0 for a in draws}}),
+                       [good, *draws], margin=0.05).set_index("arm")
+    assert near.loc["good", "no_loss"]
+    summary = mc.summary(table.reset_index(), total_heads=12)
+    assert set(summary["arm"]) == {"good", "at the edge", "bad", "random (median of draws)"}
+    assert (summary["kept"] == 6).all()
+
+
+@pytest.fixture(scope="module")
+def tiny_access(tiny_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = tiny_dirs["llama"]
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    with headcount.heads(model, tokenizer) as access:
+        yield access
+
+
+def test_scoring_resumes_and_matches_a_direct_measurement(tiny_access, lines, tmp_path):
+    keys = [(r.type, int(r.layer), int(r.head)) for r in tiny_access.heads.itertuples()]
+    counts = mc.counts_removed(len(keys))
+    arms = [mc.ranking_arm("order", {k: i for i, k in enumerate(keys)}, counts, ""),
+            *mc.random_arms(keys, counts, draws=3, seed=0)]
+    texts = lines[:6]
+    store = tmp_path / "scored.tsv"
+    first = mc.measure_arms(tiny_access, texts, arms[:2], store, chunk=2, log=lambda m: None)
+    rows = store.read_text().count("\n")
+    # a set cut off mid-write is scored again, and the sets already scored are not
+    with store.open("a") as handle:
+        handle.write(f"{mc.set_name(arms[2], counts[0])}\t0\t1.0\t1.0\n")
+    found = mc.measure_arms(tiny_access, texts, arms, store, chunk=2, log=lambda m: None)
+    assert store.read_text().count("\n") == rows + 1 + (len(found.sets) - len(first.sets)) * len(texts)
+    direct = tiny_access.measure(texts, {"x": [tiny_access.names.name(k) for k in arms[0].removed[counts[1]]]})
+    assert found.value(mc.set_name(arms[0], counts[1])) == pytest.approx(direct.value("x"), rel=1e-6)
+    assert found.value(BASELINE) == pytest.approx(direct.value(direct.baseline), rel=1e-6)
