@@ -1,0 +1,226 @@
+"""How many heads can go, at matched counts against random heads, on a shipped pretrained model
+(pipeline.head_counts; docs/results_lm.md publishes what it writes).
+
+    .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2
+    .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm
+
+Resumable: rerun the same command and it goes on from what `--out` holds. SmolLM2 is scored on
+windows of running English (data.text_windows: newstest, FLORES-101, EWT), MiniLM on sentences of
+the same sources, under its embedding objective. Writes head_counts.tsv (every arm and draw),
+head_counts_summary.tsv, head_counts.png, targets.tsv (the L0 runs' error against their target) and
+cost.json (CPU seconds per stage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from headcount.analysis.head_access import HeadAccess  # noqa: E402
+from headcount.data import text_windows as tw  # noqa: E402
+from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
+from headcount.models.packaged import fetch_packaged_model, packaged_path  # noqa: E402
+from headcount.pipeline import head_counts as hcnt  # noqa: E402
+from headcount.pruning import matched_counts as mc  # noqa: E402
+from headcount.report import preregistered  # noqa: E402
+
+MODELS = {  # experiment in config.yaml, objective, published score table, what it was computed on
+    "smollm2": ("smollm2_en", None, "docs/tables/smollm2_head_scores.csv",
+                "Multi30k captions, val[:100] (the published table)"),
+    "minilm": ("minilm_en", "sentence_embedding", None, ""),
+}
+ROLES = {"smollm2": "docs/tables/smollm2_head_roles.csv", "minilm": "docs/tables/minilm_head_roles.csv"}
+PREVIOUS_TOKEN = 0.4  # previous_score at least this: a previous-token head for the composition test
+CAUSAL_WINDOWS = 4  # held-out windows the sink test and the ICL score read (each set is a forward pass)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def load(name: str, work: Path):
+    """The shipped model as the workflow imports it -> (headcount model, tokenizer)."""
+    experiment, objective, _, _ = MODELS[name]
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+    pin = config["experiments"][experiment]["pretrained"]
+    if not (work / "model.pt").exists():
+        source = fetch_packaged_model(pin["package"], pin["version"], pin["file"], pin["sha256"],
+                                      work / packaged_path(pin["package"], pin["version"], pin["file"]), log=log)
+        import_pretrained(str(source), work / "model.pt", work / "tokenizer", objective=objective)
+    return load_model(work / "model.pt").eval(), open_tokenizer(work / "tokenizer", "source")
+
+
+def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple[list, list]]:
+    """Training, held-out and gate-training texts -> {use: (texts, sources)}."""
+    def count(text: str) -> int:
+        return len(tokenizer.encode([text])[0]) + 2  # and the specials the objective adds
+
+    out = {}
+    for use, sources in (("train", tw.TRAIN_SOURCES), ("held_out", tw.HELD_OUT_SOURCES),
+                         ("gates", tw.TRAIN_SOURCES)):
+        n = per_source[use]
+        if name == "minilm":  # sentences: an embedding model embeds one at a time
+            found, names = [], []
+            for source in sources:
+                sentences = tw.read_sentences(data / tw.SOURCES[source])
+                picked = tw.spread(sentences[1 if use == "gates" else 0:], n)  # gates: others than train's
+                found += picked
+                names += [source] * len(picked)
+            out[use] = (found, names)
+        else:
+            found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS, n if use != "gates"
+                                             else n + per_source["train"])
+            if use == "gates":  # the ranking windows left out
+                keep = [i for i, t in enumerate(found) if t not in set(out["train"][0])]
+                found, names = [found[i] for i in keep], [names[i] for i in keep]
+            out[use] = (found, names)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    parser.add_argument("--train-per-source", type=int, default=1, help="ranking texts per training source")
+    parser.add_argument("--held-out-per-source", type=int, default=2, help="held-out texts per source")
+    parser.add_argument("--gates-per-source", type=int, default=4, help="gate-training texts per training source")
+    parser.add_argument("--draws", type=int, default=preregistered.RANDOM_DRAWS)
+    parser.add_argument("--l0-steps", type=int, default=0, help="gate steps per L0-to-target run (0: no such arm)")
+    parser.add_argument("--l0-lr", type=float, default=1.0, help="the gates' learning rate in the L0 runs")
+    parser.add_argument("--max-tokens", type=int, default=1100)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
+    parser.add_argument("--sequences", type=int, default=20, help="repeated random sequences for the causal tests")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    cost = json.loads((out / "cost.json").read_text()) if (out / "cost.json").exists() else {}
+
+    def timed(stage, fn):
+        start = time.process_time()
+        result = fn()
+        cost[stage] = cost.get(stage, 0.0) + time.process_time() - start
+        (out / "cost.json").write_text(json.dumps(cost, indent=1))
+        return result
+
+    model, tokenizer = timed("load", lambda: load(args.model, out / "model"))
+    _, objective, published_path, published_on = MODELS[args.model]
+    data = timed("texts", lambda: texts(args.model, tokenizer, args.data, {
+        "train": args.train_per_source, "held_out": args.held_out_per_source, "gates": args.gates_per_source}))
+    (out / "texts.json").write_text(json.dumps({use: {"sources": names, "texts": t} for use, (t, names)
+                                                in data.items()}))
+    access = HeadAccess(model, tokenizer, tokenizer, torch.device("cpu"), max_tokens=args.max_tokens)
+    total = len(access.heads)
+    published = pd.read_csv(REPO / published_path) if published_path else None
+    kv = getattr(getattr(getattr(model, "hf", None), "config", None), "num_key_value_heads", None)
+    trained_on = ("training windows" if args.model != "minilm" else "training sentences") + \
+        f" ({', '.join(tw.TRAIN_SOURCES)})"
+    arms, groups = timed("rankings", lambda: hcnt.build_arms(
+        access, data["train"][0], out, published=published, published_on=published_on, trained_on=trained_on,
+        draws=args.draws, kv_heads=kv, log=log))
+    counts = mc.counts_removed(total)
+    targets = None
+    if args.l0_steps:
+        import headcount
+
+        def run(kept):
+            pruned = headcount.prune(model, tokenizer, data["gates"][0], target=kept, steps=args.l0_steps,
+                                     gates_only=True, dev_texts=data["gates"][0][:2], objective=objective,
+                                     training={"max_tokens": args.max_tokens, "seed": 1},
+                                     recipe={"gate_lr_scale": 1.0, "controller": {"lr": args.l0_lr},
+                                             "training": {"lr_scale": 1.0, "eval_interval": args.l0_steps,
+                                                          "warmup_steps": 0}},
+                                     work_dir=out / f"l0_{kept}", log=log)
+            return pruned.gates
+
+        arm, targets = timed("l0 targets", lambda: hcnt.target_arm(run, counts, total, out, log=log))
+        arms.insert(0, arm)
+        targets.to_csv(out / "targets.tsv", sep="\t", index=False)
+    hcnt.save_arms(arms, out / "arms.json")
+    measured = timed("scoring", lambda: mc.measure_arms(access, data["held_out"][0], arms, out / "scored.tsv",
+                                                         log=log))
+    head_dim = model.hf.config.hidden_size // model.hf.config.num_attention_heads if hasattr(model, "hf") else 0
+
+    def extra(arm, k):
+        return {"kv_bytes_per_token": mc.kv_bytes_per_token(arm.removed[k], groups, head_dim)} if groups else {}
+
+    margin = preregistered.NO_LOSS_COSINE if objective == "sentence_embedding" else preregistered.NO_LOSS_NATS
+    table = mc.verdicts(measured, arms, margin, extra)
+    table.to_csv(out / "head_counts.tsv", sep="\t", index=False)
+    summary = mc.summary(table, total)
+    summary.to_csv(out / "head_counts_summary.tsv", sep="\t", index=False)
+    ylabel = "cosine distance to the unpruned embedding" if objective else "loss (nats per token)"
+    mc.plot(table, total, measured.value(measured.baseline), out / "head_counts.png",
+            f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws", ylabel)
+    log(f"wrote {out / 'head_counts_summary.tsv'}")
+    print(summary.to_string(index=False))
+    if args.causal:
+        timed("causal tests", lambda: causal(args, access, data, out))
+    return 0
+
+
+def _once(path: Path, make) -> pd.DataFrame:
+    """A causal test's table, made once (a rerun reads it back)."""
+    if path.exists():
+        return pd.read_csv(path, sep="\t")
+    table = make()
+    table.to_csv(path, sep="\t", index=False)
+    log(f"wrote {path}")
+    return table
+
+
+def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
+    """The published roles tested by ablation against layer-matched random sets
+    (analysis.causal_roles): induction (repeated random tokens), copying, the in-context-learning
+    score, previous-token -> induction composition, and sinks."""
+    from headcount.analysis import causal_roles as cr
+
+    roles = pd.read_csv(REPO / ROLES[args.model])
+    named = {role: [access.names.name(("dec_self" if args.model != "minilm" else "enc_self", int(r.layer),
+                                       int(r.head))) for r in roles[roles[f"is_{role}"]].itertuples()]
+             for role in ("induction", "sink") if f"is_{role}" in roles}
+    held_out = data["held_out"][0]
+    windows = held_out[:: max(1, len(held_out) // CAUSAL_WINDOWS)][:CAUSAL_WINDOWS] if args.model != "minilm" \
+        else held_out
+    tests = []
+    if args.model != "minilm":
+        kind = "dec_self"
+        vocab = access.model.hf.config.vocab_size
+        sequences = cr.repeated_random_tokens(vocab, args.sequences, seed=0, low=100,
+                                              avoid=cr.special_ids(access))
+        tests.append(_once(out / "causal_induction.tsv",
+                           lambda: cr.induction_test(access, named["induction"], sequences).table))
+        _once(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
+        matched = access.matched_random(named["induction"], draws=3, seed=1)
+        _once(out / "icl.tsv", lambda: cr.icl_scores(access, windows, {"induction": named["induction"], **matched}))
+        previous = [access.names.name((kind, int(r.layer), int(r.head)))
+                    for r in roles[roles["previous_score"] >= PREVIOUS_TOKEN].itertuples()]
+
+        def composition():
+            found = cr.composition_test(access, previous, named["induction"], sequences)
+            found.per_head.to_csv(out / "composition_per_head.tsv", sep="\t", index=False)
+            table = found.table
+            table["left_out"] = " ".join(found.left_out)
+            return table
+
+        tests.append(_once(out / "causal_composition.tsv", composition))
+    tests.append(_once(out / "causal_sink.tsv", lambda: cr.sink_test(access, named["sink"], windows).table))
+    pd.concat(tests, ignore_index=True).to_csv(out / "causal.tsv", sep="\t", index=False)
+    log(f"wrote {out / 'causal.tsv'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
