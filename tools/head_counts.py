@@ -63,7 +63,7 @@ def load(name: str, work: Path):
 def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple[list, list]]:
     """Training, held-out and gate-training texts -> {use: (texts, sources)}."""
     def count(text: str) -> int:
-        return len(tokenizer.encode([text])[0]) + 2  # and the specials the objective adds
+        return len(tokenizer.encode([text])[0])
 
     out = {}
     for use, sources in (("train", tw.TRAIN_SOURCES), ("held_out", tw.HELD_OUT_SOURCES),
@@ -78,7 +78,7 @@ def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple
                 names += [source] * len(picked)
             out[use] = (found, names)
         else:
-            found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS, n if use != "gates"
+            found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS - 2, n if use != "gates"
                                              else n + per_source["train"])
             if use == "gates":  # the ranking windows left out
                 keep = [i for i, t in enumerate(found) if t not in set(out["train"][0])]

@@ -43,19 +43,31 @@ def read_sentences(path: str | Path) -> list[str]:
 
 def windows_of(sentences: Sequence[str], count_tokens: Callable[[str], int], max_tokens: int) -> list[str]:
     """Consecutive sentences joined by spaces into windows of at most `max_tokens` tokens (as
-    `count_tokens` counts a text). A sentence longer than a window on its own is left out."""
-    out, current = [], ""
-    for sentence in sentences:
-        if count_tokens(sentence) > max_tokens:
+    `count_tokens` counts a text). A sentence longer than a window on its own is left out.
+
+    Each sentence is counted once, with the space before it, and a window's count is their sum
+    (one tokenisation per sentence, not one per candidate window); the window is counted whole
+    once more and given up sentence by sentence from its end in the rare case where the sum
+    undercounts it (a merge across the joining space)."""
+    out, current, used = [], [], 0
+    counts = [count_tokens(" " + sentence) for sentence in sentences]
+
+    def close():
+        while current and count_tokens(" ".join(current)) > max_tokens:
+            current.pop()
+        if current:
+            out.append(" ".join(current))
+
+    for sentence, n in zip(sentences, counts):
+        if n > max_tokens:
             continue
-        joined = f"{current} {sentence}" if current else sentence
-        if count_tokens(joined) <= max_tokens:
-            current = joined
-        else:
-            out.append(current)
-            current = sentence
-    if current:
-        out.append(current)
+        if used + n > max_tokens:
+            close()
+            current.clear()
+            used = 0
+        current.append(sentence)
+        used += n
+    close()
     return out
 
 
