@@ -23,11 +23,12 @@ def test_windows_fit_keep_the_order_and_leave_out_what_cannot_fit():
 
 
 def test_a_window_the_sum_undercounts_is_cut_back_to_fit():
-    def merging(text: str) -> int:  # a join costs a token more than its parts
-        return words(text) + text.count(" ") // 3
+    def merging(text: str) -> int:  # each join costs a token more than its parts
+        return words(text) + text.count(". ")
 
-    windows = tw.windows_of(["a b c"] * 30, merging, max_tokens=12)
-    assert windows and all(merging(w) <= 12 for w in windows)
+    windows = tw.windows_of(["a b c."] * 30, merging, max_tokens=10)  # 3 sentences sum to 9, cost 11
+    assert windows and all(merging(w) <= 10 for w in windows)
+    assert " ".join(windows).count("a") == 30 - len(windows)  # one sentence given up per window, no more
 
 
 def test_spread_takes_evenly_spaced_windows():
