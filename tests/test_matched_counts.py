@@ -3,6 +3,7 @@ rule, on hand-made cases whose answers are known, and on a tiny language model a
 HeadAccess.measure."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -65,7 +66,7 @@ def test_kv_groups_follow_transformers_repeat_kv():
     groups = mc.kv_groups({"dec_self": [9, 9]}, kv_heads=3)
     kv = torch.arange(3.0).view(1, 3, 1, 1)  # key/value head i holds the value i
     expanded = repeat_kv(kv, 3).flatten()  # which key/value head each query head reads
-    for (kind, layer, group), heads in groups.items():
+    for (_, _, group), heads in groups.items():
         assert [int(expanded[h]) for _, _, h in heads] == [group] * 3
     assert mc.kv_groups({"dec_self": [4]}, kv_heads=None) == {}
     assert mc.kv_bytes_per_token([("dec_self", 0, h) for h in range(3)], groups, head_dim=64) == 2 * 64 * 2 * 5
@@ -98,6 +99,10 @@ def test_the_verdict_rule_on_known_cases():
     assert not table.loc["bad", "below_band"] and not table.loc["bad", "beats_random"]
     assert table.loc["good", "next_arm"] == "at the edge" and table.loc["good", "vs_next_high"] < 0
     assert not table.loc["good", "no_loss"]  # 0.2 nats above the unpruned model
+    fewer = mc.Arm("fewer heads", "structure", "", {6: KEYS[:4]})  # whole units, short of the count
+    values[mc.set_name(fewer, 6)] = 0.1
+    judged = mc.verdicts(_measurement(values, noise=0.1), [fewer, *draws], margin=0.05).set_index("arm")
+    assert judged.loc["fewer heads", "below_band"] and pd.isna(judged.loc["fewer heads", "beats_random"])
     near = mc.verdicts(_measurement({mc.set_name(good, 6): 0.0, **{mc.set_name(a, 6): 1.0 for a in draws}}),
                        [good, *draws], margin=0.05).set_index("arm")
     assert near.loc["good", "no_loss"]

@@ -222,7 +222,9 @@ def verdicts(measured: Measurement, arms: Sequence[Arm], margin: float,
                 if edge is not None:
                     vs = measured.compare(name, set_name(edge, k))
                     row.update(vs_edge=vs["difference"], vs_edge_low=vs["low"], vs_edge_high=vs["high"])
-                    row["beats_random"] = bool(row["below_band"] and vs["high"] < 0)
+                    # an arm that removed fewer heads than the draws is not judged against them
+                    row["beats_random"] = (bool(row["below_band"] and vs["high"] < 0)
+                                           if len(arm.removed[k]) >= k else None)
                 if i + 1 < len(others):
                     nxt = others[i + 1]
                     vs = measured.compare(name, set_name(nxt, k))
