@@ -50,6 +50,11 @@ def test_iterative_ranking_rescores_with_the_removed_heads_known():
     # after the first head (layer 0, head 0) goes, its layer's heads score lowest: layer 0 empties first
     assert arm.removed[4] == [("dec_self", 0, h) for h in range(4)]
     assert arm.removed[2] == arm.removed[4][:2]
+    # the scores with nothing removed, given, are not computed again
+    seen.clear()
+    again = mc.iterative_arm("it", rescore, KEYS, [2, 4], step=1, ranked_on="", log=lambda m: None,
+                             first={k: 1.0 + 0.01 * k[2] + k[1] for k in KEYS})
+    assert len(seen) == 3 and [] not in seen and again.removed[4] == arm.removed[4]
 
 
 def test_whole_units_come_nearest_the_count():

@@ -96,8 +96,12 @@ def main(argv=None) -> int:
     parser.add_argument("--held-out-per-source", type=int, default=2, help="held-out texts per source")
     parser.add_argument("--gates-per-source", type=int, default=4, help="gate-training texts per training source")
     parser.add_argument("--draws", type=int, default=preregistered.RANDOM_DRAWS)
+    parser.add_argument("--iterative-step", type=float, default=0.1,
+                        help="share of heads removed between Michel rescorings (0: at each matched count only)")
     parser.add_argument("--l0-steps", type=int, default=0, help="gate steps per L0-to-target run (0: no such arm)")
-    parser.add_argument("--l0-lr", type=float, default=1.0, help="the gates' learning rate in the L0 runs")
+    parser.add_argument("--l0-lr", type=float, default=0.01, help="the controller's learning rate in the L0 runs")
+    parser.add_argument("--gate-lr", type=float, default=1.0, help="the gates' learning rate in the L0 runs")
+    parser.add_argument("--l0-max-tokens", type=int, default=600, help="tokens per gate-training batch")
     parser.add_argument("--max-tokens", type=int, default=1100)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
@@ -130,19 +134,25 @@ def main(argv=None) -> int:
         f" ({', '.join(tw.TRAIN_SOURCES)})"
     arms, groups = timed("rankings", lambda: hcnt.build_arms(
         access, data["train"][0], out, published=published, published_on=published_on, trained_on=trained_on,
-        draws=args.draws, kv_heads=kv, log=log))
+        draws=args.draws, kv_heads=kv, iterative_step=args.iterative_step or None, log=log))
     counts = mc.counts_removed(total)
     targets = None
     if args.l0_steps:
         import headcount
 
+        # The gates' rate: `prune`'s constant rate is the default baseline's last, d^-0.5 * 2400^-0.5
+        # (training.schedules' Noam at its end); scaled so that the gates move about --gate-lr a step
+        # (a gate decides only below -3.0 or above 1.4 in log alpha, so a short run needs about 1.0).
+        d_model = model.hf.config.hidden_size
+        gate_scale = args.gate_lr * (d_model * 2400) ** 0.5
+
         def run(kept):
             pruned = headcount.prune(model, tokenizer, data["gates"][0], target=kept, steps=args.l0_steps,
                                      gates_only=True, dev_texts=data["gates"][0][:2], objective=objective,
-                                     training={"max_tokens": args.max_tokens, "seed": 1},
-                                     recipe={"gate_lr_scale": 1.0, "controller": {"lr": args.l0_lr},
-                                             "training": {"lr_scale": 1.0, "eval_interval": args.l0_steps,
-                                                          "warmup_steps": 0}},
+                                     training={"max_tokens": args.l0_max_tokens, "seed": 1},
+                                     recipe={"gate_lr_scale": gate_scale,
+                                             "controller": {"lr": args.l0_lr, "warmup": 0.3},
+                                             "training": {"eval_interval": args.l0_steps, "warmup_steps": 1}},
                                      work_dir=out / f"l0_{kept}", log=log)
             return pruned.gates
 

@@ -67,10 +67,12 @@ def with_masked(model, removed: Sequence[tuple]) -> Callable:
 
 def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, published: pd.DataFrame | None = None,
                published_on: str = "", trained_on: str = "training text", draws: int = preregistered.RANDOM_DRAWS,
-               seed: int = 0, iterative_step: float = 0.1, kv_heads: int | None = None,
+               seed: int = 0, iterative_step: float | None = 0.1, kv_heads: int | None = None,
                log: Callable[[str], None] = print) -> tuple[list[mc.Arm], dict]:
-    """Every arm but the Hard Concrete ones, at the matched counts; kept in out/arms.json (read
-    back as it is when it exists, so a rerun scores the same sets)."""
+    """Every arm but the Hard Concrete ones, at the matched counts. The rankings and the iterative
+    arm are kept under `out` as they are made (read back when they exist, so a rerun scores the same
+    sets). iterative_step: the share of heads Michel's iterative pruning removes between rescorings
+    (None: rescore only at each matched count, the cheaper schedule for a large model)."""
     model = access.model
     keys = [(r.type, int(r.layer), int(r.head)) for r in access.heads.itertuples()]
     counts = mc.counts_removed(len(keys))
@@ -99,9 +101,12 @@ def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, publishe
             with with_masked(model, removed):
                 return _keyed(michel_importance(model, batches), "michel")
 
+        step = max(1, round(iterative_step * len(keys))) if iterative_step else len(keys)
+        every = (f"every {round(100 * iterative_step)}% of heads" if iterative_step
+                 else "at each matched count")
         arms.append(_cached_arm(out / "arm_michel_iterative.json", lambda: mc.iterative_arm(
-            "Michel iterative", rescore, keys, counts, max(1, round(iterative_step * len(keys))),
-            f"Michel, rescored every {round(100 * iterative_step)}% of heads, {trained_on}", log=log)))
+            "Michel iterative", rescore, keys, counts, step, f"Michel, rescored {every}, {trained_on}", log=log,
+            first=_keyed(michel, "michel"))))
     # structures, in the order of their heads' summed single-head ablation effects
     layers = {}
     for kind, layer, head in keys:

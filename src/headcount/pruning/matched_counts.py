@@ -59,15 +59,17 @@ def ranking_arm(name: str, scores: Mapping[HeadKey, float], counts: Sequence[int
 
 
 def iterative_arm(name: str, rescore: Callable[[list[HeadKey]], Mapping[HeadKey, float]], keys: Sequence[HeadKey],
-                  counts: Sequence[int], step: int, ranked_on: str, log: Callable[[str], None] = print) -> Arm:
+                  counts: Sequence[int], step: int, ranked_on: str, log: Callable[[str], None] = print,
+                  first: Mapping[HeadKey, float] | None = None) -> Arm:
     """Michel et al.'s iterative pruning: score the heads left with the removed ones masked
     (`rescore(removed)` -> a score for every head), remove the `step` lowest (never past the next
-    matched count), and repeat up to the largest count."""
+    matched count), and repeat up to the largest count. `first`: the scores with nothing removed,
+    where already computed (the one-shot ranking's)."""
     removed: list[HeadKey] = []
     arm = Arm(name, "method", ranked_on)
     targets = sorted(counts)
     while len(removed) < targets[-1]:
-        scores = rescore(list(removed))
+        scores = first if (first is not None and not removed) else rescore(list(removed))
         left = [key for key in _ascending({k: scores[k] for k in keys if k not in removed})]
         upto = min(len(removed) + step, next(k for k in targets if k > len(removed)))
         removed += left[: upto - len(removed)]
