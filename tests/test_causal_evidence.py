@@ -317,6 +317,12 @@ def test_random_sets_fall_back_to_other_layers_where_one_is_short(llama):
     assert cr.random_sets(h, ["1.1"], draws=3, seed=0) == (h.matched_random(["1.1"], 3, 0), "")
     result = cr.sink_test(h, ["1.1", "1.2", "1.3", "1.4"], seqs, draws=2)
     assert result.note.startswith("layer(s) [0]") and result.table.iloc[0]["note"] == result.note
+    # more sinks than other heads (SmolLM2: 189 of 270): the random sets are drawn from every head
+    most = ["1.1", "1.2", "1.3", "1.4", "2.1"]
+    result = cr.sink_test(h, most, seqs, draws=3)
+    assert "drawn from every head" in result.note and len(result.random_sets) == 3
+    assert all(len(set(names)) == 5 for names in result.random_sets.values())
+    assert len({tuple(names) for names in result.random_sets.values()}) > 1
     with pytest.raises(ArgumentError, match="^previous_heads: 4 heads named and only 0 other heads"):
         cr.random_sets(h, ["1.1", "1.2", "1.3", "1.4"], layers=[0], argument="previous_heads")
 

@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=1100)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
+    parser.add_argument("--publish", action="store_true",
+                        help="copy the small tables and the figure to docs/tables and docs/figures, <model>_*")
     parser.add_argument("--sequences", type=int, default=20, help="repeated random sequences for the causal tests")
     args = parser.parse_args(argv)
     if args.threads:
@@ -179,7 +181,24 @@ def main(argv=None) -> int:
     print(summary.to_string(index=False))
     if args.causal:
         timed("causal tests", lambda: causal(args, access, data, out))
+    if args.publish:
+        publish(args.model, out)
     return 0
+
+
+PUBLISHED = ("head_counts.tsv", "head_counts_summary.tsv", "targets.tsv", "causal.tsv", "copying.tsv", "icl.tsv",
+             "composition_per_head.tsv", "cost.json")
+
+
+def publish(name: str, out: Path) -> None:
+    """The small outputs, as docs/tables/<name>_<file> and docs/figures/<name>_head_counts.png."""
+    import shutil
+
+    for file in PUBLISHED:
+        if (out / file).exists():
+            shutil.copyfile(out / file, REPO / "docs" / "tables" / f"{name}_{file}")
+    shutil.copyfile(out / "head_counts.png", REPO / "docs" / "figures" / f"{name}_head_counts.png")
+    log(f"published {name}'s tables to docs/tables and its figure to docs/figures")
 
 
 def _once(path: Path, make) -> pd.DataFrame:

@@ -466,7 +466,18 @@ def sink_test(h: HeadAccess, sink_heads, texts, draws: int = RANDOM_DRAWS, seed:
     else (the note says so) completed from every head that is not named. effect: nats per token,
     ablated minus unablated."""
     keys = h.names.keys(sink_heads, "sink_heads")
-    randoms, note = random_sets(h, keys, draws, seed, argument="sink_heads")
+    every = [(k, la, hd) for k, widths in h.names.widths.items() for la, n in enumerate(widths) for hd in range(n)]
+    if len(every) - len(keys) < len(keys):
+        # most heads are sinks (SmolLM2: 189 of 270): no set of as many other heads exists, so each
+        # random set is drawn from every head, sinks included, and the note says so
+        rng = np.random.default_rng(_whole(seed, "seed", 0))
+        randoms = {f"random {i + 1}": [h.names.name(every[j]) for j in sorted(rng.choice(len(every), len(keys),
+                                                                                        replace=False))]
+                   for i in range(_whole(draws, "draws", 1))}
+        note = (f"{len(keys)} of {len(every)} heads are named, more than the other heads: each random set is "
+                f"{len(keys)} heads drawn from every head, named ones included")
+    else:
+        randoms, note = random_sets(h, keys, draws, seed, argument="sink_heads")
     named = [h.names.name(k) for k in keys]
     measured = h.measure(texts, {NAMED: named, **randoms})
     sums = {name: measured.sums[measured.sets.index(name)] for name in measured.sets}
