@@ -190,6 +190,22 @@ PUBLISHED = ("head_counts.tsv", "head_counts_summary.tsv", "targets.tsv", "causa
              "composition_per_head.tsv", "cost.json")
 
 
+def sinks_and_confidence(name: str) -> pd.DataFrame:
+    """Confidence's rank correlation with the sink share, and with single-head ablation over every
+    head and over the heads that are not sinks (the published tables; 95% bootstrap intervals)."""
+    from headcount.analysis.correlations import spearman, spearman_interval
+
+    scores = pd.read_csv(REPO / MODELS[name][2]).merge(
+        pd.read_csv(REPO / ROLES[name])[["layer", "head", "sink_share", "is_sink"]], on=["layer", "head"])
+    rows = []
+    for heads, table in (("all", scores), ("not sinks", scores[~scores["is_sink"]])):
+        for other in ("sink_share", "delta_loss"):
+            low, high = spearman_interval(table["confidence"], table[other])
+            rows.append({"heads": heads, "n": len(table), "confidence_with": other,
+                         "spearman": spearman(table["confidence"], table[other]), "low": low, "high": high})
+    return pd.DataFrame(rows)
+
+
 def publish(name: str, out: Path) -> None:
     """The small outputs, as docs/tables/<name>_<file> and docs/figures/<name>_head_counts.png."""
     import shutil
@@ -198,6 +214,9 @@ def publish(name: str, out: Path) -> None:
         if (out / file).exists():
             shutil.copyfile(out / file, REPO / "docs" / "tables" / f"{name}_{file}")
     shutil.copyfile(out / "head_counts.png", REPO / "docs" / "figures" / f"{name}_head_counts.png")
+    if MODELS[name][2]:
+        sinks_and_confidence(name).to_csv(REPO / "docs" / "tables" / f"{name}_confidence_vs_sinks.tsv", sep="\t",
+                                          index=False)
     log(f"published {name}'s tables to docs/tables and its figure to docs/figures")
 
 
