@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     parser.add_argument("--l0-max-tokens", type=int, default=600, help="tokens per gate-training batch")
     parser.add_argument("--max-tokens", type=int, default=1100)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--chunk", type=int, default=8, help="head sets scored (and stored) together: each chunk "
+                        "scores the unpruned model once more")
     parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
     parser.add_argument("--publish", action="store_true",
                         help="copy the small tables and the figure to docs/tables and docs/figures, <model>_*")
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
         targets.to_csv(out / "targets.tsv", sep="\t", index=False)
     hcnt.save_arms(arms, out / "arms.json")
     measured = timed("scoring", lambda: mc.measure_arms(access, data["held_out"][0], arms, out / "scored.tsv",
-                                                         log=log))
+                                                         chunk=args.chunk, log=log))
     head_dim = model.hf.config.hidden_size // model.hf.config.num_attention_heads if hasattr(model, "hf") else 0
 
     def extra(arm, k):
