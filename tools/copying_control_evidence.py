@@ -1,9 +1,9 @@
 """The causal tests and the matched-count arms on the planted copying circuit (tests/data/copying_control,
 tools/make_copying_control.py), where the answer is known: its layer-1 prefix-matching heads copy,
-and the loss on the second copy rests on them. Writes docs/tables/copying_control_causal.tsv and
-copying_control_head_counts.tsv (docs/results_lm.md quotes them).
+and the loss on the second copy rests on them. Writes causal.tsv and head_counts_summary.tsv under
+--out (tools/publish_results.py --head-counts puts them in docs/tables as copying_control_*).
 
-    .venv/bin/python tools/copying_control_evidence.py
+    .venv/bin/python tools/copying_control_evidence.py --out results/head_counts/copying_control
 """
 
 from __future__ import annotations
@@ -43,8 +43,20 @@ def scores(h, sequences) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+    import json
+
     import transformers
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "head_counts" / "copying_control")
+    out = parser.parse_args(argv).out
+    out.mkdir(parents=True, exist_ok=True)
+    from headcount.provenance import provenance
+
+    (out / "provenance").mkdir(exist_ok=True)
+    (out / "provenance" / "run.json").write_text(json.dumps(provenance(), indent=1), encoding="utf-8")
 
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(CONTROL), attn_implementation="eager")
@@ -68,7 +80,7 @@ def main() -> int:
                                   for heads in table["heads"]]
         table = table.merge(found.rename(columns={"name": "heads"})[["heads", "prefix", "previous"]], on="heads",
                             how="left")
-        table.to_csv(REPO / "docs" / "tables" / "copying_control_causal.tsv", sep="\t", index=False)
+        table.to_csv(out / "causal.tsv", sep="\t", index=False)
         print(table.drop(columns=["note"]).to_string(index=False))
         # the matched-count arms: single-head ablation's ranking (on other sequences) against 20 draws
         train = cr.repeated_random_tokens(hf.config.vocab_size, 30, half=HALF, seed=11, avoid=special)
@@ -81,7 +93,7 @@ def main() -> int:
             measured = mc.measure_arms(h, sequences, arms, Path(scratch) / "scored.tsv", log=lambda m: None)
         verdicts = mc.verdicts(measured, arms, margin=0.05)
         summary = mc.summary(verdicts, len(keys))
-        summary.to_csv(REPO / "docs" / "tables" / "copying_control_head_counts.tsv", sep="\t", index=False)
+        summary.to_csv(out / "head_counts_summary.tsv", sep="\t", index=False)
         print(summary[["count", "arm", "removed", "loss", "random_p5", "random_p95", "beats_random"]].to_string())
     return 0
 

@@ -107,8 +107,6 @@ def main(argv=None) -> int:
     parser.add_argument("--chunk", type=int, default=8, help="head sets scored (and stored) together: each chunk "
                         "scores the unpruned model once more")
     parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
-    parser.add_argument("--publish", action="store_true",
-                        help="copy the small tables and the figure to docs/tables and docs/figures, <model>_*")
     parser.add_argument("--sequences", type=int, default=20, help="repeated random sequences for the causal tests")
     args = parser.parse_args(argv)
     if args.threads:
@@ -176,6 +174,8 @@ def main(argv=None) -> int:
     table.to_csv(out / "head_counts.tsv", sep="\t", index=False)
     summary = mc.summary(table, total)
     summary.to_csv(out / "head_counts_summary.tsv", sep="\t", index=False)
+    unit = "cosine distance to the unpruned embedding" if objective else "nats per token"
+    (out / "head_counts.md").write_text(mc.markdown(summary, args.draws, unit), encoding="utf-8")
     ylabel = "cosine distance to the unpruned embedding" if objective else "loss (nats per token)"
     mc.plot(table, total, measured.value(measured.baseline), out / "head_counts.png",
             f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws", ylabel)
@@ -183,13 +183,19 @@ def main(argv=None) -> int:
     print(summary.to_string(index=False))
     if args.causal:
         timed("causal tests", lambda: causal(args, access, data, out))
-    if args.publish:
-        publish(args.model, out)
+    if MODELS[args.model][2]:
+        sinks_and_confidence(args.model).to_csv(out / "confidence_vs_sinks.tsv", sep="\t", index=False)
+    write_record(out)
     return 0
 
 
-PUBLISHED = ("head_counts.tsv", "head_counts_summary.tsv", "targets.tsv", "causal.tsv", "copying.tsv", "icl.tsv",
-             "composition_per_head.tsv", "cost.json")
+def write_record(out: Path) -> None:
+    """out/provenance/run.json: the software that made the tables (tools/publish_results.py reads
+    the commit from it)."""
+    from headcount.provenance import provenance
+
+    (out / "provenance").mkdir(exist_ok=True)
+    (out / "provenance" / "run.json").write_text(json.dumps(provenance(), indent=1), encoding="utf-8")
 
 
 def sinks_and_confidence(name: str) -> pd.DataFrame:
@@ -206,20 +212,6 @@ def sinks_and_confidence(name: str) -> pd.DataFrame:
             rows.append({"heads": heads, "n": len(table), "confidence_with": other,
                          "spearman": spearman(table["confidence"], table[other]), "low": low, "high": high})
     return pd.DataFrame(rows)
-
-
-def publish(name: str, out: Path) -> None:
-    """The small outputs, as docs/tables/<name>_<file> and docs/figures/<name>_head_counts.png."""
-    import shutil
-
-    for file in PUBLISHED:
-        if (out / file).exists():
-            shutil.copyfile(out / file, REPO / "docs" / "tables" / f"{name}_{file}")
-    shutil.copyfile(out / "head_counts.png", REPO / "docs" / "figures" / f"{name}_head_counts.png")
-    if MODELS[name][2]:
-        sinks_and_confidence(name).to_csv(REPO / "docs" / "tables" / f"{name}_confidence_vs_sinks.tsv", sep="\t",
-                                          index=False)
-    log(f"published {name}'s tables to docs/tables and its figure to docs/figures")
 
 
 def _once(path: Path, make) -> pd.DataFrame:

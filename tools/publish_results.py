@@ -7,6 +7,7 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --toolkits           # results/compare/toolkits alone
     .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
     .venv/bin/python tools/publish_results.py --lm                 # smollm2_en and minilm_en alone (results_lm.md)
+    .venv/bin/python tools/publish_results.py --head-counts        # results/head_counts alone (results_lm.md)
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -117,6 +118,15 @@ PUBLISHED = {
     "tables/minilm_pruning.tsv": ("minilm", "prune/pruning.tsv"),
     "tables/minilm_pruning.md": ("minilm", "prune/pruning.md"),
     "figures/minilm_function_map.png": ("minilm", "syntax/function_map.png"),
+    # How many heads can go, at matched counts against random heads, and the causal tests of the
+    # published roles (tools/head_counts.py; the planted circuit: tools/copying_control_evidence.py)
+    **{f"tables/{model}_{name}": (f"{model}_counts", name) for model in ("smollm2", "minilm")
+       for name in ("head_counts.tsv", "head_counts_summary.tsv", "head_counts.md", "causal.tsv", "cost.json")},
+    **{f"figures/{model}_head_counts.png": (f"{model}_counts", "head_counts.png") for model in ("smollm2", "minilm")},
+    **{f"tables/smollm2_{name}": ("smollm2_counts", name) for name in (
+        "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
+    "tables/copying_control_causal.tsv": ("copying_control", "causal.tsv"),
+    "tables/copying_control_head_counts.tsv": ("copying_control", "head_counts_summary.tsv"),
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
     "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
     "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
@@ -229,7 +239,10 @@ def splice(page: str, text: str, tables: dict[str, str]) -> str:
 RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("config/config.yaml", "multi30k_en_de"),
                "control": ("config/config.yaml", "control"),
                "toolkits": ("config/toolkits.yaml", "toolkit_fairseq,toolkit_marian,toolkit_headcount"),
-               "smollm2": ("config/config.yaml", "smollm2_en"), "minilm": ("config/config.yaml", "minilm_en")}
+               "smollm2": ("config/config.yaml", "smollm2_en"), "minilm": ("config/config.yaml", "minilm_en"),
+               "smollm2_counts": ("config/config.yaml", "smollm2_en"),
+               "minilm_counts": ("config/config.yaml", "minilm_en"),
+               "copying_control": ("tests/data/copying_control/recipe.json", "copying_control")}
 PROVENANCE = "tables/provenance.tsv"
 PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
 
@@ -352,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                              "results/compare/toolkits)")
     parser.add_argument("--lm", action="store_true",
                         help="publish the real pretrained models' runs alone (results/smollm2_en, results/minilm_en)")
+    parser.add_argument("--head-counts", action="store_true",
+                        help="publish the matched-count and causal runs alone (results/head_counts: "
+                             "tools/head_counts.py, tools/copying_control_evidence.py)")
     parser.add_argument("--without-seeds", action="store_true",
                         help="leave the tables made from the other seeds as published (their grids still train)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
@@ -359,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.toolkits:
         runs = {"toolkits": args.toolkits}
+    elif args.head_counts:
+        runs = {f"{name}_counts": REPO / "results" / "head_counts" / name for name in ("smollm2", "minilm")}
+        runs["copying_control"] = REPO / "results" / "head_counts" / "copying_control"
     elif args.lm:
         runs = {"smollm2": REPO / "results" / "smollm2_en", "minilm": REPO / "results" / "minilm_en"}
     else:

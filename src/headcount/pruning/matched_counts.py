@@ -251,6 +251,31 @@ def summary(table: pd.DataFrame, total_heads: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def markdown(summary: pd.DataFrame, draws: int, unit: str = "nats per token") -> str:
+    """The summary as a markdown table: per matched count, every arm with its interval against the
+    unpruned model, the random band, and the verdicts."""
+    def yes(value) -> str:
+        return "" if pd.isna(value) else ("yes" if bool(value) else "no")
+
+    kv = "kv_bytes_per_token" in summary
+    head = ("| heads removed | arm | removed | kept | loss | vs unpruned [95%] | random 5-95% | beats random | "
+            f"no loss |{' KV bytes/token |' if kv else ''}")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for row in summary.itertuples():
+        band = f"{row.random_p5:.3f}-{row.random_p95:.3f}"
+        if row.family == RANDOM:
+            interval = f"{int(row.draws)} draws"
+        else:
+            interval = f"{row.difference:+.3f} [{row.low:+.3f}, {row.high:+.3f}]"
+        cells = [str(row.count), row.arm, str(int(row.removed)), str(int(row.kept)), f"{row.loss:.3f}", interval, band,
+                 yes(getattr(row, "beats_random", None)), yes(row.no_loss) if row.family != RANDOM else ""]
+        if kv:
+            cells.append("" if pd.isna(row.kv_bytes_per_token) else str(int(row.kv_bytes_per_token)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (f"\n\nLoss in {unit}; random: the median of {draws} random head sets; "
+                                "beats random and no loss: the rules of report.preregistered.\n")
+
+
 def plot(table: pd.DataFrame, total_heads: int, baseline: float, path: str | Path, title: str,
          ylabel: str = "loss (nats per token)") -> None:
     """Loss against heads kept: every arm, the random band (5th-95th percentile) and its median."""
