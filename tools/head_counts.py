@@ -224,6 +224,21 @@ def _once(path: Path, make) -> pd.DataFrame:
     return table
 
 
+def icl_windows(access: HeadAccess, data: Path) -> list[list[int]]:
+    """CAUSAL_WINDOWS windows of held-out running text for the in-context-learning score, cut in
+    tokens (WINDOW_TOKENS less the specials the model adds) so that each reaches the score's late
+    position: sentence-aligned windows mostly stop a few tokens short of it. One from the middle of
+    each held-out source in turn."""
+    length = preregistered.WINDOW_TOKENS - 2
+    out = []
+    for i in range(CAUSAL_WINDOWS):
+        sentences = tw.read_sentences(data / tw.SOURCES[tw.HELD_OUT_SOURCES[i % len(tw.HELD_OUT_SOURCES)]])
+        start = len(sentences) // 2 + 150 * (i // len(tw.HELD_OUT_SOURCES))
+        ids = access.tgt_tokenizer.encode([" ".join(sentences[start:start + 150])])[0]
+        out.append([int(t) for t in ids[:length]])
+    return out
+
+
 def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
     """The published roles tested by ablation against layer-matched random sets
     (analysis.causal_roles): induction (repeated random tokens), copying, the in-context-learning
@@ -247,7 +262,8 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
                            lambda: cr.induction_test(access, named["induction"], sequences).table))
         _once(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
         matched = access.matched_random(named["induction"], draws=3, seed=1)
-        _once(out / "icl.tsv", lambda: cr.icl_scores(access, windows, {"induction": named["induction"], **matched}))
+        _once(out / "icl.tsv", lambda: cr.icl_scores(access, icl_windows(access, args.data), {
+            "induction": named["induction"], **matched}))
         previous = [access.names.name((kind, int(r.layer), int(r.head)))
                     for r in roles[roles["previous_score"] >= PREVIOUS_TOKEN].itertuples()]
 
