@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--train-per-source", type=int, default=1, help="ranking texts per training source")
     parser.add_argument("--held-out-per-source", type=int, default=2, help="held-out texts per source")
     parser.add_argument("--gates-per-source", type=int, default=4, help="gate-training texts per training source")
+    parser.add_argument("--held-out-tokens", type=int, default=0,
+                        help="cut each held-out window to its first N tokens (0: whole windows)")
     parser.add_argument("--draws", type=int, default=preregistered.RANDOM_DRAWS)
     parser.add_argument("--iterative-step", type=float, default=0.1,
                         help="share of heads removed between Michel rescorings (0: at each matched count only)")
@@ -126,6 +128,9 @@ def main(argv=None) -> int:
     _, objective, published_path, published_on = MODELS[args.model]
     data = timed("texts", lambda: texts(args.model, tokenizer, args.data, {
         "train": args.train_per_source, "held_out": args.held_out_per_source, "gates": args.gates_per_source}))
+    if args.held_out_tokens:  # the windows' beginnings, as token ids: every arm reads the same tokens
+        held_out, names = data["held_out"]
+        data["held_out"] = ([ids[:args.held_out_tokens] for ids in tokenizer.encode(held_out)], names)
     (out / "texts.json").write_text(json.dumps({use: {"sources": names, "texts": t} for use, (t, names)
                                                 in data.items()}))
     access = HeadAccess(model, tokenizer, tokenizer, torch.device("cpu"), max_tokens=args.max_tokens)
