@@ -18,7 +18,7 @@ import sys
 import pandas as pd
 import pytest
 import yte
-from toyflow import REPO, smoke_config, write_config
+from toyflow import REPO, smoke_config, snakemake, write_config
 
 RULES = REPO / "workflow/rules"
 # The rules whose jobs train or decode with the model: they must say what they need of a node.
@@ -101,9 +101,8 @@ def test_the_profiles_plan_the_smoke_run(tmp_path, toy_mirror, profile):
     if profile == "slurm":
         pytest.importorskip("snakemake_executor_plugin_slurm", reason="snakemake-executor-plugin-slurm not installed")
     config_path = write_config(tmp_path / "smoke.yaml", smoke_config(toy_mirror))
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--profile",
-           str(REPO / "profiles" / profile), "--configfile", str(config_path), "-n", "--quiet", "rules"]
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = snakemake("--profile", REPO / "profiles" / profile, "--configfile", config_path, "-n", "--quiet", "rules",
+                       cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "train_baseline" in result.stdout and "pruning_report" in result.stdout
 
@@ -174,9 +173,7 @@ def test_a_toy_run_on_slurm(tmp_path, toy_mirror):
 def planned_threads(workdir, config) -> dict[str, set[int]]:
     """rule -> the thread counts of its planned jobs, from a dry run on 2 cores."""
     config_path = write_config(workdir / "threads.yaml", config)
-    result = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2",
-                             "--configfile", str(config_path), "-n"],
-                            cwd=workdir, capture_output=True, text=True, timeout=120)
+    result = snakemake("--cores", "2", "--configfile", config_path, "-n", cwd=workdir, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     threads: dict[str, set[int]] = {}
     for rule, block in re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", result.stdout, flags=re.M):

@@ -24,36 +24,41 @@ DRY = {"-n", "--dry-run", "--dryrun", "--lint", "--unlock", "--report", "--summa
 
 
 def snakemake(*args, cwd=REPO, env=None, timeout=600, snakefile=REPO / "Snakefile", plain=False):
-    """Snakemake on the command line. A run that executes jobs sends its script jobs to the warm
-    interpreter of tests/jobserver.py, unless `plain` (a test of how a job's own process behaves)."""
+    """Snakemake on the command line. Unless `plain` (a test of how Snakemake's or a job's own process
+    behaves), Snakemake runs in a fork of a process that has imported it (tests/jobserver.py), and a
+    run that executes jobs sends its script jobs to the warm interpreter of the job server."""
     args = list(map(str, args))
     env = {**os.environ, **(env or {})}
-    if plain or DRY & set(args):
+    if plain:
         cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), *args]
     else:
-        env[jobserver.ENV] = start_jobserver()
-        cmd = [sys.executable, str(Path(jobserver.__file__)), "snakemake", "-s", str(snakefile), *args]
+        env.pop(jobserver.ENV, None)
+        if not DRY & set(args):
+            env[jobserver.ENV] = start_server("jobs")
+        client = jobserver.client_path(Path(start_server("snakemake")).parent)
+        cmd = [str(client), "-m", "snakemake", "-s", str(snakefile), *args]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-_server: dict = {}
+_servers: dict = {}
 
 
-def start_jobserver() -> str:
-    """The socket of this test process's job server, started on first use (it imports torch and
-    transformers once: about 10 CPU s) and stopped when the tests end."""
-    if "socket" not in _server:
+def start_server(kind: str = "jobs") -> str:
+    """The socket of this test process's server of `kind`, started on first use and stopped when the
+    tests end: "jobs" imports torch and transformers once (about 10 CPU s), "snakemake" Snakemake
+    and its plugins (2-3 CPU s)."""
+    if kind not in _servers:
         import atexit
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix="headcount-jobs-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"headcount-{kind}-"))
         path = str(folder / "socket")
-        process = subprocess.Popen([sys.executable, str(Path(jobserver.__file__)), "serve", path],
+        process = subprocess.Popen([sys.executable, str(Path(jobserver.__file__)), "serve", path, kind],
                                    stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert process.stdout.readline().strip() == "ready", "the job server did not start"
+        assert process.stdout.readline().strip() == "ready", f"the {kind} server did not start"
         atexit.register(lambda: (process.kill(), shutil.rmtree(folder, ignore_errors=True)))
-        _server.update(socket=path, process=process)
-    return _server["socket"]
+        _servers[kind] = path
+    return _servers[kind]
 
 
 def shipped_config() -> dict:
