@@ -1,9 +1,10 @@
 """The workflow on a pretrained language model (`text:` and `lang:`, issue 37): a small GPT-2 that
 transformers' own Trainer trained here on English text (tools/train_lm_reference.py, cached in
 tests/data/gpt2_multi30k) through import, perplexity, head scores, roles, one pruning run and its
-physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned,
-then through the same stages; each one's loss as the Trainer computed it, recomputed (and that
-of a Qwen2 trained the same way, tests/data/qwen2_multi30k); and the config errors of the new keys."""
+physical export; a small BERT the Trainer trained the same way (tests/data/bert_multi30k) planned
+and imported by the workflow, then through the same stages' functions in-process; each one's loss
+as the Trainer computed it, recomputed (and that of a Qwen2 trained the same way,
+tests/data/qwen2_multi30k); and the config errors of the new keys."""
 
 import io
 import json
@@ -13,7 +14,16 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_toy_mirror, toy_corpus
-from toyflow import copy_workflow, run_to, shipped_config, smoke_config, snakemake, write_config
+from toyflow import (
+    STAGE_INPUTS,
+    copy_workflow,
+    run_stages,
+    run_to,
+    shipped_config,
+    smoke_config,
+    snakemake,
+    write_config,
+)
 
 pytest.importorskip("transformers")
 
@@ -119,16 +129,33 @@ def api_against_workflow(results: Path, config: dict, model_dir: Path) -> None:
     pd.testing.assert_frame_equal(gated.gates, workflow_gates[gated.gates.columns], rtol=1e-5, check_dtype=False)
 
 
-@pytest.mark.workflow
-def test_a_trained_bert_runs_through_every_stage(tmp_path):
-    """The masked-LM path end to end on the BERT the Trainer trained: perplexity of a fixed masking,
-    head scores with LRP on its one attention type, roles with the sink role, a gated pruning run
-    and its physical export."""
-    mirror = make_toy_mirror(tmp_path)
-    results = run_to(tmp_path, lm_config(mirror, TRAINED_BERT), "all", "masked-lm")
+@pytest.mark.slow
+def test_a_trained_bert_plans_like_gpt2_imports_and_runs_every_stage(tmp_path):
+    """A masked LM shares GPT-2's DAG: it plans the same rules, and the workflow imports it and
+    prepares its text and parses (one Snakemake run). The stages after that are the rules' own
+    functions in this process, with the settings the rules pass (the merged config): perplexity of a
+    fixed masking, head scores with LRP on its one attention type, roles with the sink role, a gated
+    pruning run and its physical export. (test_a_pretrained_gpt2_runs_through_every_stage runs those
+    rules' jobs through the workflow; a masked LM takes no other rule.)"""
+    config = lm_config(make_toy_mirror(tmp_path), TRAINED_BERT)
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "lm.yaml", config)
+    result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for rule in ("import_pretrained", "lm_quality", "score_heads", "head_roles", "prune_heads", "ranked_curve",
+                 "lm_pruning_report"):
+        assert rule in result.stdout, rule
+    for absent in ("translate", "train_subwords", "train_baseline", "pruning_report "):
+        assert f"\n{absent}" not in result.stdout, absent
+    result = snakemake(*STAGE_INPUTS, "--cores", "1", "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = workdir / "results/toy"
     record = json.loads((results / "baseline/training.json").read_text())
     assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
-    scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
+
+    scores = run_stages(results, config, "all")
     assert scores["sentences"] == 40 and 0 < scores["tokens"] < 40 * 20 and scores["perplexity"] > 1
     heads = pd.read_parquet(results / "heads/scores.parquet")
     assert set(heads["type"]) == {"enc_self"} and len(heads) == 2 * 4
@@ -139,28 +166,6 @@ def test_a_trained_bert_runs_through_every_stage(tmp_path):
     assert set(gates["retained"]) == {"enc_self"}
     export = json.loads((results / "prune/all/lambda_2/physical/summary.json").read_text())
     assert sum(export["heads"]["enc_self"]) == gates["retained"]["enc_self"]
-
-
-@pytest.mark.slow
-def test_a_pretrained_bert_plans_and_imports(tmp_path):
-    """A masked LM shares the DAG: it plans like GPT-2, and the import rule writes what it needs."""
-    mirror = make_toy_mirror(tmp_path)
-    model_dir = TRAINED_BERT
-    workdir = copy_workflow(tmp_path / "wf")
-    config_path = write_config(workdir / "lm.yaml", lm_config(mirror, model_dir))
-    result = snakemake("-n", "--cores", "1", "--quiet", "rules", "--configfile", config_path, cwd=workdir,
-                       snakefile=workdir / "Snakefile")
-    assert result.returncode == 0, result.stderr[-3000:]
-    for rule in ("import_pretrained", "lm_quality", "score_heads", "head_roles", "prune_heads", "ranked_curve",
-                 "lm_pruning_report"):
-        assert rule in result.stdout, rule
-    for absent in ("translate", "train_subwords", "train_baseline", "pruning_report "):
-        assert f"\n{absent}" not in result.stdout, absent
-    result = snakemake("results/toy/baseline/model.pt", "--cores", "1", "--configfile", config_path, cwd=workdir,
-                       snakefile=workdir / "Snakefile")
-    assert result.returncode == 0, result.stderr[-3000:]
-    record = json.loads((workdir / "results/toy/baseline/training.json").read_text())
-    assert record["family"] == "bert" and record["model_kind"] == "encoder_only"
 
 
 @pytest.mark.slow

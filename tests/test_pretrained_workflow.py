@@ -147,12 +147,18 @@ def test_the_shipped_pretrained_experiments_plan_in_a_dry_run(tmp_path):
         assert absent not in jobs, absent
 
 
-@pytest.mark.workflow
-def test_a_fairseq_checkpoint_runs_through_every_stage(tmp_path):
-    """The same stages on a transformer that fairseq-train trained (tests/data/fairseq/pre, see
-    test_fairseq.py): `pretrained: {family: fairseq, ...}` imports it with its dictionaries and
-    sentencepiece models; translation, head scores, roles, gates and head removal follow."""
+@pytest.mark.slow
+def test_a_fairseq_checkpoint_imports_translates_and_runs_every_stage(tmp_path):
+    """A transformer that fairseq-train trained (tests/data/fairseq/pre, see test_fairseq.py):
+    `pretrained: {family: fairseq, ...}` imports it with its dictionaries and sentencepiece models in
+    the workflow, which prepares the data and parses too (one Snakemake run); translation through its
+    tokenizer, scores, head scores, roles, gates and head removal follow, the rules' own functions in
+    this process with the rules' settings (toyflow.run_stages): the imported model is a translation
+    model like MarianMT, whose whole run (test_a_pretrained_marian_model_runs_through_every_stage)
+    takes those rules through the workflow."""
     from pathlib import Path
+
+    from toyflow import CORES, STAGE_INPUTS, copy_workflow, run_stages
 
     folder = Path(__file__).parent / "data" / "fairseq" / "pre"
     mirror = make_toy_mirror(tmp_path)
@@ -160,10 +166,17 @@ def test_a_fairseq_checkpoint_runs_through_every_stage(tmp_path):
     config["experiments"]["toy"]["pretrained"] = {
         "family": "fairseq", "checkpoint": str(folder / "checkpoint.pt"), "data": str(folder),
         "sentencepiece": {"src": str(folder / "src.model"), "tgt": str(folder / "tgt.model")}}
-    results = run_every_stage(tmp_path, config)
+    workdir = copy_workflow(tmp_path / "wf")
+    config_path = write_config(workdir / "fairseq.yaml", config)
+    result = snakemake(*STAGE_INPUTS, "--cores", CORES, "--configfile", config_path, cwd=workdir,
+                       snakefile=workdir / "Snakefile")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = workdir / "results/toy"
     record = json.loads((results / "baseline/training.json").read_text())
     assert record["family"] == "fairseq" and record["model_config"]["norm"] == "pre"
     assert (results / "pretrained/tokenizer/fairseq_tokenizer.json").exists()
+
+    run_stages(results, config, "enc")
     scores = json.loads((results / "baseline/scores/test_2016_flickr.json").read_text())
     assert scores["sentences"] == 40
     heads = pd.read_parquet(results / "heads/scores.parquet")

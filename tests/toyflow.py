@@ -130,6 +130,110 @@ def run_to(tmp_path: Path, config: dict, setting: str, label: str) -> Path:
     return workdir / "results/toy"
 
 
+# What run_stages reads, made by the workflow: the imported model and tokenizer, the data, the parses.
+STAGE_INPUTS = ("results/toy/baseline/model.pt", "results/toy/syntax/parses.parquet",
+                *(f"results/toy/data/{name}.{side}.txt" for name in ("train", "dev", "test_2016_flickr")
+                  for side in ("src", "tgt")))
+
+
+def run_stages(results: Path, config: dict, setting: str, lams=(2.0,), *, report=False, export=True,
+               log=None) -> dict:
+    """The baseline's quality on the analysis set (rule lm_quality for a language model, translate and
+    score for a translation model), then the rules score_heads, head_roles, prune_heads (`setting` at
+    each of `lams`) and export_pruned of the pretrained experiment `toy`, called as their scripts call
+    them, in this process, on what the workflow wrote to `results` (STAGE_INPUTS: the imported model
+    and tokenizer, the data, the parses), with the experiment's settings as the workflow merges them
+    (config/config.yaml, then `config`): the stages of a model kind whose wiring a whole-workflow run
+    of another kind tests. With `report` (a language model), each pruned model's quality, rule
+    lm_pruning_report's table and rule atlas's page too; without `export`, no export_pruned. `log`
+    gets what the stages log.
+    -> the baseline's scores (what the quality rule writes)."""
+    import json
+
+    from snakemake.utils import update_config
+
+    from headcount.config import FINE_TUNING_KEYS, is_lm_experiment, load_experiments
+    from headcount.pipeline.head_scores import score_heads
+    from headcount.pipeline.lm_quality import lm_pruning_report, score_text
+    from headcount.pipeline.pruning_runs import export_pruned, prune_heads
+    from headcount.pipeline.role_finding import find_head_roles
+    from headcount.pipeline.translation import translate_file
+    from headcount.pruning.transformers_export import export_transformers
+    from headcount.report.atlas.build import build_atlas
+    from headcount.training.evaluate import score_file
+
+    merged = shipped_config()
+    update_config(merged, config)
+    exp = load_experiments(merged, REPO / "workflow/schemas/config.schema.yaml")["toy"]
+    split, n, device = exp["analysis"]["set"], exp["analysis"]["max_sentences"], exp["training"]["device"]
+    heads, lowercase, roles = exp["heads"], exp["subwords"]["lowercase"], exp["roles"]
+    assert roles["parser"] == "gold" or not roles["treebanks"], "no reference treebanks here (rule head_roles)"
+    model, tokenizer = str(results / "baseline/model.pt"), str(results / "pretrained/tokenizer")
+    data, log = results / "data", log or (lambda message: None)
+    source, target = str(data / f"{split}.src.txt"), str(data / f"{split}.tgt.txt")
+    language_model = is_lm_experiment(exp)
+    # rule score_heads's `translations` (common.smk, lrp_text): what LRP teacher-forces
+    translations = target if language_model else str(results / f"baseline/translations/{split}.txt")
+    for folder in ("heads", "baseline/scores", "baseline/translations", "atlas"):
+        (results / folder).mkdir(parents=True, exist_ok=True)
+
+    def quality(model_dir: Path) -> dict:
+        (model_dir / "scores").mkdir(parents=True, exist_ok=True)
+        scores = model_dir / f"scores/{split}"
+        return score_text(str(model_dir / "model.pt"), tokenizer, target, split, heads["max_tokens"],
+                          f"{scores}.json", f"{scores}.nll.tsv", device=device, log=log)
+
+    if language_model:
+        record = quality(results / "baseline")
+    else:  # rules translate and score
+        translate_file(model, tokenizer, tokenizer, source, translations, decoding=exp["decoding"], device=device,
+                       log=log)
+        record = score_file(translations, target, lowercase, str(results / f"baseline/scores/{split}.json"),
+                            extra={"split": split, "decoding": exp["decoding"]})
+    score_heads(model, tokenizer, tokenizer, source, target, translations, n, heads["lrp_rule"], heads["ablation"],
+                heads["ablation_bleu_sentences"], heads["max_tokens"], lowercase, str(results / "heads/scores.parquet"),
+                str(results / "heads/scores.csv"), str(results / "heads/correlations.tsv"),
+                str(results / "heads/lrp_conservation.tsv"), device=device, log=log)
+    tables = {"roles": "roles.csv", "positional": "positional.csv", "syntactic": "syntactic.csv", "rare": "rare.csv",
+              "table1": "table1.csv", "table1_md": "table1.md", "function_map": "function_map.png",
+              "relative_positions": "relative_positions.png"}
+    tables = {name: str(results / "syntax" / file) for name, file in tables.items()}
+    find_head_roles(model, tokenizer, str(results / "syntax/parses.parquet"), str(data / "train.src.txt"), lowercase,
+                    roles, tables, head_scores_path=str(results / "heads/scores.parquet"), device=device, log=log,
+                    analysis_src=source, analysis_sentences=n, analysis_label=f"{split}[:{n}] of toy",
+                    parses_info_path=str(results / "syntax/parses.json"), reference_treebanks=[])
+    runs = [results / f"prune/{setting}/lambda_{lam:g}" for lam in lams]
+    for lam, run in zip(lams, runs):
+        prune_heads(model, str(data / "train.src.txt"), str(data / "train.tgt.txt"), str(data / "dev.src.txt"),
+                    str(data / "dev.tgt.txt"), tokenizer, tokenizer, setting, lam,
+                    {k: exp["prune"][k] for k in FINE_TUNING_KEYS if k in exp["prune"]}, exp["training"],
+                    str(run / "train"), str(run / "model.pt"), str(run / "gates.json"), str(run / "trajectory.csv"),
+                    log=log, lowercase=lowercase, baseline_checkpoint=str(results / "baseline/train/checkpoint.pt"))
+        if export:
+            summary = export_pruned(str(run / "model.pt"), str(run / "physical/model.pt"),
+                                    str(run / "physical/summary.json"), log=log)
+            summary["transformers"] = export_transformers(str(run / "model.pt"), str(run / "physical/transformers"),
+                                                          tokenizer_dir=tokenizer, log=log)
+            (run / "physical/summary.json").write_text(json.dumps(summary))
+    if report:  # a language model's: no ranked method runs here (common.smk, lm_pruning_report_inputs)
+        assert language_model and (exp["prune"]["eval_split"] or split) == split
+        for run in runs:
+            quality(run)
+        baseline = results / f"baseline/scores/{split}"
+        lm_pruning_report(f"{baseline}.json", f"{baseline}.nll.tsv", [str(run / "gates.json") for run in runs],
+                          [str(run / f"scores/{split}.json") for run in runs],
+                          [str(run / f"scores/{split}.nll.tsv") for run in runs], [],
+                          str(results / "prune/pruning.tsv"), str(results / "prune/pruning.md"), "toy", log=log)
+        atlas = exp["atlas"]
+        build_atlas(str(results / "atlas/index.html"), str(results / "heads/scores.parquet"), model, tokenizer,
+                    tokenizer, source, target, n, tables["roles"], tables["positional"], tables["syntactic"],
+                    tables["rare"], str(results / "syntax/parses.parquet"), str(data / "train.src.txt"), roles,
+                    str(results / "prune/pruning.tsv"), [str(run / "gates.json") for run in runs],
+                    [str(run / "trajectory.csv") for run in runs], None, atlas["sentences"], atlas["best_sentences"],
+                    lowercase, device, "toy", exp.get("description", ""), log=log)
+    return record
+
+
 def plan(workdir: Path, config: dict, *extra) -> dict[str, int]:
     """The jobs a run of the workflow copied into workdir would do now: rule -> count."""
     config_path = write_config(workdir / "plan.yaml", config)
