@@ -11,7 +11,10 @@ publish_results = load_script(REPO / "tools" / "publish_results.py")
 def _fake_runs(root: Path) -> dict[str, Path]:
     runs = {"main": root / "results" / "exp", "control": root / "results" / "control",
             "seeds": root / "results" / "exp", "toolkits": root / "results" / "compare" / "toolkits",
-            "smollm2": root / "results" / "smollm2_en", "minilm": root / "results" / "minilm_en"}
+            "smollm2": root / "results" / "smollm2_en", "minilm": root / "results" / "minilm_en",
+            "smollm2_counts": root / "results" / "head_counts" / "smollm2",
+            "minilm_counts": root / "results" / "head_counts" / "minilm",
+            "copying_control": root / "results" / "head_counts" / "copying_control"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
