@@ -320,10 +320,10 @@ def attended_raise(output: Tensor, pattern: Tensor, ids: Sequence[int], w_o: Ten
     direct = (output.double() @ w_o.T) * norm_weight  # (Q, D)
     if centre:
         direct = direct - direct.mean(dim=-1, keepdim=True)
-    logits = direct @ unembed.T  # (Q, V)
-    raised = logits - logits.mean(dim=-1, keepdim=True)
     keys = torch.as_tensor(list(ids[1:pattern.shape[1]]), dtype=torch.long)
-    return (pattern[:, 1:].double() * raised[:, keys]).sum(dim=-1)
+    # only the attended tokens' logits and the mean logit: (Q, Tk) and (Q,), not the (Q, V) logits
+    raised = direct @ unembed[keys].T - (direct @ unembed.mean(dim=0))[:, None]
+    return (pattern[:, 1:].double() * raised).sum(dim=-1)
 
 
 def copying_scores(h: HeadAccess, sequences, heads=None) -> pd.DataFrame:
