@@ -18,7 +18,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "headcount"
 # Bottom to top. A module may import its own layer and the layers below it. A name ending in "."
 # covers a subpackage; any other name is one module.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "base": ("headcount.version", "headcount.io", "headcount.progress", "headcount.signals", "headcount.provenance"),
+    # report.preregistered: the rules fixed before the runs they judge, constants importing nothing,
+    # read by the analyses and pruning methods that apply them as well as by the report
+    "base": ("headcount.version", "headcount.io", "headcount.progress", "headcount.signals", "headcount.provenance",
+             "headcount.report.preregistered"),
     "data": ("headcount.data.",),
     "config": ("headcount.config",),  # reads the synthetic language's piece length; never a model
     "models": ("headcount.models.",),
