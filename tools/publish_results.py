@@ -125,7 +125,7 @@ PUBLISHED = {
     **{f"figures/{model}_head_counts.png": (f"{model}_counts", "head_counts.png") for model in ("smollm2", "minilm")},
     **{f"tables/smollm2_{name}": ("smollm2_counts", name) for name in (
         "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
-    "tables/minilm_gates_target_54.tsv": ("minilm_counts", "gates_target_54.tsv"),  # the one L0 run to a target
+    "tables/minilm_targets.tsv": ("minilm_counts", "targets.tsv"),  # the gates trained to each count: error, undecided
     "tables/copying_control_causal.tsv": ("copying_control", "causal.tsv"),
     "tables/copying_control_head_counts.tsv": ("copying_control", "head_counts_summary.tsv"),
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
