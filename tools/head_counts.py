@@ -14,6 +14,7 @@ cost.json (CPU seconds per stage).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -61,29 +62,36 @@ def load(name: str, work: Path):
 
 
 def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple[list, list]]:
-    """Training, held-out and gate-training texts -> {use: (texts, sources)}."""
+    """Training, held-out and gate-training texts -> {use: (texts, sources)}. Each source is read,
+    and cut into windows, once: the ranking and the gate-training texts come from the same files."""
     def count(text: str) -> int:
         return len(tokenizer.encode([text])[0])
+
+    @functools.cache
+    def sentences(source: str) -> list[str]:
+        return tw.read_sentences(data / tw.SOURCES[source])
+
+    @functools.cache
+    def windows(source: str) -> list[str]:
+        return tw.windows_of(sentences(source), count, preregistered.WINDOW_TOKENS - 2)
 
     out = {}
     for use, sources in (("train", tw.TRAIN_SOURCES), ("held_out", tw.HELD_OUT_SOURCES),
                          ("gates", tw.TRAIN_SOURCES)):
         n = per_source[use]
-        if name == "minilm":  # sentences: an embedding model embeds one at a time
-            found, names = [], []
-            for source in sources:
-                sentences = tw.read_sentences(data / tw.SOURCES[source])
-                picked = tw.spread(sentences[1 if use == "gates" else 0:], n)  # gates: others than train's
-                found += picked
-                names += [source] * len(picked)
-            out[use] = (found, names)
-        else:
-            found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS - 2, n if use != "gates"
-                                             else n + per_source["train"])
-            if use == "gates":  # the ranking windows left out
-                keep = [i for i, t in enumerate(found) if t not in set(out["train"][0])]
-                found, names = [found[i] for i in keep], [names[i] for i in keep]
-            out[use] = (found, names)
+        found, names = [], []
+        for source in sources:
+            if name == "minilm":  # sentences: an embedding model embeds one at a time
+                picked = tw.spread(sentences(source)[1 if use == "gates" else 0:], n)  # gates: others than train's
+            else:
+                picked = tw.spread(windows(source), n + per_source["train"] if use == "gates" else n)
+            found += picked
+            names += [source] * len(picked)
+        if use == "gates" and name != "minilm":  # the ranking windows left out
+            train = set(out["train"][0])
+            keep = [i for i, t in enumerate(found) if t not in train]
+            found, names = [found[i] for i in keep], [names[i] for i in keep]
+        out[use] = (found, names)
     return out
 
 
@@ -219,16 +227,6 @@ def sinks_and_confidence(name: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _once(path: Path, make) -> pd.DataFrame:
-    """A causal test's table, made once (a rerun reads it back)."""
-    if path.exists():
-        return pd.read_csv(path, sep="\t")
-    table = make()
-    table.to_csv(path, sep="\t", index=False)
-    log(f"wrote {path}")
-    return table
-
-
 def icl_windows(access: HeadAccess, data: Path) -> list[list[int]]:
     """CAUSAL_WINDOWS windows of held-out running text for the in-context-learning score, cut in
     tokens (WINDOW_TOKENS less the specials the model adds) so that each reaches the score's late
@@ -263,11 +261,11 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
         vocab = access.model.hf.config.vocab_size
         sequences = cr.repeated_random_tokens(vocab, args.sequences, seed=0, low=100,
                                               avoid=cr.special_ids(access))
-        tests.append(_once(out / "causal_induction.tsv",
+        tests.append(hcnt.cached_table(out / "causal_induction.tsv",
                            lambda: cr.induction_test(access, named["induction"], sequences).table))
-        _once(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
+        hcnt.cached_table(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
         matched = access.matched_random(named["induction"], draws=3, seed=1)
-        _once(out / "icl.tsv", lambda: cr.icl_scores(access, icl_windows(access, args.data), {
+        hcnt.cached_table(out / "icl.tsv", lambda: cr.icl_scores(access, icl_windows(access, args.data), {
             "induction": named["induction"], **matched}))
         previous = [access.names.name((kind, int(r.layer), int(r.head)))
                     for r in roles[roles["previous_score"] >= PREVIOUS_TOKEN].itertuples()]
@@ -279,8 +277,8 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
             table["left_out"] = " ".join(found.left_out)
             return table
 
-        tests.append(_once(out / "causal_composition.tsv", composition))
-    tests.append(_once(out / "causal_sink.tsv", lambda: cr.sink_test(access, named["sink"], windows).table))
+        tests.append(hcnt.cached_table(out / "causal_composition.tsv", composition))
+    tests.append(hcnt.cached_table(out / "causal_sink.tsv", lambda: cr.sink_test(access, named["sink"], windows).table))
     pd.concat(tests, ignore_index=True).to_csv(out / "causal.tsv", sep="\t", index=False)
     log(f"wrote {out / 'causal.tsv'}")
 

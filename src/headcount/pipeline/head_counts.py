@@ -10,7 +10,8 @@ head and the measure), which says what text they came from.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +27,8 @@ def _keyed(table: pd.DataFrame, column: str) -> dict:
     return {(r.type, int(r.layer), int(r.head)): float(getattr(r, column)) for r in table.itertuples()}
 
 
-def _cached_table(path: Path, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+def cached_table(path: Path, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
+    """The table at `path`, made by `make` and written whole (through a .part file) the first time."""
     if path.exists():
         return pd.read_csv(path, sep="\t")
     table = make()
@@ -46,23 +48,18 @@ def single_head_ablation(access: HeadAccess, texts: Sequence, metric=None) -> pd
     return table[["type", "layer", "head", "delta_loss"]]
 
 
-def with_masked(model, removed: Sequence[tuple]) -> Callable:
-    """A context that zeroes `removed` heads through the model's head mask, restored after."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def masked():
-        before = {kind: mask.clone() for kind, mask in model.head_mask().items()}
-        masks = {kind: mask.clone() for kind, mask in before.items()}
-        for kind, layer, head in removed:
-            masks[kind][layer, head] = 0.0
-        model.set_head_mask(masks)
-        try:
-            yield
-        finally:
-            model.set_head_mask(before)
-
-    return masked()
+@contextmanager
+def masked_heads(model, removed: Sequence[tuple]) -> Iterator[None]:
+    """`removed` heads zeroed through the model's head mask while the context is open."""
+    before = {kind: mask.clone() for kind, mask in model.head_mask().items()}
+    masks = {kind: mask.clone() for kind, mask in before.items()}
+    for kind, layer, head in removed:
+        masks[kind][layer, head] = 0.0
+    model.set_head_mask(masks)
+    try:
+        yield
+    finally:
+        model.set_head_mask(before)
 
 
 def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, published: pd.DataFrame | None = None,
@@ -79,14 +76,14 @@ def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, publishe
     batches = encode_texts(model, access.src_tokenizer, access.tgt_tokenizer, list(train_texts), None,
                            access.max_tokens, access.device).batches
     log("scores on the training text: confidence")
-    scores = _cached_table(out / "scores_confidence.tsv", lambda: head_confidence(model, batches))
+    scores = cached_table(out / "scores_confidence.tsv", lambda: head_confidence(model, batches))
     arms = [mc.ranking_arm("confidence", _keyed(scores, "confidence"), counts, f"confidence, {trained_on}")]
     log("single-head ablation on the training text" if published is None or "delta_loss" not in published
         else "single-head ablation: the published table")
     if published is not None and "delta_loss" in published:
         ablation, ablation_on = published, published_on
     else:
-        ablation = _cached_table(out / "scores_ablation.tsv", lambda: single_head_ablation(access, train_texts))
+        ablation = cached_table(out / "scores_ablation.tsv", lambda: single_head_ablation(access, train_texts))
         ablation_on = trained_on
     ablation_scores = _keyed(ablation, "delta_loss")
     arms.append(mc.ranking_arm("single-head ablation", ablation_scores, counts, f"delta loss, {ablation_on}"))
@@ -94,11 +91,11 @@ def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, publishe
         arms.append(mc.ranking_arm("LRP", _keyed(published, "lrp"), counts, f"LRP relevance, {published_on}"))
     if kind_of(model).objective not in MICHEL_UNDEFINED:
         log("Michel importance on the training text, one-shot")
-        michel = _cached_table(out / "scores_michel.tsv", lambda: michel_importance(model, batches))
+        michel = cached_table(out / "scores_michel.tsv", lambda: michel_importance(model, batches))
         arms.append(mc.ranking_arm("Michel one-shot", _keyed(michel, "michel"), counts, f"Michel, {trained_on}"))
 
         def rescore(removed):
-            with with_masked(model, removed):
+            with masked_heads(model, removed):
                 return _keyed(michel_importance(model, batches), "michel")
 
         step = max(1, round(iterative_step * len(keys))) if iterative_step else len(keys)
