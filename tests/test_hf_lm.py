@@ -293,6 +293,16 @@ def test_import_save_and_load_round_trip(tiny_dirs, family, lines, tmp_path):
         assert decoded == ([line.lower() for line in lines[:3]] if family == "bert" else lines[:3])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_tiny_model_is_the_same_on_every_write(family, lines, tmp_path):
+    """The same lines give the same tokenizer and weights: tests and dry runs compare numbers that
+    must not depend on the process (WordPiece numbered its tokens in hash order)."""
+    first, second = (_write(family, tmp_path / name, lines) for name in ("a", "b"))
+    for name in ("tokenizer.json", "config.json"):
+        assert (first / name).read_text() == (second / name).read_text(), name
+    assert (first / "model.safetensors").read_bytes() == (second / "model.safetensors").read_bytes()
+
+
 def test_a_language_model_takes_no_language_pair(tiny_dirs, tmp_path):
     with pytest.raises(HeadcountError, match="no language pair"):
         import_pretrained(tiny_dirs["gpt2"], tmp_path / "model.pt", tmp_path / "tok", offline=True, src_lang="en",

@@ -103,7 +103,7 @@ def write_tiny_qwen2(directory: str | os.PathLike, lines: list[str], vocab_size:
 def write_tiny_bert(directory: str | os.PathLike, lines: list[str], vocab_size: int = 80, d_model: int = 16,
                     layers: int = 2, heads: int = 4, ffn: int = 32, positions: int = 64, seed: int = 0) -> Path:
     """A random BertForMaskedLM with a lowercasing WordPiece vocabulary trained on the lines."""
-    from tokenizers import BertWordPieceTokenizer, processors
+    from tokenizers import BertWordPieceTokenizer, models, processors
     from transformers import BertConfig, BertForMaskedLM
 
     directory = Path(directory)
@@ -111,6 +111,12 @@ def write_tiny_bert(directory: str | os.PathLike, lines: list[str], vocab_size: 
     trainer = BertWordPieceTokenizer(lowercase=True)
     trainer.train_from_iterator(lines, vocab_size=vocab_size, min_frequency=1, show_progress=False)
     backend = trainer._tokenizer
+    # The WordPiece trainer picks the same tokens every run but numbers them in hash order, so the
+    # same lines gave different ids (and a different tiny model) per process: renumber them sorted.
+    vocab = backend.get_vocab()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    ordered = specials + sorted(token for token in vocab if token not in specials)
+    backend.model = models.WordPiece({token: i for i, token in enumerate(ordered)}, unk_token="[UNK]")
     backend.post_processor = processors.BertProcessing(("[SEP]", backend.token_to_id("[SEP]")),
                                                        ("[CLS]", backend.token_to_id("[CLS]")))
     tokenizer = _save_tokenizer(backend, directory, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
