@@ -1,18 +1,16 @@
 """headcount's Python API: docs/api.md's examples run as written (on a tiny random Llama with
-SmolLM2's head layout in place of the GGUF), its defaults are the workflow's, and a bad argument is
-named.
-tests/test_lm_workflow.py holds the API's tables against a workflow run's."""
+SmolLM2's head layout in place of the GGUF), and a bad argument is named. Its defaults are the
+workflow's: tests/test_settings.py. tests/test_lm_workflow.py holds the API's tables against a
+workflow run's."""
 
 import re
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from conftest import toy_conllu, toy_corpus
 
 import headcount
-from headcount import api
 
 pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 
@@ -82,17 +80,6 @@ def test_every_example_of_docs_api_runs_and_the_export_is_the_pruned_model(smoll
     assert torch.allclose(theirs, ours, atol=1e-5), (theirs - ours).abs().max()
     # the model the examples ran on is the one they loaded: nothing of headcount left in it
     assert not any("head_mask" in name for name in namespace["model"].state_dict())
-
-
-def test_the_api_defaults_are_the_workflows():
-    defaults = yaml.safe_load((REPO / "config/config.yaml").read_text())["defaults"]
-    assert api.DEFAULT_ROLE_SETTINGS == {k: defaults["roles"][k] for k in api.DEFAULT_ROLE_SETTINGS}
-    assert api.DEFAULT_LRP_RULE == defaults["heads"]["lrp_rule"]
-    assert api.DEFAULT_MAX_TOKENS == defaults["heads"]["max_tokens"]
-    assert api.DEFAULT_PRUNE_SETTINGS == {k: defaults["prune"][k] for k in api.DEFAULT_PRUNE_SETTINGS}
-    assert api.DEFAULT_PRUNE_TRAINING == defaults["prune"]["training"]
-    training = {k: defaults["training"][k] for k in api.DEFAULT_TRAINING}
-    assert api.DEFAULT_TRAINING == {**training, "adam_betas": tuple(training["adam_betas"])}
 
 
 @pytest.mark.parametrize("call, named", [

@@ -20,8 +20,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "headcount"
 LAYERS: dict[str, tuple[str, ...]] = {
     # report.preregistered: the rules fixed before the runs they judge, constants importing nothing,
     # read by the analyses and pruning methods that apply them as well as by the report
+    # settings: every default setting, dataclasses importing nothing, read by every layer above
     "base": ("headcount.version", "headcount.io", "headcount.progress", "headcount.signals", "headcount.provenance",
-             "headcount.report.preregistered"),
+             "headcount.report.preregistered", "headcount.settings"),
     "data": ("headcount.data.",),
     "config": ("headcount.config",),  # reads the synthetic language's piece length; never a model
     "models": ("headcount.models.",),

@@ -33,30 +33,34 @@ import pandas as pd
 
 from headcount.analysis.head_access import ArgumentError, HeadAccess, HeadCache, Measurement
 from headcount.io import HeadcountError
+from headcount.settings import (
+    AtlasSettings,
+    Decoding,
+    HeadScoring,
+    PruneRecipe,
+    PruneTraining,
+    RoleThresholds,
+    TrainingSettings,
+    as_dict,
+)
 
-# What an experiment without its own settings gets (config/config.yaml's defaults: a test checks
-# that the two agree).
-DEFAULT_ROLE_SETTINGS = {"top_k": 500, "positional_threshold": 0.9, "positional_share": "valid",
-                         "syntactic_margin": 0.10, "rare_threshold": 0.5, "rare_margin": 0.1, "min_instances": 10,
-                         "max_sentences": 5000}
-DEFAULT_LRP_RULE = "ding"
-DEFAULT_MAX_TOKENS = 2000
-# Fine-tuning for `prune`: the recipe of config/config.yaml's defaults (prune, prune.training),
-# less what needs files (the baseline's optimizer state) or dev BLEU (best_dev_bleu selection). A
-# model whose gates alone train (a sentence encoder) has nothing to heal: heal_steps 0 for it.
-DEFAULT_PRUNE_SETTINGS = {"gate_lr_scale": 10.0, "log_alpha_init": None, "lr_schedule": "constant",
-                          "resume_optimizer": False, "heal_steps": 200, "select": "last"}
+# What an experiment without its own settings gets: the workflow's defaults (config/config.yaml),
+# held in headcount.settings.
+DEFAULT_ROLE_SETTINGS = as_dict(RoleThresholds())
+DEFAULT_LRP_RULE = HeadScoring.lrp_rule
+DEFAULT_MAX_TOKENS = HeadScoring.max_tokens
+# Fine-tuning for `prune`: the workflow's recipe (prune, prune.training); what needs files (the
+# baseline's optimizer state) or dev BLEU (best_dev_bleu selection) keeps its default, off. A model
+# whose gates alone train (a sentence encoder) has nothing to heal: heal_steps 0 for it.
+DEFAULT_PRUNE_SETTINGS = as_dict(PruneRecipe(), with_optional=False)
 # Recipe keys without a config default (config/README.md): the lambda penalty's scale and the
 # target controller's settings.
 OPTIONAL_PRUNE_SETTINGS = ("penalty_scale", "controller")
-# The training settings a baseline of the workflow has (config/config.yaml's defaults, training),
-# less those of its dev BLEU and checkpoint selection: what `prune` fine-tunes with, where
-# prune.training (DEFAULT_PRUNE_TRAINING) does not say otherwise.
-DEFAULT_TRAINING = {"max_tokens": 1600, "max_steps": 2400, "warmup_steps": 800, "lr_scale": 1.0,
-                    "adam_betas": (0.9, 0.98), "adam_eps": 1e-9, "label_smoothing": 0.1, "clip_norm": 1.0,
-                    "precision": "auto"}
-DEFAULT_PRUNE_TRAINING = {"max_steps": 500, "warmup_steps": 100, "lr_scale": 0.5, "eval_interval": 250,
-                          "checkpoint_interval": 50}
+# The training settings a baseline of the workflow has (training.loop.TrainConfig's): what `prune`
+# fine-tunes with (less dev BLEU and checkpoint selection), where prune.training
+# (DEFAULT_PRUNE_TRAINING) does not say otherwise.
+DEFAULT_TRAINING = as_dict(TrainingSettings())
+DEFAULT_PRUNE_TRAINING = as_dict(PruneTraining())
 
 
 def _log_to_stderr(message: str) -> None:
@@ -155,7 +159,8 @@ def analyse(model, tokenizer, texts: Sequence[str], *, targets: Sequence[str] | 
             measures: Sequence[str] | None = None, roles: bool = True, parses=None, spacy_model: str | None = None,
             frequency_texts: Sequence[str] | None = None, lowercase: bool = False, role_settings: dict | None = None,
             lrp_rule: str = DEFAULT_LRP_RULE, max_tokens: int = DEFAULT_MAX_TOKENS, bleu_sentences: int = 0,
-            beam: int = 4, atlas: str | Path | None = None, atlas_sentences: Sequence[int] = (0, 1, 2),
+            beam: int = Decoding.beam, atlas: str | Path | None = None,
+            atlas_sentences: Sequence[int] = AtlasSettings.sentences,
             objective: str | None = None, device: str = "auto", ablation_heads: Sequence | None = None,
             ablation_layers: Sequence | None = None, log=None) -> Analysis:
     """Score every attention head of `model` on `texts` and find the heads' roles.
@@ -459,7 +464,7 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float | None = None
     from headcount.data.token_corpus import TokenCorpus
     from headcount.models.seq2seq import kind_of
     from headcount.pipeline.pruning_runs import prune_model
-    from headcount.training.loop import Corpus, DevSet, TrainConfig
+    from headcount.training.loop import Corpus, DevSet
 
     log = _logger(log)
     target = _target(target, lam)
@@ -506,7 +511,7 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float | None = None
         setting_types(setting, kind.name)
     except ValueError as error:
         raise ArgumentError(f"setting: {error}") from None
-    known = set(TrainConfig().to_dict())
+    known = set(DEFAULT_TRAINING)
     unknown = sorted(set(training or {}) - known)
     if unknown:
         raise ArgumentError(f"training: unknown keys {unknown}; known: {', '.join(sorted(known))}")
@@ -514,7 +519,7 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float | None = None
         gates_only = not own and not (recipe or {}).get("heal_steps")
     frozen = gates_only or kind.gates_only
     # the baseline's settings (a constant schedule holds the rate where their Noam schedule ends)
-    train_settings = {**TrainConfig().to_dict(), **DEFAULT_TRAINING, **(training or {}), "select": "last",
+    train_settings = {**DEFAULT_TRAINING, **(training or {}), "select": "last",
                       "dev_bleu_sentences": 0, "device": dev_device.type}
     recipe = dict(recipe or {})
     prune_training = {**DEFAULT_PRUNE_TRAINING, **recipe.pop("training", {})}

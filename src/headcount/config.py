@@ -17,6 +17,7 @@ import yaml
 
 from headcount.data.synthetic_language import PIECE_LENGTH
 from headcount.io import HeadcountError
+from headcount.settings import PruneRecipe, TrainingSettings
 
 if TYPE_CHECKING:
     import jsonschema
@@ -451,7 +452,7 @@ def _pretrained_problems(name: str, exp: dict) -> list[str]:
     if prune["resume_optimizer"]:
         problems.append(f"{key}.prune.resume_optimizer': a pretrained model comes without its optimizer state; "
                         f"set it to false")
-    if exp["training"].get("snapshot_interval", 0):
+    if exp["training"].get("snapshot_interval", TrainingSettings.snapshot_interval):
         problems.append(f"{key}.training.snapshot_interval': a pretrained model has no training snapshots; "
                         f"set it to 0")
     if exp["seeds"] != [exp["training"]["seed"]]:
@@ -611,7 +612,7 @@ def load_experiments(config: dict, schema_path: str | os.PathLike) -> dict[str, 
         training = exp["training"]
         # Only for experiments that run: a shared change of defaults (eval_interval) would otherwise
         # fail an experiment nobody asked for.
-        if name in config["run"] and training.get("average_snapshots", 1) > 1 and not (
+        if name in config["run"] and training.get("average_snapshots", TrainingSettings.average_snapshots) > 1 and not (
                 training["snapshot_interval"] and (training["select"] == "last"
                                                    or training["eval_interval"] % training["snapshot_interval"] == 0)):
             problems.append(f"config key 'experiments.{name}.training.average_snapshots': "
@@ -667,7 +668,7 @@ def seed_replicas(name: str, exp: dict) -> dict[str, dict]:
         replica.update(replica_of=name, seeds=[seed], seed_lambdas=None,
                        description=f"{exp.get('description', name)}: seed {seed}")
         # Snapshots only where the seed's own model.pt is their mean (training.average_snapshots).
-        averaged = exp["training"].get("average_snapshots", 1) > 1
+        averaged = exp["training"].get("average_snapshots", TrainingSettings.average_snapshots) > 1
         replica["training"].update(seed=seed, snapshot_interval=exp["training"]["snapshot_interval"] if averaged else 0)
         replica["prune"]["lambdas"] = {setting: list(grid.get(setting, [])) for setting in exp["prune"]["lambdas"]}
         # seed_from_scratch false: the twins of training.seed alone (they cost as much as a baseline
@@ -774,19 +775,20 @@ FINE_TUNING_KEYS = ("gate_lr_scale", "weight_lr_scale", "log_alpha_init", "lr_sc
 
 def fine_tuning_steps(prune: dict) -> int:
     """Steps a pruned model trains after the baseline: the gated phase and the frozen-gate phase."""
-    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", 0))
+    return int(prune["training"]["max_steps"]) + int(prune.get("heal_steps", PruneRecipe.heal_steps))
 
 
 def scratch_schedule(baseline_training: dict, prune: dict) -> dict | None:
     """The from-scratch twin's learning-rate schedule (prune.scratch_schedule): None for the
     baseline's Noam over all its steps; for "pruned", what training.schedules.pruned_model_lr needs to
     give it the pruned model's own schedule."""
-    if prune.get("scratch_schedule", "noam") == "noam":
+    if prune.get("scratch_schedule", PruneRecipe.scratch_schedule) == "noam":
         return None
     schedule = {"baseline_training": {k: baseline_training[k] for k in ("max_steps", "warmup_steps", "lr_scale")},
                 "fine_tuning": {**baseline_training, **prune["training"]}, "lr_schedule": prune["lr_schedule"],
-                "fine_tuning_steps": int(prune["training"]["max_steps"]), "heal_steps": int(prune.get("heal_steps", 0)),
-                "weight_lr_scale": float(prune.get("weight_lr_scale", 1.0))}
+                "fine_tuning_steps": int(prune["training"]["max_steps"]),
+                "heal_steps": int(prune.get("heal_steps", PruneRecipe.heal_steps)),
+                "weight_lr_scale": float(prune.get("weight_lr_scale", PruneRecipe.weight_lr_scale))}
     return schedule
 
 
@@ -795,4 +797,4 @@ def scratch_training(baseline_training: dict, prune: dict) -> dict:
     model had in all (baseline plus fine-tuning) and the pruned model's checkpoint selection."""
     own = {k: v for k, v in baseline_training.items() if k != "average_snapshots"}  # a twin keeps no snapshots
     return {**own, "max_steps": int(baseline_training["max_steps"]) + fine_tuning_steps(prune),
-            "select": prune.get("select", "last")}
+            "select": prune.get("select", PruneRecipe.select)}

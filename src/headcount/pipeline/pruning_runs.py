@@ -44,6 +44,7 @@ from headcount.pruning.removal import (
     kv_cache_bytes_per_token,
     remove_pruned_heads,
 )
+from headcount.settings import PruneRecipe, with_defaults
 from headcount.training.decode import translate
 from headcount.training.evaluate import score_translations
 from headcount.training.loop import Corpus, DevSet, TrainConfig, parameter_groups, train
@@ -147,12 +148,13 @@ def pruning_recipe(setting: str, lam: float | None, prune_settings: dict, train_
     if lam is not None and not lam >= 0:
         raise HeadcountError(f"pruning lambda {lam} is negative: a negative penalty rewards open gates. "
                              f"Use values >= 0 in prune.lambdas.{setting}")
-    scale = prune_settings.get("penalty_scale", "authors")
+    scale = prune_settings.get("penalty_scale", PruneRecipe.penalty_scale)
     if scale not in PENALTY_SCALES:
         raise HeadcountError(f"config key 'prune.penalty_scale': {scale!r}; use one of {', '.join(PENALTY_SCALES)}")
-    recipe = {"lr_schedule": prune_settings.get("lr_schedule", "noam"),
-              "resume_optimizer": bool(prune_settings.get("resume_optimizer", False)),
-              "heal_steps": int(prune_settings.get("heal_steps", 0)), "select": prune_settings.get("select", "last")}
+    # a key left out has the workflow's default (headcount.settings), as in an experiment's config
+    given = with_defaults(PruneRecipe, prune_settings)
+    recipe = {"lr_schedule": given["lr_schedule"], "resume_optimizer": bool(given["resume_optimizer"]),
+              "heal_steps": int(given["heal_steps"]), "select": given["select"]}
     if recipe["select"] not in SELECTIONS:
         raise HeadcountError(f"config key 'prune.select': {recipe['select']!r}; use one of {', '.join(SELECTIONS)}")
     if recipe["select"] == "best_dev_bleu" and not train_settings["dev_bleu_sentences"]:
@@ -184,7 +186,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
         raise HeadcountError(f"a pruning run has a lambda ({lam}) or a target ({target}): exactly one of them")
     recipe = pruning_recipe(setting, lam, prune_settings, train_settings)
     control = target is None and is_control(lam)
-    scale = prune_settings.get("penalty_scale", "authors")
+    scale = prune_settings.get("penalty_scale", PruneRecipe.penalty_scale)
     controller_settings = {**DEFAULT_CONTROLLER, **(prune_settings.get("controller") or {})}
     select_best = recipe["select"] == "best_dev_bleu"
     # The penalty is not part of the dev loss, so the training loop's "best dev" would pick the
@@ -205,7 +207,7 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
         raise HeadcountError(f"config key 'prune.heal_steps': {recipe['heal_steps']}, but prune.gates_only is true: "
                              f"the weights are frozen, so nothing heals; set prune.heal_steps: 0")
     torch.manual_seed(cfg.seed)
-    weight_scale = float(prune_settings.get("weight_lr_scale", 1.0))
+    weight_scale = float(prune_settings.get("weight_lr_scale", PruneRecipe.weight_lr_scale))
     gates, groups = prepare_for_pruning(model, setting, prune_settings["log_alpha_init"],
                                         prune_settings["gate_lr_scale"], control=control,
                                         weight_lr_scale=weight_scale, gates_only=gates_only)

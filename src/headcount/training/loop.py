@@ -30,6 +30,7 @@ from headcount.models.device import inherited_precision, pick_autocast_dtype, pi
 from headcount.models.sentence_embedding import SENTENCE_EMBEDDING, embedding_distance
 from headcount.models.seq2seq import Seq2SeqWithHeads, kind_of
 from headcount.progress import Progress
+from headcount.settings import TrainingSettings
 from headcount.training.averaging import average_state_dicts, averaging_window
 from headcount.training.convergence import dev_losses
 from headcount.training.schedules import noam_lr
@@ -37,30 +38,9 @@ from headcount.training.static_shapes import BACKENDS, Buckets, padded_loss
 
 
 @dataclass
-class TrainConfig:
-    max_tokens: int = 1600  # per batch: sentences * longest side, padding included
-    max_steps: int = 4000
-    warmup_steps: int = 800
-    lr_scale: float = 1.0  # the "scale" of the Noam schedule
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    label_smoothing: float = 0.1
-    clip_norm: float = 1.0
-    log_interval: int = 50
-    eval_interval: int = 500
-    checkpoint_interval: int = 250
-    checkpoint_minutes: float = 10.0  # also checkpoint after this much wall time (0: by steps only)
-    snapshot_interval: int = 0  # keep the weights every this many steps in snapshots/ (0: none)
-    dev_bleu_sentences: int = 1014  # dev sentences greedily decoded for dev BLEU at each eval
-    select: str = "best_dev_bleu"  # which weights become the output: best_dev_bleu | last
-    average_snapshots: int = 1  # the output: the mean of this many snapshots ending at the selected step
-    seed: int = 1
-    precision: str = "auto"  # auto | fp32 | bf16
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch intra-op threads; 0 keeps torch's default
-    # The step's forward pass: eager on each batch's own shape, or on a few padded shapes
-    # (training.static_shapes: buckets | cudagraphs | inductor | aot_eager), which CUDA graphs need.
-    compile_step: str = "eager"
+class TrainConfig(TrainingSettings):
+    """The loop's settings: headcount.settings.TrainingSettings, every field and default (the
+    workflow's `training`), with the methods the loop uses."""
 
     def to_dict(self) -> dict:
         return asdict(self)
