@@ -133,6 +133,7 @@ class AtlasSettings:
     SECTION: ClassVar[str] = "atlas"
 
     sentences: tuple[int, ...] = (0, 1, 2)  # analysis lines (0-based) every head's card shows
+    best_sentences: int = 3  # more per head, where it best shows its role
 
 
 SECTIONS: tuple[type, ...] = (TrainingSettings, PruneRecipe, PruneTraining, HeadScoring, RoleThresholds, Decoding,

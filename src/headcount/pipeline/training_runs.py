@@ -18,6 +18,7 @@ from headcount.models.seq2seq import Seq2SeqWithHeads
 from headcount.models.transformer import ModelConfig, Transformer
 from headcount.provenance import provenance
 from headcount.pruning.removal import computing_kept_heads
+from headcount.settings import PruneRecipe
 from headcount.training.decode import translate
 from headcount.training.evaluate import corpus_bleu
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train
@@ -78,7 +79,7 @@ def train_translation_model(
     if schedule is not None:
         lr_at = pruned_model_lr(schedule["baseline_training"], schedule["fine_tuning"], schedule["lr_schedule"],
                                 schedule["fine_tuning_steps"], schedule["heal_steps"], model.d_model,
-                                schedule.get("weight_lr_scale", 1.0))
+                                schedule.get("weight_lr_scale", PruneRecipe.weight_lr_scale))
         fingerprint["schedule"] = schedule
         log(f"the pruned model's schedule: Noam for {schedule['baseline_training']['max_steps']} steps, "
             f"{schedule['lr_schedule']} for {schedule['fine_tuning_steps']}, healing for {schedule['heal_steps']}")

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...io import read_lines
+from ...settings import AtlasSettings
 from .data import clean, gather_tables, read_table
 from .page import write_page
+
+ATLAS = AtlasSettings()
 
 
 def _table(path):
@@ -20,7 +23,8 @@ def build_atlas(out_html: str, head_scores: str, model: str | None = None, src_s
                 syntactic: str | None = None, rare: str | None = None, parses: str | None = None,
                 train_src: str | None = None, role_settings: dict | None = None, pruning: str | None = None,
                 gates: Sequence[str] = (), trajectories: Sequence[str] = (),
-                planted: str | None = None, sentences: Sequence[int] = (0, 1, 2), best_sentences: int = 2,
+                planted: str | None = None, sentences: Sequence[int] = ATLAS.sentences,
+                best_sentences: int = ATLAS.best_sentences,
                 lowercase: bool = False, device: str = "auto", experiment: str = "", description: str = "",
                 log=print) -> dict:
     """Gather the experiment's tables (atlas.data), run the model on its analysis sentences for
@@ -54,8 +58,9 @@ def write_atlas(out_html: str, scores, roles=None, positional=None, syntactic=No
                 role_settings: dict | None = None, pruning=None, runs: Sequence = (), planted=None,
                 experiment: str = "", description: str = "", model=None, src_tokenizer=None, tgt_tokenizer=None,
                 sources: Sequence[str] = (), targets: Sequence[str] = (), parses=None,
-                frequency_texts: Sequence[str] | None = None, sentences: Sequence[int] = (0, 1, 2),
-                best_sentences: int = 2, lowercase: bool = False, device="cpu", log=print, data_out: bool = False):
+                frequency_texts: Sequence[str] | None = None, sentences: Sequence[int] = ATLAS.sentences,
+                best_sentences: int = ATLAS.best_sentences, lowercase: bool = False, device="cpu", log=print,
+                data_out: bool = False):
     """The atlas from tables in memory (DataFrames) and, where `model` is given (a headcount model
     with its tokenizers), its attention examples on `sources`/`targets` and offset histograms
     (atlas.examples). build_atlas and headcount.api.analyse both call this. -> the page's path, or
