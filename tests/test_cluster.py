@@ -23,7 +23,7 @@ from toyflow import REPO, smoke_config, snakemake, write_config
 RULES = REPO / "workflow/rules"
 # The rules whose jobs train or decode with the model: they must say what they need of a node.
 MODEL_RULES = {"train_baseline", "translate", "score_heads", "head_roles", "prune_heads", "train_from_scratch",
-               "ranked_curve", "snapshot_statistics", "lm_quality", "reference_nll", "prune_to_target"}
+               "ranked_curve", "snapshot_statistics", "lm_quality", "reference_nll", "prune_to_target", "head_counts"}
 
 
 def rule_blocks() -> dict[str, str]:

@@ -21,6 +21,14 @@ def test_counts_follow_the_preregistered_fractions():
     assert preregistered.MATCHED_FRACTIONS_REMOVED == (0.25, 0.5, 0.75)
 
 
+def test_translation_counts_are_the_papers_where_the_model_is_the_papers():
+    # heads kept 4, 10, 12 of 48 encoder heads; 26, 28, 36 of 144 (report.preregistered.MATCHED_HEADS)
+    assert mc.matched_counts(48, "enc") == [36, 38, 44]
+    assert mc.matched_counts(144, "all") == [108, 116, 118]
+    assert mc.matched_counts(24, "all") == mc.counts_removed(24) == [6, 12, 18]  # another model: fractions
+    assert mc.matched_counts(270) == mc.counts_removed(270)
+
+
 def test_a_ranking_removes_the_lowest_first_and_its_sets_are_nested():
     scores = {key: float(i) for i, key in enumerate(reversed(KEYS))}  # the last key scores lowest
     arm = mc.ranking_arm("x", scores, [3, 6], "hand-made")

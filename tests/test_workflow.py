@@ -212,6 +212,62 @@ def test_smoke_run_end_to_end(smoke_run):
 
 
 @pytest.mark.workflow
+def test_head_counts_at_matched_counts_on_the_smoke_run(smoke_run):
+    """rule head_counts on the smoke run's baseline: every arm at the matched counts, the random
+    draws, the L0 runs' errors; a set's loss equals the model's own forward with those heads'
+    0/1 mask set (not the per-head hook the arms are scored through)."""
+    import torch
+    import torch.nn.functional as F
+
+    from headcount.analysis.head_access import BASELINE
+    from headcount.data.batching import objective_tensors
+    from headcount.models.loading import load_model, open_tokenizer
+    from headcount.pipeline.head_counts import masked_heads
+    from headcount.pruning import matched_counts as mc
+    from headcount.report import preregistered
+
+    workdir, config = smoke_run.workdir, smoke_run.config
+    outs = [f"results/toy/head_counts/{setting}/head_counts.tsv" for setting in ("enc", "all")]
+    run = snakemake(*outs, "--cores", CORES, "--configfile", write_config(workdir / "smoke.yaml", config),
+                    cwd=workdir, snakefile=workdir / "Snakefile")
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = workdir / "results/toy/head_counts"
+    for setting, total, types in (("enc", 8, {"enc_self"}), ("all", 24, {"enc_self", "dec_self", "dec_enc"})):
+        table = pd.read_csv(results / setting / "head_counts.tsv", sep="\t")
+        counts = mc.matched_counts(total, setting)
+        assert sorted(table["count"].unique()) == counts == mc.counts_removed(total)
+        named = set(table.loc[table["family"] != mc.RANDOM, "arm"])
+        assert {"confidence", "single-head ablation", "LRP", "Michel one-shot", "Michel iterative", "whole layers",
+                "L0 to target"} <= named
+        assert (table["family"] == mc.RANDOM).sum() == preregistered.RANDOM_DRAWS * len(counts)
+        arms = json.loads((results / setting / "arms.json").read_text())
+        assert {key[0] for arm in arms for heads in arm["removed"].values() for key in heads} == types
+        targets = pd.read_csv(results / setting / "targets.tsv", sep="\t")
+        assert list(targets["target_kept"]) == [total - k for k in counts]
+        assert (results / setting / "head_counts.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the loss of one set, by hand: the 0/1 head mask and the model's teacher-forced forward
+    arm = next(a for a in arms if a["name"] == "single-head ablation")
+    removed = [tuple(key) for key in arm["removed"]["12"]]
+    model = load_model(workdir / "results/toy/baseline/model.pt").eval()
+    src_tok = open_tokenizer(workdir / "results/toy/subwords/src.model", "source")
+    tgt_tok = open_tokenizer(workdir / "results/toy/subwords/tgt.model", "target")
+    src = read_lines(workdir / "results/toy/data/test_2016_flickr.src.txt")
+    tgt = read_lines(workdir / "results/toy/data/test_2016_flickr.tgt.txt")
+    scored = pd.read_csv(results / "all/scored.tsv", sep="\t")
+    for name, heads in ((BASELINE, []), ("single-head ablation @ 12", removed)):
+        rows = scored[scored["set"] == name].sort_values("text")
+        assert len(rows) == len(src), name
+        with masked_heads(model, heads), torch.no_grad():
+            for i in (0, 7, len(src) - 1):
+                s_in, t_in, t_out = objective_tensors("translation", src_tok.encode([src[i]]), tgt_tok.encode([tgt[i]]),
+                                                     model.special)
+                logits, _ = model(s_in, t_in)
+                nll = F.cross_entropy(logits.transpose(1, 2), t_out, reduction="sum", ignore_index=model.special.pad)
+                assert float(rows["sum"].iloc[i]) == pytest.approx(float(nll), rel=1e-5), (name, i)
+
+
+@pytest.mark.workflow
 def test_sigterm_sigint_and_sigkill_end_the_run_and_the_rerun_resumes_to_the_same_weights(tmp_path, smoke_run):
     """The baseline trains in a copy of the finished smoke run, interrupted three ways, each resumed
     as README says, and ends with the uninterrupted run's weights bit for bit:

@@ -174,25 +174,17 @@ def main(argv=None) -> int:
         arm, targets = timed("l0 targets", lambda: hcnt.target_arm(run, counts, total, out, log=log))
         arms.insert(0, arm)
         targets.to_csv(out / "targets.tsv", sep="\t", index=False)
-    hcnt.save_arms(arms, out / "arms.json")
-    measured = timed("scoring", lambda: mc.measure_arms(access, data["held_out"][0], arms, out / "scored.tsv",
-                                                         chunk=args.chunk, log=log))
     head_dim = model.hf.config.hidden_size // model.hf.config.num_attention_heads if hasattr(model, "hf") else 0
 
     def extra(arm, k):
         return {"kv_bytes_per_token": mc.kv_bytes_per_token(arm.removed[k], groups, head_dim)} if groups else {}
 
     margin = preregistered.NO_LOSS_COSINE if objective == "sentence_embedding" else preregistered.NO_LOSS_NATS
-    table = mc.verdicts(measured, arms, margin, extra)
-    table.to_csv(out / "head_counts.tsv", sep="\t", index=False)
-    summary = mc.summary(table, total)
-    summary.to_csv(out / "head_counts_summary.tsv", sep="\t", index=False)
     unit = "cosine distance to the unpruned embedding" if objective else "nats per token"
-    (out / "head_counts.md").write_text(mc.markdown(summary, args.draws, unit), encoding="utf-8")
-    ylabel = "cosine distance to the unpruned embedding" if objective else "loss (nats per token)"
-    mc.plot(table, total, measured.value(measured.baseline), out / "head_counts.png",
-            f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws", ylabel)
-    log(f"wrote {out / 'head_counts_summary.tsv'}")
+    summary = timed("scoring", lambda: hcnt.score_arms(
+        access, arms, data["held_out"][0], out, total=total, margin=margin, unit=unit, extra=extra,
+        draws=args.draws, chunk=args.chunk, log=log,
+        title=f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws"))
     print(summary.to_string(index=False))
     if args.causal:
         timed("causal tests", lambda: causal(args, access, data, out))

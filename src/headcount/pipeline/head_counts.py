@@ -38,11 +38,11 @@ def cached_table(path: Path, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     return table
 
 
-def single_head_ablation(access: HeadAccess, texts: Sequence, metric=None) -> pd.DataFrame:
+def single_head_ablation(access: HeadAccess, texts: Sequence, metric=None, targets=None) -> pd.DataFrame:
     """Each head zeroed alone: its loss minus the model's, on `texts` (type, layer, head, delta_loss)."""
     table = access.heads
     sets = {name: [name] for name in table["name"]}
-    found = access.measure(list(texts), sets, metric=metric)
+    found = access.measure(list(texts), sets, None if targets is None else list(targets), metric=metric)
     base = found.value(found.baseline)
     table["delta_loss"] = [found.value(name) - base for name in table["name"]]
     return table[["type", "layer", "head", "delta_loss"]]
@@ -62,48 +62,68 @@ def masked_heads(model, removed: Sequence[tuple]) -> Iterator[None]:
         model.set_head_mask(before)
 
 
+def _has(published: pd.DataFrame | None, column: str) -> bool:
+    return published is not None and column in published and bool(published[column].notna().all())
+
+
 def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, published: pd.DataFrame | None = None,
                published_on: str = "", trained_on: str = "training text", draws: int = preregistered.RANDOM_DRAWS,
                seed: int = 0, iterative_step: float | None = 0.1, kv_heads: int | None = None,
-               log: Callable[[str], None] = print) -> tuple[list[mc.Arm], dict]:
+               train_targets: Sequence | None = None, types: Sequence[str] | None = None,
+               counts: Sequence[int] | None = None, log: Callable[[str], None] = print
+               ) -> tuple[list[mc.Arm], dict]:
     """Every arm but the Hard Concrete ones, at the matched counts. The rankings and the iterative
     arm are kept under `out` as they are made (read back when they exist, so a rerun scores the same
-    sets). iterative_step: the share of heads Michel's iterative pruning removes between rescorings
-    (None: rescore only at each matched count, the cheaper schedule for a large model)."""
+    sets). A ranking the published table holds (confidence, delta_loss, lrp, michel) is read from
+    it; the others are computed on `train_texts` (an encoder-decoder's with `train_targets`).
+    iterative_step: the share of heads Michel's iterative pruning removes between rescorings (None:
+    rescore only at each matched count, the cheaper schedule for a large model). types: the
+    attention types whose heads may go (a pruning setting's; default every head). counts: heads
+    removed (default the preregistered fractions of those heads)."""
     model = access.model
-    keys = [(r.type, int(r.layer), int(r.head)) for r in access.heads.itertuples()]
-    counts = mc.counts_removed(len(keys))
-    batches = encode_texts(model, access.src_tokenizer, access.tgt_tokenizer, list(train_texts), None,
+    keys = [(r.type, int(r.layer), int(r.head)) for r in access.heads.itertuples()
+            if types is None or r.type in types]
+    counts = list(counts) if counts is not None else mc.counts_removed(len(keys))
+    targets = None if train_targets is None else list(train_targets)
+    batches = encode_texts(model, access.src_tokenizer, access.tgt_tokenizer, list(train_texts), targets,
                            access.max_tokens, access.device).batches
-    log("scores on the training text: confidence")
-    scores = cached_table(out / "scores_confidence.tsv", lambda: head_confidence(model, batches))
-    arms = [mc.ranking_arm("confidence", _keyed(scores, "confidence"), counts, f"confidence, {trained_on}")]
-    log("single-head ablation on the training text" if published is None or "delta_loss" not in published
-        else "single-head ablation: the published table")
-    if published is not None and "delta_loss" in published:
-        ablation, ablation_on = published, published_on
-    else:
-        ablation = cached_table(out / "scores_ablation.tsv", lambda: single_head_ablation(access, train_texts))
-        ablation_on = trained_on
-    ablation_scores = _keyed(ablation, "delta_loss")
-    arms.append(mc.ranking_arm("single-head ablation", ablation_scores, counts, f"delta loss, {ablation_on}"))
-    if published is not None and "lrp" in published and published["lrp"].notna().all():
-        arms.append(mc.ranking_arm("LRP", _keyed(published, "lrp"), counts, f"LRP relevance, {published_on}"))
+
+    def ranking(name: str, column: str, make: Callable[[], pd.DataFrame], what: str) -> tuple[dict, str]:
+        """The scores of `column` for the heads in play, from the published table or made here."""
+        if _has(published, column):
+            log(f"{name}: the published table")
+            table, on = published, published_on
+        else:
+            log(f"{name} on the training text")
+            table, on = cached_table(out / f"scores_{column}.tsv", make), trained_on
+        scores = _keyed(table, column)
+        return {k: scores[k] for k in keys}, f"{what}, {on}"
+
+    confidence, on = ranking("confidence", "confidence", lambda: head_confidence(model, batches), "confidence")
+    arms = [mc.ranking_arm("confidence", confidence, counts, on)]
+    ablation_scores, ablation_on = ranking("single-head ablation", "delta_loss",
+                                           lambda: single_head_ablation(access, train_texts, targets=targets),
+                                           "delta loss")
+    arms.append(mc.ranking_arm("single-head ablation", ablation_scores, counts, ablation_on))
+    if _has(published, "lrp"):
+        arms.append(mc.ranking_arm("LRP", {k: _keyed(published, "lrp")[k] for k in keys}, counts,
+                                   f"LRP relevance, {published_on}"))
     if kind_of(model).objective not in MICHEL_UNDEFINED:
-        log("Michel importance on the training text, one-shot")
-        michel = cached_table(out / "scores_michel.tsv", lambda: michel_importance(model, batches))
-        arms.append(mc.ranking_arm("Michel one-shot", _keyed(michel, "michel"), counts, f"Michel, {trained_on}"))
+        michel, on = ranking("Michel importance, one-shot", "michel", lambda: michel_importance(model, batches),
+                             "Michel")
+        arms.append(mc.ranking_arm("Michel one-shot", michel, counts, on))
 
         def rescore(removed):
             with masked_heads(model, removed):
-                return _keyed(michel_importance(model, batches), "michel")
+                scores = _keyed(michel_importance(model, batches), "michel")
+                return {k: scores[k] for k in keys}
 
         step = max(1, round(iterative_step * len(keys))) if iterative_step else len(keys)
         every = (f"every {round(100 * iterative_step)}% of heads" if iterative_step
                  else "at each matched count")
         arms.append(_cached_arm(out / "arm_michel_iterative.json", lambda: mc.iterative_arm(
             "Michel iterative", rescore, keys, counts, step, f"Michel, rescored {every}, {trained_on}", log=log,
-            first=_keyed(michel, "michel"))))
+            first=michel)))
     # structures, in the order of their heads' summed single-head ablation effects
     layers = {}
     for kind, layer, head in keys:
@@ -163,3 +183,67 @@ def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], 
 
 def save_arms(arms: Sequence[mc.Arm], path: Path) -> None:
     path.write_text(json.dumps([_arm_json(a) for a in arms], indent=0), encoding="utf-8")
+
+
+def score_arms(access: HeadAccess, arms: Sequence[mc.Arm], held_out: Sequence, out: Path, *, total: int,
+               margin: float, unit: str, title: str, targets: Sequence | None = None, extra=None,
+               draws: int = preregistered.RANDOM_DRAWS, chunk: int = 8,
+               log: Callable[[str], None] = print) -> pd.DataFrame:
+    """Every arm's sets scored on the held-out texts (resumable: out/scored.tsv), then the verdicts
+    (head_counts.tsv), the summary (head_counts_summary.tsv, head_counts.md) and the figure
+    (head_counts.png) under `out`; returns the summary. total: the heads in play; margin: the
+    preregistered "no loss" margin in the metric's unit."""
+    save_arms(arms, out / "arms.json")
+    measured = mc.measure_arms(access, list(held_out), arms, out / "scored.tsv",
+                               targets=None if targets is None else list(targets), chunk=chunk, log=log)
+    table = mc.verdicts(measured, arms, margin, extra)
+    table.to_csv(out / "head_counts.tsv", sep="\t", index=False)
+    summary = mc.summary(table, total)
+    summary.to_csv(out / "head_counts_summary.tsv", sep="\t", index=False)
+    (out / "head_counts.md").write_text(mc.markdown(summary, draws, unit), encoding="utf-8")
+    mc.plot(table, total, measured.value(measured.baseline), out / "head_counts.png", title,
+            "cosine distance to the unpruned embedding" if unit.startswith("cosine") else f"loss ({unit})")
+    log(f"wrote {out / 'head_counts_summary.tsv'}")
+    return summary
+
+
+def translation_head_counts(baseline: str | Path, src_spm: str | Path, tgt_spm: str | Path,
+                            rank_src: Sequence[str], rank_tgt: Sequence[str], eval_src: Sequence[str],
+                            eval_tgt: Sequence[str], head_scores: pd.DataFrame, setting: str, out: str | Path, *,
+                            scores_on: str, draws: int = preregistered.RANDOM_DRAWS, seed: int = 0,
+                            iterative_step: float | None = 0.1,
+                            prune_run: Callable[..., pd.DataFrame] | None = None, max_tokens: int = 2000,
+                            device: str = "cpu", log: Callable[[str], None] = print) -> pd.DataFrame:
+    """The matched-count arms on an encoder-decoder baseline, for one pruning setting's heads: the
+    published rankings (`head_scores`, computed on `scores_on`), Michel iterative rescored on the
+    ranking pairs, whole layers, random draws and, given `prune_run(model, tokenizers, kept, work_dir)`
+    -> a gates table (api.Pruning.gates), Hard Concrete gates trained to each count; scored
+    by the references' loss (nats per token) on the evaluation pairs, with the paper's matched
+    counts (pruning.matched_counts.matched_counts)."""
+    import torch
+
+    from headcount.models.loading import load_model, open_tokenizer
+    from headcount.pruning.methods import setting_types
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = load_model(baseline).eval()
+    src_tok, tgt_tok = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
+    access = HeadAccess(model, src_tok, tgt_tok, torch.device(device), max_tokens=max_tokens)
+    types = setting_types(setting, kind_of(model).name)
+    total = int(access.heads["type"].isin(types).sum())
+    counts = mc.matched_counts(total, setting)
+    arms, _ = build_arms(access, rank_src, out, published=head_scores, published_on=scores_on,
+                         trained_on=f"{len(rank_src)} ranking pairs", draws=draws, seed=seed,
+                         iterative_step=iterative_step, train_targets=rank_tgt, types=types, counts=counts,
+                         log=log)
+    if prune_run is not None:
+        def run(kept):
+            return prune_run(model, (src_tok, tgt_tok), kept, out / f"l0_{kept}")
+
+        arm, targets = target_arm(run, counts, total, out, log=log)
+        arms.insert(0, arm)
+        targets.to_csv(out / "targets.tsv", sep="\t", index=False)
+    return score_arms(access, arms, eval_src, out, total=total, margin=preregistered.NO_LOSS_NATS,
+                      unit="nats per token", targets=eval_tgt, draws=draws,
+                      title=f"{setting} heads: {len(eval_src)} held-out pairs, {draws} random draws", log=log)

@@ -47,6 +47,16 @@ def counts_removed(total: int, fractions: Sequence[float] = preregistered.MATCHE
     return [int(round(f * total)) for f in fractions]
 
 
+def matched_counts(total: int, setting: str | None = None) -> list[int]:
+    """Heads removed at each matched count: the paper's counts (report.preregistered.MATCHED_HEADS,
+    heads kept of its 48 encoder or 144 heads) where the setting has the paper's number of heads,
+    otherwise the preregistered fractions of `total`."""
+    paper_total = {"enc": 48, "all": 144}.get(setting or "")
+    if paper_total == total:
+        return sorted(total - kept for kept in preregistered.MATCHED_HEADS[setting])
+    return counts_removed(total)
+
+
 def _ascending(scores: Mapping[HeadKey, float]) -> list[HeadKey]:
     """Heads from the lowest score up; ties by key, so the order is reproducible."""
     return sorted(scores, key=lambda key: (float(scores[key]), key))

@@ -1,0 +1,42 @@
+import pandas as pd
+from _common import job
+
+import headcount
+from headcount.io import read_lines
+from headcount.models.device import pick_device
+from headcount.pipeline.head_counts import translation_head_counts
+
+with job(snakemake) as log:
+    params = snakemake.params
+    n, m, steps = params.rank_sentences, params.l0_sentences, params.l0_steps
+    device = str(pick_device(params.device))
+    l0_src, l0_tgt = read_lines(snakemake.input.train_src)[:m], read_lines(snakemake.input.train_tgt)[:m]
+    eval_src, eval_tgt = read_lines(snakemake.input.eval_src), read_lines(snakemake.input.eval_tgt)
+
+    def prune_run(model, tokenizers, kept, work_dir):
+        """Gates alone on the frozen baseline, trained to `kept` heads of the setting."""
+        return headcount.prune(model, tokenizers, l0_src, target=kept, train_targets=l0_tgt,
+                               setting=snakemake.wildcards.setting, steps=steps, gates_only=True,
+                               dev_texts=eval_src[:2], dev_targets=eval_tgt[:2],
+                               training={"max_tokens": params.max_tokens, "seed": params.seed},
+                               recipe={"training": {"eval_interval": steps, "warmup_steps": 1}},
+                               work_dir=work_dir, device=device, log=log).gates
+
+    translation_head_counts(
+        baseline=snakemake.input.baseline,
+        src_spm=snakemake.input.src_spm,
+        tgt_spm=snakemake.input.tgt_spm,
+        rank_src=read_lines(snakemake.input.rank_src)[:n],
+        rank_tgt=read_lines(snakemake.input.rank_tgt)[:n],
+        eval_src=eval_src,
+        eval_tgt=eval_tgt,
+        head_scores=pd.read_parquet(snakemake.input.head_scores),
+        setting=snakemake.wildcards.setting,
+        out=params.work_dir,
+        scores_on=f"{params.scores_on}[:{n}] (the published scores)",
+        seed=params.seed,
+        prune_run=prune_run if steps else None,
+        max_tokens=params.max_tokens,
+        device=device,
+        log=log,
+    )
