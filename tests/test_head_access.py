@@ -39,6 +39,10 @@ def w_o(hf, family: str, layer: int):
     attention = hf_lm.LM_FAMILIES[family].attentions(hf)[layer]
     if family == "gpt2":
         return attention.c_proj, attention.head_dim
+    if family == "gpt_neox":
+        return attention.dense, attention.head_size
+    if family == "opt":
+        return attention.out_proj, attention.head_dim
     if family in GQA:
         return attention.o_proj, attention.head_dim
     return attention.output.dense, attention.self.attention_head_size
@@ -141,7 +145,7 @@ def test_an_encoder_decoder_head_set_across_types_equals_zeroed_columns(family):
         assert np.abs(found.sums[row] - found.sums[0]).max() > 1e-4
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "opt", "llama", "bert"])
 def test_the_cache_is_transformers_own_patterns_and_w_o_inputs(tiny_dirs, lines, family):
     hf, tokenizer = opened(tiny_dirs, family)
     texts = lines[:3]

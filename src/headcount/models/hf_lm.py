@@ -1,31 +1,43 @@
 """Pretrained decoder-only and encoder-only models from HuggingFace transformers as headcount models.
 
-`HFCausalLM` (model_kind "decoder_only") wraps GPT-2, Llama, Qwen2 and Qwen3 causal language
-models; `HFMaskedLM` (model_kind "encoder_only") wraps BERT and RoBERTa masked language models. The
-batch layout of each kind is seq2seq.py's: a causal LM reads `tgt_in` (src is empty), a masked LM
+`HFCausalLM` (model_kind "decoder_only") wraps GPT-2, GPT-NeoX (Pythia), OPT, Llama, Qwen2 and Qwen3
+causal language models; `HFMaskedLM` (model_kind "encoder_only") wraps BERT and RoBERTa masked language
+models. The batch layout of each kind is seq2seq.py's: a causal LM reads `tgt_in` (src is empty), a masked LM
 reads `src` (tgt_in is empty). As in hf.py, the transformers model runs its own forward pass with
 eager attention (the only implementation that returns probabilities); the adapter replaces each
 attention's output projection by `LMHeadGates` (head_gates.GatedProjection: the `head_context` hook,
 the fixed 0/1 `head_mask` and the Hard Concrete gates in front of W^O, Voita et al. 2019, eq. 2).
 
-What differs between architectures (`LMFamily.layout`):
-- "gpt2": Q, K and V are one fused transformers Conv1D (`c_attn`, output columns Q | K | V, each
-  H * Dh wide) and W^O is a Conv1D too (`c_proj`, weight (in, out)). The adapter converts W^O to an
-  nn.Linear (weight (out, in): head i owns input columns i*Dh:(i+1)*Dh, which gate folding scales);
-  keep_heads slices head i's columns out of each of Q, K and V in `c_attn`.
-- "llama" (Llama, Qwen2, Qwen3): separate q/k/v projections, rotary positions (applied per head,
-  so they are unchanged by pruning) and grouped-query attention: H query heads share KV heads in
+What differs between architectures is data in the family's `LMFamily` entry: where the layers and
+their attentions are, which modules are Q, K, V and W^O, how a fused Q/K/V projection orders its
+outputs, and which attention attributes count heads (transformers reshapes by them). Gates,
+keep_heads, the transformers export (pruning/transformers_export.py) and the tests read the entry,
+so a family whose attention is one of these shapes is one entry:
+- one fused projection, `fused="blocks"` (GPT-2's `c_attn`, a transformers Conv1D: output columns
+  Q | K | V, each H * Dh wide) or `fused="per_head"` (GPT-NeoX's `query_key_value`, an nn.Linear:
+  head 0's q, k, v (Dh each), then head 1's, ...: transformers views its output as (H, 3 * Dh));
+  keep_heads keeps each remaining head's features of it. A Conv1D W^O (GPT-2's `c_proj`, weight
+  (in, out)) becomes the nn.Linear it computes (weight (out, in): head i owns input columns
+  i*Dh:(i+1)*Dh, which gate folding scales);
+- separate q, k, v projections (Llama, Qwen2, Qwen3, OPT, BERT, RoBERTa). Where the attention has
+  grouped-query attention (`num_key_value_groups`: Llama, Qwen) H query heads share KV heads in
   groups of H / KV. Gates are per query head. keep_heads removes query heads and removes a KV head
   only when every query head that shares it is removed; the remaining query heads then no longer
   come in equal groups, so a pruned attention maps each query head to its KV head explicitly
   (`_grouped_eager`, transformers' own eager attention with the keys and values gathered per query
   head; attention modules keep the model's config otherwise).
-- "bert" (BERT, RoBERTa): post-LN encoder; W^O is `attention.output.dense`, Q/K/V `attention.self`'s
-  query, key, value. Masked-LM logits come from the model's MLM head (BERT `cls`, RoBERTa `lm_head`).
+Positions are the model's own and unchanged by pruning: learned (GPT-2; OPT's counted from the
+attention mask, offset 2; BERT, RoBERTa), rotary per head (Llama, Qwen; GPT-NeoX on the first
+`partial_rotary_factor` of each head's features). GPT-NeoX adds attention and feed-forward to the
+residual in parallel (`use_parallel_residual`), which the gates in front of W^O do not see.
+`layout` names the LRP forward (hf_lm_lrp.py) and, "bert", the post-LN encoder whose self-attention
+module (not the W^O module) a layer without heads replaces. Masked-LM logits come from the model's
+MLM head (BERT `cls`, RoBERTa `lm_head`).
 An attention with no heads left outputs W^O's bias (transformers cannot run zero heads), writing
 one all-zero KV head to a decoder's cache so that the cache's length stays the number of tokens.
 
-Token ids: a causal LM starts from its BOS (GPT-2, Qwen: <|endoftext|>; Llama: <s>) and pads with its
+Token ids: a causal LM starts from its BOS (GPT-2, GPT-NeoX, Qwen: <|endoftext|>; Llama: <s>; OPT: </s>,
+which its tokenizer prepends to every text as Llama's does <s>) and pads with its
 pad id or, where it has none, its EOS id (no EOS is ever a target in decoder_only batches); a masked
 LM's src is [CLS] x [SEP] (RoBERTa <s> x </s>) with [MASK]/<mask> at the masked positions. Where the
 pad id is also a text token (GPT-2 and Qwen pad with <|endoftext|>), that token is masked as padding
@@ -80,31 +92,74 @@ from headcount.models.seq2seq import NotAvailableForKind, register_family
 
 @dataclass(frozen=True)
 class LMFamily:
-    """A transformers language-model architecture: its kind and where it keeps its attentions."""
+    """A transformers language-model architecture: its kind and where it keeps its attentions, as
+    module and attribute paths (dotted, under the base model or the attention)."""
 
     name: str  # transformers' model_type (the checkpoint's family)
     model_kind: str  # "decoder_only" or "encoder_only" (seq2seq.MODEL_KINDS)
-    layout: str  # "gpt2", "llama" (separate q/k/v, grouped-query, rotary) or "bert"
+    layout: str  # the LRP forward (hf_lm_lrp.py): "gpt2", "gpt_neox", "opt", "llama" or "bert"
+    layers: str  # the layer list, under the base model
+    attention: str  # each layer's attention module (what `attentions` returns), under the layer
+    out_proj: str  # W^O under the attention: LMHeadGates replaces it
+    qkv: tuple[str, ...]  # Q, K, V under the attention; one path: a fused projection, ordered as `fused`
+    fused: str | None = None  # "blocks" (Q | K | V, each H * Dh) or "per_head" (per head: q, k, v, each Dh)
+    head_dim: str = "head_dim"  # the attention attribute holding the head size
+    n_heads_attr: str | None = None  # the attention attribute holding the head count, where it reshapes by it
+    width_attr: str | None = None  # the attention attribute holding H * Dh, where it reshapes by it
     head_path: str = "lm_head"  # the output layer (D -> V, the MLM head for BERT), a module path
 
     def attentions(self, hf: nn.Module) -> list[nn.Module]:
         """The attention module of each layer, in order (the module whose W^O gets the gates)."""
-        base = hf.base_model
-        if self.layout == "gpt2":
-            return [block.attn for block in base.h]
-        if self.layout == "llama":
-            return [layer.self_attn for layer in base.layers]
-        return [layer.attention for layer in base.encoder.layer]
+        return [layer.get_submodule(self.attention) for layer in hf.base_model.get_submodule(self.layers)]
 
+
+_LLAMA = dict(layers="layers", attention="self_attn", out_proj="o_proj", qkv=("q_proj", "k_proj", "v_proj"))
+_BERT = dict(layers="encoder.layer", attention="attention", out_proj="output.dense",
+             qkv=("self.query", "self.key", "self.value"), head_dim="self.attention_head_size",
+             n_heads_attr="self.num_attention_heads", width_attr="self.all_head_size")
 
 LM_FAMILIES = {f.name: f for f in (
-    LMFamily("gpt2", "decoder_only", "gpt2"),
-    LMFamily("llama", "decoder_only", "llama"),
-    LMFamily("qwen2", "decoder_only", "llama"),
-    LMFamily("qwen3", "decoder_only", "llama"),
-    LMFamily("bert", "encoder_only", "bert", head_path="cls"),
-    LMFamily("roberta", "encoder_only", "bert"),
+    LMFamily("gpt2", "decoder_only", "gpt2", layers="h", attention="attn", out_proj="c_proj", qkv=("c_attn",),
+             fused="blocks", n_heads_attr="num_heads", width_attr="split_size"),
+    LMFamily("gpt_neox", "decoder_only", "gpt_neox", layers="layers", attention="attention", out_proj="dense",
+             qkv=("query_key_value",), fused="per_head", head_dim="head_size"),
+    LMFamily("opt", "decoder_only", "opt", layers="decoder.layers", attention="self_attn", out_proj="out_proj",
+             qkv=("q_proj", "k_proj", "v_proj"), n_heads_attr="num_heads"),
+    LMFamily("llama", "decoder_only", "llama", **_LLAMA),
+    LMFamily("qwen2", "decoder_only", "llama", **_LLAMA),
+    LMFamily("qwen3", "decoder_only", "llama", **_LLAMA),
+    LMFamily("bert", "encoder_only", "bert", **_BERT, head_path="cls"),
+    LMFamily("roberta", "encoder_only", "bert", **_BERT),
 )}
+
+
+def attribute(obj, path: str):
+    """The attribute at a dotted path ("self.query")."""
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def set_attribute(obj, path: str, value) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(attribute(obj, parent) if parent else obj, name, value)
+
+
+def head_features(heads: list[int], head_dim: int, device=None) -> Tensor:
+    """(len(heads) * head_dim,): the features of the given heads in a concatenation of heads."""
+    return torch.tensor([h * head_dim + d for h in heads for d in range(head_dim)], dtype=torch.long, device=device)
+
+
+def fused_features(fused: str, heads: list[int], head_dim: int, n_heads: int, device=None) -> Tensor:
+    """The output features of a fused Q/K/V projection over `n_heads` heads that belong to `heads`:
+    "blocks" (Q | K | V, each n_heads * head_dim wide) or "per_head" (head h's q, k, v at
+    h * 3 * head_dim onwards)."""
+    if fused == "blocks":
+        idx, width = head_features(heads, head_dim, device), n_heads * head_dim
+        return torch.cat([idx, idx + width, idx + 2 * width])
+    if fused == "per_head":
+        return head_features(heads, 3 * head_dim, device)
+    raise ValueError(f"unknown fused Q/K/V arrangement {fused!r}; expected 'blocks' or 'per_head'")
 
 
 def lm_family_of(config) -> LMFamily:
@@ -118,28 +173,23 @@ def lm_family_of(config) -> LMFamily:
 
 
 # --------------------------------------------------------------------------------------------
-# Gate slots and physical pruning per layout
+# Gate slots and physical pruning, as the family entry says
 
 
 class LMHeadGates(GatedProjection):
     """The gated W^O of one language-model attention; satisfies seq2seq.HeadSlots."""
 
     def __init__(self, attention: nn.Module, family: LMFamily):
-        if family.layout == "gpt2":
-            proj, heads, head_dim = _conv1d_to_linear(attention.c_proj), attention.num_heads, attention.head_dim
-        elif family.layout == "llama":
-            head_dim = attention.head_dim
-            proj, heads = attention.o_proj, attention.o_proj.in_features // head_dim
-        else:
-            proj, heads, head_dim = (attention.output.dense, attention.self.num_attention_heads,
-                                     attention.self.attention_head_size)
-        super().__init__(proj, heads, head_dim)
+        original = attribute(attention, family.out_proj)
+        proj, head_dim = _conv1d_to_linear(original), int(attribute(attention, family.head_dim))
+        super().__init__(proj, proj.in_features // head_dim, head_dim)
         self.family = family.name
+        self.transposed = proj is not original  # W^O was a Conv1D (weight (in, out)): the export writes one back
         # The attention this projection belongs to, kept out of the module tree (no cycle).
         self._owner = [attention, family]
-        if family.layout == "llama":  # which current KV head each current query head reads
+        if hasattr(attention, "num_key_value_groups"):  # grouped-query: which KV head each query head reads
             groups = attention.num_key_value_groups
-            self.kv_of = [h // groups for h in range(heads)]
+            self.kv_of = [h // groups for h in range(self.n_heads)]
 
     @property
     def attention(self) -> nn.Module:
@@ -153,33 +203,38 @@ class LMHeadGates(GatedProjection):
         return len(set(self.kv_of)) if hasattr(self, "kv_of") else self.n_heads
 
     def keep_heads(self, heads: list[int]) -> None:
-        """Remove every other head physically: Q, K, V rows (GQA: a KV head goes with the last
-        query head that reads it) and W^O's columns."""
+        """Remove every other head physically: its Q, K, V features (GQA: a KV head goes with the
+        last query head that reads it) and W^O's columns."""
         attention, family = self._owner
         heads = self._checked(heads)
-        previous_kv = getattr(self, "kv_of", None)
+        previous_kv, before = getattr(self, "kv_of", None), self.n_heads
         idx = self._drop_heads(heads)  # (H' * Dh,) the kept query features
         Dh = self.head_dim
-        if family.layout == "gpt2":
-            D = attention.c_attn.weight.shape[1] // 3  # c_attn: Q | K | V, each H * Dh wide
-            attention.c_attn = _conv1d_columns(attention.c_attn, torch.cat([idx, idx + D, idx + 2 * D]))
-            attention.num_heads, attention.split_size = len(heads), len(heads) * Dh
-        elif family.layout == "llama":
-            kept_kv = sorted({previous_kv[h] for h in heads})
-            kv_idx = torch.tensor([k * Dh + d for k in kept_kv for d in range(Dh)], dtype=torch.long,
-                                  device=idx.device)
-            attention.q_proj = linear_rows(attention.q_proj, idx)
-            attention.k_proj = linear_rows(attention.k_proj, kv_idx)
-            attention.v_proj = linear_rows(attention.v_proj, kv_idx)
-            self.kv_of = [kept_kv.index(previous_kv[h]) for h in heads]
-            _group_explicitly(attention, self)
+        if family.fused is not None:
+            path = family.qkv[0]
+            kept = fused_features(family.fused, heads, Dh, before, idx.device)
+            set_attribute(attention, path, _output_features(attribute(attention, path), kept))
         else:
-            inner = attention.self
-            for name in ("query", "key", "value"):
-                setattr(inner, name, linear_rows(getattr(inner, name), idx))
-            inner.num_attention_heads, inner.all_head_size = len(heads), len(heads) * Dh
+            kv_idx = idx
+            if previous_kv is not None:
+                kept_kv = sorted({previous_kv[h] for h in heads})
+                kv_idx = head_features(kept_kv, Dh, idx.device)
+                self.kv_of = [kept_kv.index(previous_kv[h]) for h in heads]
+            for path, rows in zip(family.qkv, (idx, kv_idx, kv_idx)):
+                set_attribute(attention, path, _output_features(attribute(attention, path), rows))
+            if previous_kv is not None:
+                _group_explicitly(attention, self)
+        if family.n_heads_attr:
+            set_attribute(attention, family.n_heads_attr, len(heads))
+        if family.width_attr:
+            set_attribute(attention, family.width_attr, len(heads) * Dh)
         if not heads:
             _silence(attention, self, family)
+
+
+def _output_features(layer: nn.Module, idx: Tensor) -> nn.Module:
+    """A copy of an nn.Linear or a transformers Conv1D with only the output features `idx`."""
+    return linear_rows(layer, idx) if isinstance(layer, nn.Linear) else _conv1d_columns(layer, idx)
 
 
 def _conv1d_to_linear(conv: nn.Module) -> nn.Linear:
@@ -242,7 +297,9 @@ def _silence(attention: nn.Module, gates: LMHeadGates, family: LMFamily) -> None
 
     def forward(hidden_states, *args, **kwargs):
         B, T, _ = hidden_states.shape
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        # transformers' name for the cache: `cache` (5.24 on), `past_key_values`, GPT-NeoX's `layer_past`
+        cache = next((kwargs[name] for name in ("cache", "past_key_values", "layer_past")
+                      if kwargs.get(name) is not None), None)
         Tk = T
         if cache is not None:
             dummy = hidden_states.new_zeros(B, 1, T, gates.head_dim)
@@ -255,20 +312,12 @@ def _silence(attention: nn.Module, gates: LMHeadGates, family: LMFamily) -> None
 
 def _install_gates(hf: nn.Module, family: LMFamily) -> None:
     for attention in family.attentions(hf):
-        if family.layout == "gpt2" and not isinstance(attention.c_proj, LMHeadGates):
-            attention.c_proj = LMHeadGates(attention, family)
-        elif family.layout == "llama" and not isinstance(attention.o_proj, LMHeadGates):
-            attention.o_proj = LMHeadGates(attention, family)
-        elif family.layout == "bert" and not isinstance(attention.output.dense, LMHeadGates):
-            attention.output.dense = LMHeadGates(attention, family)
+        if not isinstance(attribute(attention, family.out_proj), LMHeadGates):
+            set_attribute(attention, family.out_proj, LMHeadGates(attention, family))
 
 
 def _gates_of(attention: nn.Module, family: LMFamily) -> LMHeadGates:
-    if family.layout == "gpt2":
-        return attention.c_proj
-    if family.layout == "llama":
-        return attention.o_proj
-    return attention.output.dense
+    return attribute(attention, family.out_proj)
 
 
 # --------------------------------------------------------------------------------------------
@@ -405,7 +454,7 @@ def _auto_class(family: LMFamily):
 
 
 class HFCausalLM(_HFLanguageModel):
-    """A transformers causal LM (GPT-2, Llama, Qwen2, Qwen3) as a decoder_only headcount model:
+    """A transformers causal LM (GPT-2, GPT-NeoX, OPT, Llama, Qwen2, Qwen3) as a decoder_only headcount model:
     src is empty, tgt_in = BOS + x[:-1], logits are aligned with tgt_out = x."""
 
     model_kind = "decoder_only"

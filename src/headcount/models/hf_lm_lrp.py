@@ -1,5 +1,6 @@
 """The LRP forward passes of the language-model adapters (hf_lm.py): seq2seq.LRPForward for GPT-2,
-Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only).
+GPT-NeoX, OPT, Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only), one per
+`LMFamily.layout`.
 
 Each re-runs its architecture from the model's own weights (evaluation mode, no cache) with the
 rule object's `linear`, `add`, `layer_norm` and `attention` (lrp.DingRules / lrp.AttnLRPRules), as
@@ -10,6 +11,17 @@ hf_lrp.py does for encoder-decoders; every forward value is the model's. What is
   to the token embeddings; the feed-forward activation (gelu_new) passes relevance through neuron
   by neuron under both rules (lrp.pass_through: the paper's rule ignores non-linearities; AttnLRP's
   identity rule for element-wise non-linearities is the same map, as lxt's identity_rule_implicit).
+- GPT-NeoX (Pythia): pre-LN; Q, K, V from one fused nn.Linear whose output holds each head's q, k,
+  v in turn; rotary positions on the first `rotary_ndims` features of each head's q and k (the rest
+  pass unrotated; a fixed linear map of q and k, as for Llama below); attention and feed-forward
+  read the same stream and are added to it in one sum (`use_parallel_residual`; one epsilon-rule
+  sum of three terms under AttnLRP), or one after the other as GPT-2's where it is False; GELU
+  passed through.
+- OPT: pre-LN blocks (post-LN where `do_layer_norm_before` is False, as OPT-350m), separate q/k/v
+  with biases, ReLU passed through; learned positions offset by 2, counted over the real tokens as
+  transformers counts them from the attention mask (constants added to the token embeddings); the
+  bias-free project_in/project_out of a model whose embedding size differs from its hidden size
+  are linear maps like any other.
 - Llama, Qwen2, Qwen3: RMSNorm as hf_lrp.T5LRPForward treats it (ding: pass-through; attnlrp: the
   root mean square held constant, a linear map, epsilon rule), computed in float32 as transformers
   does; rotary positions are a fixed linear map of q and k given the position (no bias, so both
@@ -50,13 +62,14 @@ from headcount.models.seq2seq import NotAvailableForKind
 
 
 def lrp_forward_of(model):
-    """The LRPForward of an hf_lm adapter, by layout."""
+    """The LRPForward of an hf_lm adapter, by its family's layout."""
+    forwards = {"gpt2": GPT2LRPForward, "gpt_neox": GPTNeoXLRPForward, "opt": OPTLRPForward,
+                "llama": LlamaLRPForward, "bert": BertLRPForward}
     layout = model.family.layout
-    if layout == "gpt2":
-        return GPT2LRPForward(model)
-    if layout == "llama":
-        return LlamaLRPForward(model)
-    return BertLRPForward(model)
+    if layout not in forwards:
+        raise LRPNotImplemented(f"{model.family.name}: no LRP forward pass for its layout {layout!r}; leave LRP out "
+                                f"for this model")
+    return forwards[layout](model)
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,7 +117,11 @@ def _rms_norm(rules, x: Tensor, norm: nn.Module) -> Tensor:
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary positions, (B, n, T, Dh) with cos/sin (B or 1, 1, T, Dh): a linear map of x."""
+    """Rotary positions, (B, n, T, Dh) with cos/sin (B or 1, 1, T, R): a linear map of x. R < Dh
+    (GPT-NeoX's partial rotary): the first R features rotate, the others pass unchanged."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
@@ -135,10 +152,10 @@ class _CausalLRPForward:
         causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()[None, None]  # (1, 1, T, T)
         # Padding is no key, as in HFCausalLM.decode (GPT-2 pads with a text token).
         allowed = causal & self.model.special.decoder_positions(tgt_in)[:, None, None, :]  # (B, 1, T, T)
-        x = self._embed(tgt_in)  # (B, T, D)
+        x = self._embed(rules, tgt_in)  # (B, T, D)
         streams, contexts = [x], []
         for i, layer in enumerate(self._layers()):
-            # Llama's rotary cos/sin go in as arguments: a recomputed layer reads this pass's, whatever
+            # Rotary cos/sin (Llama, GPT-NeoX) go in as arguments: a recomputed layer reads this pass's, whatever
             # was decoded since.
             x, ctx = checkpointed(self._layer, rules, i, layer, x, allowed, getattr(self, "_cos_sin", None),
                                   layer=layer, recompute=self.recompute)
@@ -155,7 +172,7 @@ class GPT2LRPForward(_CausalLRPForward):
     def _layers(self):
         return self.base.h
 
-    def _embed(self, tokens: Tensor) -> Tensor:
+    def _embed(self, rules, tokens: Tensor) -> Tensor:
         positions = self.base.wpe.weight[: tokens.shape[1]].detach()  # (T, D) a constant
         return F.embedding(tokens, self.base.wte.weight) + positions
 
@@ -173,6 +190,100 @@ class GPT2LRPForward(_CausalLRPForward):
         return rules.add(x, rules.linear(pass_through(pre, mlp.act(pre)), mlp.c_proj, mlp.c_proj.weight.t())), ctx
 
 
+def _rotary(rotary_emb: nn.Module, x: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """The model's rotary cos/sin for positions 0..T-1, constants: (1, 1, T, R) each."""
+    with torch.no_grad():
+        positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
+        cos, sin = rotary_emb(x, positions)  # (1, T, R)
+    return cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+
+
+class GPTNeoXLRPForward(_CausalLRPForward):
+    """GPT-NeoX (Pythia): pre-LN, fused per-head QKV, partial rotary positions, attention and
+    feed-forward in parallel (or in sequence), GELU."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self._cos_sin = None
+
+    def _layers(self):
+        return self.base.layers
+
+    def _embed(self, rules, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.base.embed_in.weight)
+        self._cos_sin = _rotary(self.base.rotary_emb, x, tokens)
+        return x
+
+    def _final_norm(self, rules, x: Tensor) -> Tensor:
+        return rules.layer_norm(x, self.base.final_layer_norm)
+
+    def _mlp(self, rules, mlp: nn.Module, h: Tensor) -> Tensor:
+        pre = rules.linear(h, mlp.dense_h_to_4h)  # (B, T, F)
+        return rules.linear(pass_through(pre, mlp.act(pre)), mlp.dense_4h_to_h)
+
+    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor, rotary: tuple[Tensor, Tensor]):
+        slot, attention = self.slots[i], layer.attention
+        Dh = slot.head_dim
+        qkv = rules.linear(rules.layer_norm(x, layer.input_layernorm), attention.query_key_value)  # (B, T, H*3*Dh)
+        B, T, _ = qkv.shape
+        q, k, v = qkv.view(B, T, -1, 3 * Dh).transpose(1, 2).chunk(3, dim=-1)  # (B, H, T, Dh) each
+        cos, sin = rotary
+        out, ctx = _attend(rules, slot, _rotate(q, cos, sin), _rotate(k, cos, sin), v, allowed, attention.scaling)
+        if layer.use_parallel_residual:  # x + attn(ln1(x)) + mlp(ln2(x)): one sum
+            ffn = self._mlp(rules, layer.mlp, rules.layer_norm(x, layer.post_attention_layernorm))
+            return rules.stabilise(ffn + out + x), ctx
+        x = rules.add(out, x)
+        return rules.add(self._mlp(rules, layer.mlp, rules.layer_norm(x, layer.post_attention_layernorm)), x), ctx
+
+
+class OPTLRPForward(_CausalLRPForward):
+    """OPT: pre-LN (or post-LN) blocks, learned positions offset by 2, ReLU."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        if not getattr(model.config, "layer_norm_elementwise_affine", True):
+            raise LRPNotImplemented(f"{model.family.name}: LRP reproduces LayerNorms with a gain and bias; this "
+                                    f"model's have none (layer_norm_elementwise_affine=False)")
+        self.decoder = self.base.decoder
+
+    def _layers(self):
+        return self.decoder.layers
+
+    def _embed(self, rules, tokens: Tensor) -> Tensor:
+        x = F.embedding(tokens, self.decoder.embed_tokens.weight)
+        if self.decoder.project_in is not None:
+            x = rules.linear(x, self.decoder.project_in)
+        # Positions as transformers counts them from the mask HFCausalLM.decode passes: 0, 1, ... over
+        # the real tokens (padding -1), offset by the table's 2. Constants.
+        real = self.model.special.decoder_positions(tokens).long()
+        positions = torch.cumsum(real, dim=1) * real - 1
+        table = self.decoder.embed_positions
+        return x + table.weight[positions + table.offset].detach()
+
+    def _final_norm(self, rules, x: Tensor) -> Tensor:
+        if self.decoder.final_layer_norm is not None:
+            x = rules.layer_norm(x, self.decoder.final_layer_norm)
+        if self.decoder.project_out is not None:
+            x = rules.linear(x, self.decoder.project_out)
+        return x
+
+    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor, rotary=None):
+        slot, attention, before = self.slots[i], layer.self_attn, layer.do_layer_norm_before
+        Dh = slot.head_dim
+        h = rules.layer_norm(x, layer.self_attn_layer_norm) if before else x
+        q, k, v = (_heads(rules.linear(h, getattr(attention, name)), Dh) for name in ("q_proj", "k_proj", "v_proj"))
+        out, ctx = _attend(rules, slot, q, k, v, allowed, attention.scaling)  # OPT scales q: the same scores
+        x = rules.add(x, out)
+        if not before:  # OPT-350m: post-LN
+            x = rules.layer_norm(x, layer.self_attn_layer_norm)
+        h = rules.layer_norm(x, layer.final_layer_norm) if before else x
+        pre = rules.linear(h, layer.fc1)  # (B, T, F)
+        x = rules.add(x, rules.linear(pass_through(pre, layer.activation_fn(pre)), layer.fc2))
+        if not before:
+            x = rules.layer_norm(x, layer.final_layer_norm)
+        return x, ctx
+
+
 class LlamaLRPForward(_CausalLRPForward):
     """Llama, Qwen2, Qwen3: RMSNorm, rotary positions, grouped-query attention, SwiGLU."""
 
@@ -187,12 +298,9 @@ class LlamaLRPForward(_CausalLRPForward):
     def _layers(self):
         return self.base.layers
 
-    def _embed(self, tokens: Tensor) -> Tensor:
+    def _embed(self, rules, tokens: Tensor) -> Tensor:
         x = F.embedding(tokens, self.base.embed_tokens.weight)
-        with torch.no_grad():  # rotary cos/sin for positions 0..T-1: constants, the model's own
-            positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
-            cos, sin = self.base.rotary_emb(x, positions)  # (1, T, Dh)
-        self._cos_sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)  # (1, 1, T, Dh)
+        self._cos_sin = _rotary(self.base.rotary_emb, x, tokens)
         return x
 
     def _final_norm(self, rules, x: Tensor) -> Tensor:

@@ -1,9 +1,11 @@
 """Tiny random language models of each hf_lm family, written as transformers' save_pretrained writes
 a pretrained model, with a tokenizer trained on given lines by the `tokenizers` library: stand-ins
 for hub models in tests and dry runs (nothing is downloaded). `write_tiny_gpt2` (byte-level BPE),
-`write_tiny_llama` (sentencepiece-style BPE, grouped-query attention), `write_tiny_qwen2` (Qwen2 or
-Qwen3: byte-level BPE, grouped-query attention), `write_tiny_bert` (WordPiece) and
-`write_tiny_roberta` (byte-level BPE). hf_lm.load_pretrained_lm and import_pretrained_lm read the
+`write_tiny_gpt_neox` (Pythia's layout: byte-level BPE, partial rotary, parallel residual),
+`write_tiny_opt` (byte-level BPE, </s> prepended as BOS by the tokenizer), `write_tiny_llama`
+(sentencepiece-style BPE, grouped-query attention), `write_tiny_qwen2` (Qwen2 or Qwen3: byte-level
+BPE, grouped-query attention), `write_tiny_bert` (WordPiece) and `write_tiny_roberta` (byte-level
+BPE). hf_lm.load_pretrained_lm and import_pretrained_lm read the
 directories offline.
 """
 
@@ -50,6 +52,55 @@ def write_tiny_gpt2(directory: str | os.PathLike, lines: list[str], vocab_size: 
                         attn_pdrop=0.0)
     torch.manual_seed(seed)
     GPT2LMHeadModel(config).save_pretrained(str(directory))
+    return directory
+
+
+def write_tiny_gpt_neox(directory: str | os.PathLike, lines: list[str], vocab_size: int = 300, d_model: int = 16,
+                        layers: int = 2, heads: int = 4, ffn: int = 32, positions: int = 64, rotary_pct: float = 0.5,
+                        parallel_residual: bool = True, seed: int = 0) -> Path:
+    """A random GPTNeoXForCausalLM (Pythia's layout: fused per-head Q/K/V, rotary positions on the
+    first `rotary_pct` of each head's features, attention and feed-forward in parallel) with a
+    byte-level BPE trained on the lines: <|endoftext|> (id 0) is BOS, EOS and unknown, <|padding|>
+    (id 1) pads, as Pythia's tokenizer has them."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = _save_tokenizer(_byte_level(lines, vocab_size, ["<|endoftext|>", "<|padding|>"]), directory,
+                                bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                                pad_token="<|padding|>")
+    config = GPTNeoXConfig(vocab_size=len(tokenizer), hidden_size=d_model, num_hidden_layers=layers,
+                           num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=positions,
+                           rotary_pct=rotary_pct, use_parallel_residual=parallel_residual,
+                           bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    GPTNeoXForCausalLM(config).save_pretrained(str(directory))
+    return directory
+
+
+def write_tiny_opt(directory: str | os.PathLike, lines: list[str], vocab_size: int = 300, d_model: int = 16,
+                   layers: int = 2, heads: int = 4, ffn: int = 32, positions: int = 64, seed: int = 0) -> Path:
+    """A random OPTForCausalLM (pre-LN, separate q/k/v projections with biases, learned positions
+    offset by 2, output layer tied to the embeddings) with a byte-level BPE trained on the lines:
+    <s> <pad> </s> <unk> are ids 0-3 as OPT's, and the tokenizer prepends </s> to every text (OPT's
+    BOS)."""
+    from tokenizers import processors
+    from transformers import OPTConfig, OPTForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    backend = _byte_level(lines, vocab_size, ["<s>", "<pad>", "</s>", "<unk>"])
+    backend.post_processor = processors.TemplateProcessing(single="</s> $A", special_tokens=[
+        ("</s>", backend.token_to_id("</s>"))])
+    tokenizer = _save_tokenizer(backend, directory, bos_token="</s>", eos_token="</s>", unk_token="<unk>",
+                                pad_token="<pad>")
+    config = OPTConfig(vocab_size=len(tokenizer), hidden_size=d_model, num_hidden_layers=layers,
+                       num_attention_heads=heads, ffn_dim=ffn, max_position_embeddings=positions,
+                       word_embed_proj_dim=d_model, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    OPTForCausalLM(config).save_pretrained(str(directory))
     return directory
 
 

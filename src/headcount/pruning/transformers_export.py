@@ -6,8 +6,9 @@ buffers, Hard Concrete log alphas), and the physical export (pruning.removal) gi
 different head counts; transformers 5 has neither `prune_heads` nor head masks, and none of the
 configs of the families headcount adapts can say that one layer has fewer heads than another:
 MarianMT, BART, mBART, M2M100/NLLB and FSMT have one `encoder_attention_heads` and one
-`decoder_attention_heads`, T5/mT5 one `num_heads`, GPT-2 one `n_head`, Llama, Qwen2 and Qwen3 one
-`num_attention_heads` and `num_key_value_heads`, BERT and RoBERTa one `num_attention_heads` (the
+`decoder_attention_heads`, T5/mT5 one `num_heads`, GPT-2 one `n_head`, GPT-NeoX and OPT one
+`num_attention_heads`, Llama, Qwen2 and Qwen3 one `num_attention_heads` and `num_key_value_heads`, BERT
+and RoBERTa one `num_attention_heads` (the
 4.x `pruned_heads` config entry that from_pretrained used to apply is gone). So every closed head
 keeps its place with zero weights, which makes the export's outputs the gated model's:
 
@@ -80,35 +81,31 @@ def _zero_outputs(layer: nn.Module, idx: Tensor) -> None:
 
 def _query_key_value_outputs(slot, closed: list[int]) -> list[tuple[nn.Module, Tensor]]:
     """(projection, output features to zero) for the Q, K and V of the closed heads of one
-    attention, in the family's layout."""
+    attention, where the family's entry (hf_lm.LMFamily) says they are."""
     from headcount.models.hf import FAMILIES, HeadGates
-    from headcount.models.hf_lm import LM_FAMILIES
+    from headcount.models.hf_lm import LM_FAMILIES, attribute, fused_features
 
     attention, Dh = slot.attention, slot.head_dim
     idx = _features(closed, Dh, slot.proj.weight.device)
     if isinstance(slot, HeadGates):  # the encoder-decoder families: separate q/k/v (T5: q, k, v)
         return [(getattr(attention, name), idx) for name in FAMILIES[slot.family].qkv_names]
-    layout = LM_FAMILIES[slot.family].layout
-    if layout == "gpt2":  # one fused Conv1D, output features Q | K | V, each H * Dh wide
-        width = attention.c_attn.weight.shape[1] // 3
-        return [(attention.c_attn, torch.cat([idx, idx + width, idx + 2 * width]))]
-    if layout == "llama":  # grouped-query: a KV head goes only when all its query heads are closed
+    family = LM_FAMILIES[slot.family]
+    if family.fused is not None:  # one fused projection (GPT-2: Q | K | V blocks; GPT-NeoX: per head)
+        return [(attribute(attention, family.qkv[0]),
+                 fused_features(family.fused, closed, Dh, slot.n_heads, idx.device))]
+    kv_idx = idx
+    if hasattr(slot, "kv_of"):  # grouped-query: a KV head goes only when all its query heads are closed
         shut = set(closed)
         kv_closed = [k for k in sorted(set(slot.kv_of)) if all(h in shut for h, kv in enumerate(slot.kv_of) if kv == k)]
         kv_idx = _features(kv_closed, Dh, idx.device)
-        return [(attention.q_proj, idx), (attention.k_proj, kv_idx), (attention.v_proj, kv_idx)]
-    inner = attention.self  # BERT, RoBERTa
-    return [(inner.query, idx), (inner.key, idx), (inner.value, idx)]
+    return [(attribute(attention, path), rows) for path, rows in zip(family.qkv, (idx, kv_idx, kv_idx))]
 
 
 def _plain_projection(slot) -> nn.Module:
     """The gate slot's W^O as the module transformers has there: GPT-2's Conv1D (weight (in, out),
-    which the adapter turned into an nn.Linear), else the nn.Linear itself."""
-    from headcount.models.hf_lm import LM_FAMILIES
-
+    which the adapter turned into an nn.Linear: `slot.transposed`), else the nn.Linear itself."""
     linear = slot.proj
-    family = LM_FAMILIES.get(slot.family)
-    if family is None or family.layout != "gpt2":
+    if not getattr(slot, "transposed", False):
         return linear
     from transformers.pytorch_utils import Conv1D
 
