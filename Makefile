@@ -13,12 +13,18 @@ DEMO_CORES ?= 2
 
 # The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
 # `pip install` of headcount alone accepts.
+# torch by pip, first: on machines that keep its CPU wheel locally (pip's find-links), pip takes that
+# file, where uv would fetch a CUDA build of several GB. The rest by uv (pinned below), which unpacks
+# and byte-compiles in parallel: 30 s instead of pip's 100-150 s on 2 cores (benchmarks/RESULTS.md,
+# "The test suite"); pip does the same install where uv cannot reach an index.
+UV := uv==0.13.9
 $(BIN)/snakemake: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch==2.13.0 first: on machines that keep its CPU wheel locally, pip takes that file.
-	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[workflow,dev]'
+	$(BIN)/python -m pip install --quiet --no-compile torch==2.13.0 $(UV)
+	# (torch/testing/_internal/py312_intrinsics.py is Python 3.12 only, as pip, left uncompiled)
+	$(BIN)/python -m compileall -q -j 0 -x py312_intrinsics "$$($(BIN)/python -c "import torch, os; print(os.path.dirname(torch.__file__))")" >/dev/null
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode -c constraints.txt -e '.[workflow,dev]' \
+		|| $(BIN)/python -m pip install --quiet -c constraints.txt -e '.[workflow,dev]'
 	touch $@
 
 setup: $(BIN)/snakemake
