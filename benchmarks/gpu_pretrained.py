@@ -52,13 +52,13 @@ LINES = ["a dog runs over the green grass", "two children play in the sand", "th
 
 def small_models(workdir: Path) -> dict:
     """family -> (adapter, kind) of small random models: the language models through the same
-    loading path as a downloaded one (hf_lm_tiny writes them as save_pretrained does)."""
+    loading path as a downloaded one (tiny_lm writes them as save_pretrained does)."""
     import transformers
     from transformers import FSMTForConditionalGeneration
 
     from headcount.models.hf import HFSeq2Seq
     from headcount.models.hf_lm import load_pretrained_lm
-    from headcount.models.hf_lm_tiny import (
+    from headcount.testing.tiny_lm import (
         write_tiny_bert,
         write_tiny_gpt2,
         write_tiny_llama,

@@ -38,7 +38,7 @@ def gpt2():
 def smollm2_layout(tmp_path_factory):
     """A tiny random Llama with SmolLM2-135M's heads (30 layers of 9 query heads sharing 3 key/value
     heads), so that every head docs/api.md names exists in it; written here, nothing downloaded."""
-    from headcount.models.hf_lm_tiny import write_tiny_llama
+    from headcount.testing.tiny_lm import write_tiny_llama
 
     lines = toy_corpus(120, seed=5)[0] + [text for block in doc_examples() for text in re.findall(r'"([A-Z][^"]+\.)"',
                                                                                                    block)]

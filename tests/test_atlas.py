@@ -412,8 +412,8 @@ def test_an_encoder_only_language_models_examples_are_over_cls_pieces_and_sep(tm
     the histogram the role analysis's positional.csv ([CLS] folded into the sink)."""
     pytest.importorskip("transformers")
     from headcount.models.hf_lm import load_pretrained_lm
-    from headcount.models.hf_lm_tiny import write_tiny_bert
     from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+    from headcount.testing.tiny_lm import write_tiny_bert
 
     torch.manual_seed(0)
     source = write_tiny_bert(tmp_path / "bert", LM_LINES)

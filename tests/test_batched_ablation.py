@@ -91,10 +91,10 @@ def lines():
 @pytest.mark.slow
 def test_language_models_including_grouped_query_attention(family, lines, tmp_path):
     pytest.importorskip("transformers")
-    from headcount.models import hf_lm_tiny
     from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.testing import tiny_lm
 
-    write = getattr(hf_lm_tiny, f"write_tiny_{family}")
+    write = getattr(tiny_lm, f"write_tiny_{family}")
     model = louder(load_pretrained_lm(write(tmp_path / family, lines, layers=3))).eval()
     if family in ("llama", "qwen2"):  # 4 query heads on 2 KV heads
         assert model.hf.config.num_key_value_heads < model.hf.config.num_attention_heads

@@ -25,8 +25,8 @@ transformers = pytest.importorskip("transformers")
 import headcount  # noqa: E402
 from headcount.analysis import causal_roles as cr  # noqa: E402
 from headcount.analysis.head_access import ArgumentError  # noqa: E402
-from headcount.models import hf_lm_tiny  # noqa: E402
 from headcount.report import preregistered  # noqa: E402
+from headcount.testing import tiny_lm  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -138,9 +138,9 @@ def test_the_previous_token_heads_feed_the_induction_heads(control):
 def tiny(tmp_path_factory, lines):
     """family -> (directory): tiny random models, written once for this file."""
     root = tmp_path_factory.mktemp("causal_tiny")
-    return {"llama": hf_lm_tiny.write_tiny_llama(root / "llama", lines),
-            "gpt2": hf_lm_tiny.write_tiny_gpt2(root / "gpt2", lines),
-            "bert": hf_lm_tiny.write_tiny_bert(root / "bert", lines)}
+    return {"llama": tiny_lm.write_tiny_llama(root / "llama", lines),
+            "gpt2": tiny_lm.write_tiny_gpt2(root / "gpt2", lines),
+            "bert": tiny_lm.write_tiny_bert(root / "bert", lines)}
 
 
 def _model(directory, masked: bool = False):

@@ -363,7 +363,7 @@ def test_an_encoder_decoder_through_the_api(tmp_path):
     """A MarianMT model with its tokenizer: targets required, heads named by type, a cross-attention
     pattern over the source's tokens, and a set across the three types measured against the model
     with the heads' columns zeroed."""
-    from headcount.models.hf import write_tiny_marian
+    from headcount.testing.tiny_seq2seq import write_tiny_marian
 
     src, tgt = toy_corpus(60, seed=11)
     directory = write_tiny_marian(tmp_path / "marian", src, tgt, vocab_size=40)

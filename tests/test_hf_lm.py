@@ -1,5 +1,5 @@
 """The language-model adapters (hf_lm.py) on tiny random GPT-2, GPT-NeoX, OPT, Llama, Qwen2, Qwen3, BERT
-and RoBERTa models written by hf_lm_tiny.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
+and RoBERTa models written by tiny_lm.write_tiny_* with tokenizers trained here on the toy corpus: nothing is
 downloaded. Each check compares with transformers' own forward pass."""
 
 import copy
@@ -11,10 +11,11 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from headcount.io import HeadcountError  # noqa: E402
-from headcount.models import hf_lm, hf_lm_tiny  # noqa: E402
+from headcount.models import hf_lm  # noqa: E402
 from headcount.models.gates import attach_gates  # noqa: E402
 from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
 from headcount.models.seq2seq import HeadSlots, Seq2SeqWithHeads, kind_of  # noqa: E402
+from headcount.testing import tiny_lm  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -28,8 +29,8 @@ ATOL = 1e-5
 
 def _write(family: str, directory, lines):
     if family in ("qwen2", "qwen3"):
-        return hf_lm_tiny.write_tiny_qwen2(directory, lines, family=family)
-    return getattr(hf_lm_tiny, f"write_tiny_{family}")(directory, lines)
+        return tiny_lm.write_tiny_qwen2(directory, lines, family=family)
+    return getattr(tiny_lm, f"write_tiny_{family}")(directory, lines)
 
 
 def transformers_model(directory, family: str) -> nn.Module:
@@ -402,8 +403,8 @@ def test_pieces_align_with_words(tmp_path):
     from headcount.analysis.roles.alignment import align_pieces
 
     lines = ["Grüße aus Köln, sagte er.", "the cat sat on the mat"] * 5
-    for write in (hf_lm_tiny.write_tiny_gpt2, hf_lm_tiny.write_tiny_opt, hf_lm_tiny.write_tiny_llama,
-                  hf_lm_tiny.write_tiny_bert, hf_lm_tiny.write_tiny_roberta):
+    for write in (tiny_lm.write_tiny_gpt2, tiny_lm.write_tiny_opt, tiny_lm.write_tiny_llama,
+                  tiny_lm.write_tiny_bert, tiny_lm.write_tiny_roberta):
         tokenizer = hf_lm.load_lm_tokenizer(write(tmp_path / write.__name__, lines), offline=True)
         line = "the cat sagte Grüße"
         pieces = tokenizer.pieces(line)
@@ -415,11 +416,11 @@ def test_pieces_align_with_words(tmp_path):
 
 def test_pieces_mark_word_starts_the_sentencepiece_way(tmp_path):
     lines = ["Grüße aus Köln, sagte er.", "the cat sat on the mat"] * 5
-    gpt2 = hf_lm.load_lm_tokenizer(hf_lm_tiny.write_tiny_gpt2(tmp_path / "g", lines), offline=True)
+    gpt2 = hf_lm.load_lm_tokenizer(tiny_lm.write_tiny_gpt2(tmp_path / "g", lines), offline=True)
     pieces = gpt2.pieces("Grüße aus the cat")
     assert "".join(pieces).replace("\u200b", "") == "\u2581Grüße\u2581aus\u2581the\u2581cat"
     assert pieces[0].startswith("\u2581")  # the first word has no 'Ġ', but opens a word
-    bert = hf_lm.load_lm_tokenizer(hf_lm_tiny.write_tiny_bert(tmp_path / "b", lines, vocab_size=60), offline=True)
+    bert = hf_lm.load_lm_tokenizer(tiny_lm.write_tiny_bert(tmp_path / "b", lines, vocab_size=60), offline=True)
     pieces = bert.pieces("sagte catmat.")
     tokens = bert.tokenizer.convert_ids_to_tokens(bert.encode(["sagte catmat."])[0])
     assert [p.startswith("\u2581") for p in pieces] == [not t.startswith("##") and t != "." for t in tokens]

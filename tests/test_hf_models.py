@@ -24,12 +24,11 @@ from headcount.models.hf import (  # noqa: E402
     import_pretrained,
     load_pretrained,
     load_tokenizers,
-    write_tiny_fsmt,
-    write_tiny_marian,
 )
 from headcount.models.loading import load_model, open_tokenizer  # noqa: E402
 from headcount.models.lrp import make_rules  # noqa: E402
 from headcount.models.seq2seq import ATTENTION_TYPES, HeadSlots, Seq2SeqWithHeads  # noqa: E402
+from headcount.testing.tiny_seq2seq import write_tiny_fsmt, write_tiny_marian  # noqa: E402
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()

@@ -26,6 +26,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "data": ("headcount.data.",),
     "config": ("headcount.config",),  # reads the synthetic language's piece length; never a model
     "models": ("headcount.models.",),
+    "testing": ("headcount.testing.",),  # fixtures for tests and dry runs: tiny models of each family
     "training": ("headcount.training.",),
     "analysis": ("headcount.analysis.",),
     "pruning": ("headcount.pruning.",),

@@ -95,7 +95,7 @@ def hand_built_induction_gpt2(directory):
     n the number of unit components summed): the scales below keep the logits far apart."""
     from transformers import GPT2LMHeadModel
 
-    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+    from headcount.testing.tiny_lm import write_tiny_gpt2
 
     d, dh = 256, 64
     write_tiny_gpt2(directory, [" ".join("abcdefgh")] * 4, d_model=d, layers=2, heads=4, positions=POSITIONS)

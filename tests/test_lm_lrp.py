@@ -16,8 +16,9 @@ from test_lrp import lrp_layer_norm, lrp_linear, lrp_sum, sgn  # noqa: E402  the
 
 from headcount.analysis.relevance import head_relevance  # noqa: E402
 from headcount.io import HeadcountError  # noqa: E402
-from headcount.models import hf_lm, hf_lm_tiny  # noqa: E402
+from headcount.models import hf_lm  # noqa: E402
 from headcount.models.lrp import lrp_forward, make_rules, masked_step_relevance, step_relevance  # noqa: E402
+from headcount.testing import tiny_lm  # noqa: E402
 
 pytestmark = pytest.mark.slow  # make test-fast leaves this file out: it trains, or loads real weights
 
@@ -95,9 +96,9 @@ def one_layer(tmp_path, lines, family: str):
     """GPT-2 (d 8, 2 heads) or Llama (d 8, 4 query heads sharing 2 KV heads, Dh 2), one layer,
     norms and biases randomised, float64."""
     if family == "gpt2":
-        directory = hf_lm_tiny.write_tiny_gpt2(tmp_path / family, lines, d_model=8, layers=1, heads=2, seed=3)
+        directory = tiny_lm.write_tiny_gpt2(tmp_path / family, lines, d_model=8, layers=1, heads=2, seed=3)
     else:
-        directory = hf_lm_tiny.write_tiny_llama(tmp_path / family, lines, d_model=8, layers=1, heads=4, kv_heads=2,
+        directory = tiny_lm.write_tiny_llama(tmp_path / family, lines, d_model=8, layers=1, heads=4, kv_heads=2,
                                                 ffn=16, seed=3)
     return adapter({family: directory}, family).double()
 

@@ -229,13 +229,13 @@ def test_the_pruning_table_and_ranked_curve_of_a_language_model_read_perplexity(
     masked LM: perplexity with each sentence's NLL, the Michel curve in perplexity, and the pruning
     table with the NLL difference's paired bootstrap interval (a 'pruned' model equal to the
     baseline differs by 0)."""
-    from headcount.models import hf_lm_tiny
     from headcount.models.loading import import_pretrained
     from headcount.pipeline.lm_quality import lm_pruning_report, score_text
     from headcount.pipeline.pruning_runs import ranked_curve
+    from headcount.testing import tiny_lm
 
     lines = toy_corpus(60, seed=1)[0]
-    source = getattr(hf_lm_tiny, f"write_tiny_{family}")(tmp_path / family, lines)
+    source = getattr(tiny_lm, f"write_tiny_{family}")(tmp_path / family, lines)
     model, tokenizer = tmp_path / "model.pt", tmp_path / "tokenizer"
     import_pretrained(source, model, tokenizer)
     text = tmp_path / "test.txt"

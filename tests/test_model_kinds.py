@@ -130,10 +130,10 @@ def lm_dirs(tmp_path_factory):
     pytest.importorskip("transformers")
     from conftest import toy_corpus
 
-    from headcount.models import hf_lm_tiny
+    from headcount.testing import tiny_lm
 
     src, tgt = toy_corpus(120, seed=5)
-    return {family: getattr(hf_lm_tiny, f"write_tiny_{family}")(tmp_path_factory.mktemp(family), src + tgt)
+    return {family: getattr(tiny_lm, f"write_tiny_{family}")(tmp_path_factory.mktemp(family), src + tgt)
             for family in LM_FAMILIES}, src[:12]
 
 

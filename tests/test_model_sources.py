@@ -14,7 +14,7 @@ from conftest import toy_corpus
 
 transformers = pytest.importorskip("transformers")
 
-from headcount.models import hf_lm, hf_lm_tiny  # noqa: E402
+from headcount.models import hf_lm  # noqa: E402
 from headcount.models.hf_source import (  # noqa: E402
     MissingWeights,
     PretrainedModelUnavailable,
@@ -24,6 +24,7 @@ from headcount.models.hf_source import (  # noqa: E402
 )
 from headcount.models.loading import import_pretrained  # noqa: E402
 from headcount.models.packaged import PackagedModelError, fetch_packaged_model, packaged_path  # noqa: E402
+from headcount.testing import tiny_lm  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 SRC = Path(__file__).resolve().parents[1] / "src" / "headcount"
@@ -41,7 +42,7 @@ def lines():
 def test_a_model_whose_config_maps_to_its_own_code_is_refused_and_the_code_never_runs(tmp_path, lines):
     """The issue's case: config.json with auto_map to a modeling .py. Under a terminal transformers
     asked "run the custom code? [y/N]" inside the import job; now nothing is asked and nothing runs."""
-    model_dir = Path(hf_lm_tiny.write_tiny_gpt2(tmp_path / "model", lines))
+    model_dir = Path(tiny_lm.write_tiny_gpt2(tmp_path / "model", lines))
     marker = tmp_path / "ran"
     (model_dir / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n"
                                                 "from transformers import GPT2LMHeadModel as EvilModel\n")
@@ -93,7 +94,7 @@ def test_a_missing_local_model_is_named_without_hub_advice(tmp_path):
 def headless_bert(tmp_path_factory, lines):
     """A BERT saved without its masked-LM head, as sentence-transformers' MiniLM is."""
     root = tmp_path_factory.mktemp("bert")
-    full = hf_lm_tiny.write_tiny_bert(root / "full", lines)
+    full = tiny_lm.write_tiny_bert(root / "full", lines)
     encoder = transformers.BertModel.from_pretrained(str(full))
     encoder.save_pretrained(str(root / "headless"))
     for name in Path(full).iterdir():  # the tokenizer's files
@@ -120,7 +121,7 @@ def test_allow_weights_lets_named_weights_through_and_no_others(headless_bert):
 
 
 def test_a_complete_checkpoint_passes_the_load_report(tmp_path, lines):
-    model = hf_lm.load_pretrained_lm(hf_lm_tiny.write_tiny_llama(tmp_path / "llama", lines))
+    model = hf_lm.load_pretrained_lm(tiny_lm.write_tiny_llama(tmp_path / "llama", lines))
     assert model.model_kind == "decoder_only"
 
 
@@ -281,7 +282,7 @@ def test_attention_parameters_count_the_projections_and_shrink_with_removed_head
 
     from headcount.pruning.removal import attention_parameters, kv_cache_bytes_per_token
 
-    model = hf_lm.load_pretrained_lm(hf_lm_tiny.write_tiny_llama(tmp_path / "llama", lines))
+    model = hf_lm.load_pretrained_lm(tiny_lm.write_tiny_llama(tmp_path / "llama", lines))
     d, dh, kv, layers = 16, 4, 2, 2
     per_layer = d * d + 2 * d * kv * dh + d * d  # W^Q, W^K + W^V, W^O
     assert attention_parameters(model) == layers * per_layer

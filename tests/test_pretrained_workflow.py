@@ -1,5 +1,5 @@
 """The workflow on a pretrained model (`pretrained:`, issue 21): a tiny randomly initialised
-MarianMT written as an opus-mt directory (hf_models.write_tiny_marian), every stage after the
+MarianMT written as an opus-mt directory (tiny_seq2seq.write_tiny_marian), every stage after the
 import run to the end offline, and the config errors a pretrained experiment can hit."""
 
 import json
@@ -42,7 +42,7 @@ def run_every_stage(tmp_path, config: dict):
 
 @pytest.mark.workflow
 def test_a_pretrained_marian_model_runs_through_every_stage(tmp_path):
-    from headcount.models.hf import write_tiny_marian
+    from headcount.testing.tiny_seq2seq import write_tiny_marian
 
     mirror = make_toy_mirror(tmp_path)
     src, tgt = toy_corpus(600, seed=1)

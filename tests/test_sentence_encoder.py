@@ -20,13 +20,13 @@ transformers = pytest.importorskip("transformers")
 from headcount.analysis.importance import MeasureUndefined, dev_batches, head_ablation, michel_importance  # noqa: E402
 from headcount.analysis.measures import score_undefined  # noqa: E402
 from headcount.data.batching import objective_tensors  # noqa: E402
-from headcount.models import hf_lm_tiny  # noqa: E402
 from headcount.models.hf_sentence import HFSentenceEncoder, NotASentenceEncoder  # noqa: E402
 from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
 from headcount.models.packaged import fetch_packaged_model  # noqa: E402
 from headcount.models.sentence_embedding import PoolingUnsupported, embedding_distance, read_pooling  # noqa: E402
 from headcount.models.seq2seq import kind_of  # noqa: E402
 from headcount.pruning.hard_concrete import fold_gates, prepare_for_pruning  # noqa: E402
+from headcount.testing import tiny_lm  # noqa: E402
 from headcount.training.loop import Corpus, DevSet, TrainConfig, train  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -54,7 +54,7 @@ def encoder_dir(tmp_path_factory):
     pooling, Normalize), as all-MiniLM-L6-v2 is."""
     root = tmp_path_factory.mktemp("sentence")
     src, tgt = toy_corpus(60, seed=3)
-    full = hf_lm_tiny.write_tiny_bert(root / "full", src + tgt + SENTENCES, layers=2, heads=4)
+    full = tiny_lm.write_tiny_bert(root / "full", src + tgt + SENTENCES, layers=2, heads=4)
     encoder = transformers.BertModel.from_pretrained(str(full))
     # Heads that matter: at init (std 0.02) a head moves the embedding by 1e-6, float32's noise.
     with torch.no_grad():
@@ -240,7 +240,7 @@ def test_pooling_other_than_one_of_mean_cls_max_is_refused_naming_the_file(tmp_p
 
 def test_objective_sentence_embedding_on_a_causal_lm_is_refused(tmp_path):
     src, tgt = toy_corpus(30, seed=1)
-    directory = hf_lm_tiny.write_tiny_gpt2(tmp_path / "gpt2", src + tgt)
+    directory = tiny_lm.write_tiny_gpt2(tmp_path / "gpt2", src + tgt)
     with pytest.raises(NotASentenceEncoder, match="gpt2.*Remove objective"):
         import_pretrained(str(directory), tmp_path / "m.pt", tmp_path / "tok", objective="sentence_embedding")
 

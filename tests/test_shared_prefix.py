@@ -112,10 +112,10 @@ def lines():
 @pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
 def test_language_models(family, lines, tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    from headcount.models import hf_lm_tiny
     from headcount.models.hf_lm import load_pretrained_lm
+    from headcount.testing import tiny_lm
 
-    write = getattr(hf_lm_tiny, f"write_tiny_{family}")
+    write = getattr(tiny_lm, f"write_tiny_{family}")
     model = louder(load_pretrained_lm(write(tmp_path / family, lines, layers=4))).eval()
     kind = next(iter(model.head_mask()))
     sp = model.special

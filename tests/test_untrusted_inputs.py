@@ -332,9 +332,9 @@ def test_a_hub_model_of_the_wrong_kind_is_refused_when_imported(tmp_path):
     from conftest import toy_corpus
 
     from headcount.io import HeadcountError
-    from headcount.models.hf import write_tiny_marian
-    from headcount.models.hf_lm_tiny import write_tiny_gpt2
     from headcount.pipeline.training_runs import import_pretrained_baseline
+    from headcount.testing.tiny_lm import write_tiny_gpt2
+    from headcount.testing.tiny_seq2seq import write_tiny_marian
 
     src, tgt = toy_corpus(200, seed=3)
     marian = write_tiny_marian(tmp_path / "marian", src, tgt, vocab_size=40)

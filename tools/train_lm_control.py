@@ -9,7 +9,7 @@ the second copy is the one that followed the same token in the first copy, which
 model computes with a previous-token head in layer 1 (each position learns its predecessor) and an
 induction head in layer 2 (attend to the position after the earlier occurrence of the current
 token: Olsson et al. 2022). The length varies, so no fixed offset answers it. The model is a
-transformers GPT2LMHeadModel (hf_lm_tiny.write_tiny_gpt2, dropout off) trained through the
+transformers GPT2LMHeadModel (tiny_lm.write_tiny_gpt2, dropout off) trained through the
 HFCausalLM adapter by training.loop.train and saved as a headcount checkpoint, model.pt (what the
 role analysis and the tests read). What the role detectors find in it is printed and written to
 roles.json beside it.
@@ -58,7 +58,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from headcount.analysis.roles.collect import induction_statistics
     from headcount.models.hf_lm import load_pretrained_lm
-    from headcount.models.hf_lm_tiny import write_tiny_gpt2
+    from headcount.testing.tiny_lm import write_tiny_gpt2
     from headcount.training.loop import Corpus, DevSet, TrainConfig, train
 
     out = Path(args.out)

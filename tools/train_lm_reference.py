@@ -6,14 +6,14 @@ side and the text of UD English-EWT's training treebank), so that the workflow's
 stages run on weights that mean something (tests/test_lm_workflow.py reads them from
 tests/data/gpt2_multi30k, qwen2_multi30k and bert_multi30k):
 
-- gpt2: a byte-level BPE tokenizer trained here (hf_lm_tiny.write_tiny_gpt2: <|endoftext|> is BOS,
+- gpt2: a byte-level BPE tokenizer trained here (tiny_lm.write_tiny_gpt2: <|endoftext|> is BOS,
   EOS and, as for GPT-2, there is no pad token) and a GPT2LMHeadModel of the given size, trained by
   transformers' causal-LM collator (each line is <|endoftext|> + text, the collator's labels are
   the inputs, the model shifts them);
-- qwen2: the same with a Qwen2ForCausalLM (hf_lm_tiny.write_tiny_qwen2: byte-level BPE, no BOS, so
+- qwen2: the same with a Qwen2ForCausalLM (tiny_lm.write_tiny_qwen2: byte-level BPE, no BOS, so
   <|endoftext|> starts each line as headcount's reading does; grouped-query attention, two query
   heads a key/value head; rotary positions; SwiGLU; RMSNorm);
-- bert: a lowercasing WordPiece tokenizer trained here (hf_lm_tiny.write_tiny_bert: [CLS] text
+- bert: a lowercasing WordPiece tokenizer trained here (tiny_lm.write_tiny_bert: [CLS] text
   [SEP]) and a BertForMaskedLM, trained by transformers' masked-LM collator (15% of the tokens,
   80% of them [MASK], 10% a random token, 10% kept); it is evaluated on headcount's own fixed,
   seeded masking (data.batching.masked_lm_tensors), the one headcount scores masked LMs on, so that
@@ -101,8 +101,8 @@ def main() -> int:
 
     from headcount.data.batching import masked_lm_tensors
     from headcount.models.hf_lm import special_ids_of
-    from headcount.models.hf_lm_tiny import write_tiny_bert, write_tiny_gpt2, write_tiny_qwen2
     from headcount.models.hf_lm_tokenizer import load_lm_tokenizer
+    from headcount.testing.tiny_lm import write_tiny_bert, write_tiny_gpt2, write_tiny_qwen2
 
     torch.set_num_threads(args.threads)
     set_seed(args.seed)

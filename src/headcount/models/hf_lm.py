@@ -50,8 +50,8 @@ Tokenizers (hf_lm_tokenizer.py): `LMTokenizer`, one tokenizer for both sides, it
 sentencepiece way.
 
 `import_pretrained_lm` writes a headcount checkpoint and the tokenizer's files (with a manifest that
-loading.open_tokenizer recognises). hf_lm_tiny.py writes small random models of each family with
-tokenizers trained on given lines, for tests and dry runs without the hub.
+loading.open_tokenizer recognises). headcount.testing.tiny_lm writes small random models of each
+family with tokenizers trained on given lines, for tests and dry runs without the hub.
 
 Shapes: B batch, T length (target or source), D hidden size, H heads, Dh head size, V vocabulary.
 """

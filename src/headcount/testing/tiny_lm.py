@@ -1,11 +1,11 @@
 """Tiny random language models of each hf_lm family, written as transformers' save_pretrained writes
-a pretrained model, with a tokenizer trained on given lines by the `tokenizers` library: stand-ins
-for hub models in tests and dry runs (nothing is downloaded). `write_tiny_gpt2` (byte-level BPE),
-`write_tiny_gpt_neox` (Pythia's layout: byte-level BPE, partial rotary, parallel residual),
-`write_tiny_opt` (byte-level BPE, </s> prepended as BOS by the tokenizer), `write_tiny_llama`
-(sentencepiece-style BPE, grouped-query attention), `write_tiny_qwen2` (Qwen2 or Qwen3: byte-level
-BPE, grouped-query attention), `write_tiny_bert` (WordPiece) and `write_tiny_roberta` (byte-level
-BPE). hf_lm.load_pretrained_lm and import_pretrained_lm read the
+a pretrained model, with a tokenizer trained on given lines by the `tokenizers` library: fixtures
+standing in for hub models in tests and dry runs (nothing is downloaded), not analysis code.
+`write_tiny_gpt2` (byte-level BPE), `write_tiny_gpt_neox` (Pythia's layout: byte-level BPE, partial
+rotary, parallel residual), `write_tiny_opt` (byte-level BPE, </s> prepended as BOS by the
+tokenizer), `write_tiny_llama` (sentencepiece-style BPE, grouped-query attention), `write_tiny_qwen2`
+(Qwen2 or Qwen3: byte-level BPE, grouped-query attention), `write_tiny_bert` (WordPiece) and
+`write_tiny_roberta` (byte-level BPE). hf_lm.load_pretrained_lm and import_pretrained_lm read the
 directories offline.
 """
 
