@@ -152,3 +152,16 @@ def test_scoring_resumes_and_matches_a_direct_measurement(tiny_access, lines, tm
     direct = tiny_access.measure(texts, {"x": [tiny_access.names.name(k) for k in arms[0].removed[counts[1]]]})
     assert found.value(mc.set_name(arms[0], counts[1])) == pytest.approx(direct.value("x"), rel=1e-6)
     assert found.value(BASELINE) == pytest.approx(direct.value(direct.baseline), rel=1e-6)
+
+
+def test_a_run_resumes_only_from_the_same_inputs(tmp_path):
+    from headcount.pipeline.head_counts import start_afresh_unless
+
+    out = tmp_path / "counts"
+    start_afresh_unless(out, {"baseline": "a", "draws": 20}, log=lambda m: None)
+    (out / "scored.tsv").write_text("kept")
+    (out / "l0_10").mkdir()
+    start_afresh_unless(out, {"draws": 20, "baseline": "a"}, log=lambda m: None)  # the same, in another order
+    assert (out / "scored.tsv").exists() and (out / "l0_10").is_dir()
+    start_afresh_unless(out, {"baseline": "b", "draws": 20}, log=lambda m: None)  # another baseline
+    assert sorted(p.name for p in out.iterdir()) == ["fingerprint.json"]

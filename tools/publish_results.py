@@ -8,6 +8,7 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
     .venv/bin/python tools/publish_results.py --lm                 # smollm2_en and minilm_en alone (results_lm.md)
     .venv/bin/python tools/publish_results.py --head-counts        # results/head_counts alone (results_lm.md)
+    .venv/bin/python tools/publish_results.py --demo               # make demo's matched counts alone
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -128,6 +129,13 @@ PUBLISHED = {
     "tables/minilm_targets.tsv": ("minilm_counts", "targets.tsv"),  # the gates trained to each count: error, undecided
     "tables/copying_control_causal.tsv": ("copying_control", "causal.tsv"),
     "tables/copying_control_head_counts.tsv": ("copying_control", "head_counts_summary.tsv"),
+    # The positive control of `make demo` at matched counts against random heads (rule head_counts)
+    **{f"tables/demo_head_counts_{setting}.{ext}": ("demo_counts", f"head_counts/{setting}/{name}")
+       for setting in ("enc", "all") for ext, name in (("md", "head_counts.md"), ("tsv", "head_counts_summary.tsv"))},
+    **{f"tables/demo_targets_{setting}.tsv": ("demo_counts", f"head_counts/{setting}/targets.tsv")
+       for setting in ("enc", "all")},
+    **{f"figures/demo_head_counts_{setting}.png": ("demo_counts", f"head_counts/{setting}/head_counts.png")
+       for setting in ("enc", "all")},
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
     "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
     "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
@@ -243,7 +251,8 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "smollm2": ("config/config.yaml", "smollm2_en"), "minilm": ("config/config.yaml", "minilm_en"),
                "smollm2_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_counts": ("config/config.yaml", "minilm_en"),
-               "copying_control": ("tests/data/copying_control/recipe.json", "copying_control")}
+               "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
+               "demo_counts": ("config/demo.yaml", "demo")}
 PROVENANCE = "tables/provenance.tsv"
 PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
 
@@ -369,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-counts", action="store_true",
                         help="publish the matched-count and causal runs alone (results/head_counts: "
                              "tools/head_counts.py, tools/copying_control_evidence.py)")
+    parser.add_argument("--demo", action="store_true",
+                        help="publish `make demo`'s matched-count runs alone (results/demo/head_counts: rule head_counts)")
     parser.add_argument("--without-seeds", action="store_true",
                         help="leave the tables made from the other seeds as published (their grids still train)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
@@ -379,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.head_counts:
         runs = {f"{name}_counts": REPO / "results" / "head_counts" / name for name in ("smollm2", "minilm")}
         runs["copying_control"] = REPO / "results" / "head_counts" / "copying_control"
+    elif args.demo:
+        runs = {"demo_counts": REPO / "results" / "demo"}
     elif args.lm:
         runs = {"smollm2": REPO / "results" / "smollm2_en", "minilm": REPO / "results" / "minilm_en"}
     else:

@@ -42,8 +42,8 @@ rule head_counts:
         # gates trained to each count on the frozen baseline, as long as a pruning run fine-tunes
         l0_steps=lambda w: exp_config(w)["prune"]["training"]["max_steps"],
         l0_sentences=2000,
-        seed=lambda w: exp_config(w)["training"]["seed"],
-        max_tokens=lambda w: exp_config(w)["training"]["max_tokens"],
+        # the baseline's: its seed, batch size, device and last learning rate (the gates' rate)
+        training=lambda w: exp_config(w)["training"],
         device=lambda w: exp_config(w)["training"]["device"],
         work_dir=lambda w: f"results/{w.exp}/head_counts/{w.setting}",
     script:

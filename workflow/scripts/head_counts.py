@@ -4,7 +4,7 @@ from _common import job
 import headcount
 from headcount.io import read_lines
 from headcount.models.device import pick_device
-from headcount.pipeline.head_counts import translation_head_counts
+from headcount.pipeline.head_counts import gates_only_recipe, translation_head_counts
 
 with job(snakemake) as log:
     params = snakemake.params
@@ -18,8 +18,8 @@ with job(snakemake) as log:
         return headcount.prune(model, tokenizers, l0_src, target=kept, train_targets=l0_tgt,
                                setting=snakemake.wildcards.setting, steps=steps, gates_only=True,
                                dev_texts=eval_src[:2], dev_targets=eval_tgt[:2],
-                               training={"max_tokens": params.max_tokens, "seed": params.seed},
-                               recipe={"training": {"eval_interval": steps, "warmup_steps": 1}},
+                               training={"max_tokens": params.training["max_tokens"], "seed": params.training["seed"]},
+                               recipe=gates_only_recipe(params.training, model.d_model, steps),
                                work_dir=work_dir, device=device, log=log).gates
 
     translation_head_counts(
@@ -34,9 +34,11 @@ with job(snakemake) as log:
         setting=snakemake.wildcards.setting,
         out=params.work_dir,
         scores_on=f"{params.scores_on}[:{n}] (the published scores)",
-        seed=params.seed,
+        seed=params.training["seed"],
         prune_run=prune_run if steps else None,
-        max_tokens=params.max_tokens,
+        max_tokens=params.training["max_tokens"],
         device=device,
+        # what the L0 runs depend on beyond the arms' own inputs
+        fingerprint={"l0_steps": steps, "l0_sentences": [l0_src, l0_tgt], "training": params.training},
         log=log,
     )

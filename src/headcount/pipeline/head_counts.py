@@ -29,7 +29,7 @@ def _keyed(table: pd.DataFrame, column: str) -> dict:
 
 def cached_table(path: Path, make: Callable[[], pd.DataFrame]) -> pd.DataFrame:
     """The table at `path`, made by `make` and written whole (through a .part file) the first time."""
-    if path.exists():
+    if path.exists() and path.read_text(encoding="utf-8") == wanted:
         return pd.read_csv(path, sep="\t")
     table = make()
     tmp = path.with_suffix(".part")
@@ -149,11 +149,28 @@ def _arm_from_json(data: dict) -> mc.Arm:
 
 
 def _cached_arm(path: Path, make: Callable[[], mc.Arm]) -> mc.Arm:
-    if path.exists():
+    if path.exists() and path.read_text(encoding="utf-8") == wanted:
         return _arm_from_json(json.loads(path.read_text(encoding="utf-8")))
     arm = make()
     path.write_text(json.dumps(_arm_json(arm)), encoding="utf-8")
     return arm
+
+
+# The gates' own rate in an L0 run on frozen weights. prune's default gate rate (10 x the baseline's
+# last rate) is tuned for fine-tuning, where the weights adapt too; on frozen weights it left 15% of
+# the positive control's gates undecided after 500 steps and missed the target by 1-2 heads, where
+# 0.1 a step decided every gate and met the target exactly (benchmarks/RESULTS.md).
+GATES_ONLY_RATE = 0.1
+
+
+def gates_only_recipe(baseline_training: dict, d_model: int, steps: int, rate: float = GATES_ONLY_RATE) -> dict:
+    """api.prune's recipe for an L0 run on frozen weights: the gates move at `rate` a step (the
+    constant schedule holds the baseline's last rate, so gate_lr_scale is rate over it), one
+    evaluation at the end, no warm-up."""
+    from headcount.training.schedules import baseline_last_lr
+
+    return {"gate_lr_scale": rate / baseline_last_lr(baseline_training, d_model),
+            "training": {"eval_interval": steps, "warmup_steps": 1}}
 
 
 def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], total: int, out: Path,
@@ -167,7 +184,7 @@ def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], 
     for k in counts:
         kept = total - k
         path = out / f"gates_target_{kept}.tsv"
-        if path.exists():
+        if path.exists() and path.read_text(encoding="utf-8") == wanted:
             gates = pd.read_csv(path, sep="\t")
         else:
             log(f"L0 to a target of {kept} heads kept")
@@ -175,14 +192,35 @@ def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], 
             gates.to_csv(path, sep="\t", index=False)
         pruned = gates[gates["pruned"].astype(bool)]
         arm.removed[k] = [(r.type, int(r.layer), int(r.head)) for r in pruned.itertuples()]
-        undecided = int(((gates["p_open"] > low) & (gates["p_open"] < high)).sum())
+        gated = gates[gates["gated"].astype(bool)] if "gated" in gates else gates
+        undecided = int(((gated["p_open"] > low) & (gated["p_open"] < high)).sum())
         rows.append({"target_kept": kept, "kept": total - len(pruned), "error": total - len(pruned) - kept,
-                     "undecided": undecided, "undecided_share": undecided / len(gates)})
+                     "undecided": undecided, "undecided_share": undecided / len(gated)})
     return arm, pd.DataFrame(rows)
 
 
 def save_arms(arms: Sequence[mc.Arm], path: Path) -> None:
     path.write_text(json.dumps([_arm_json(a) for a in arms], indent=0), encoding="utf-8")
+
+
+def start_afresh_unless(out: Path, fingerprint: dict, log: Callable[[str], None] = print) -> None:
+    """Keep what `out` holds from an earlier run only if that run had the same `fingerprint` (its
+    inputs' checksums and settings, JSON); otherwise empty `out`: a resumed run must not mix sets,
+    rankings or gates made from other inputs into its tables."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "fingerprint.json"
+    wanted = json.dumps(fingerprint, sort_keys=True, default=str)
+    if path.exists() and path.read_text(encoding="utf-8") == wanted:
+        log(f"resuming from {out}")
+        return
+    stale = [p for p in out.iterdir() if p != path]
+    if stale:
+        log(f"{out} holds a run of other inputs or settings: starting afresh")
+    for p in stale:
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    path.write_text(wanted, encoding="utf-8")
 
 
 def score_arms(access: HeadAccess, arms: Sequence[mc.Arm], held_out: Sequence, out: Path, *, total: int,
@@ -213,20 +251,28 @@ def translation_head_counts(baseline: str | Path, src_spm: str | Path, tgt_spm: 
                             scores_on: str, draws: int = preregistered.RANDOM_DRAWS, seed: int = 0,
                             iterative_step: float | None = 0.1,
                             prune_run: Callable[..., pd.DataFrame] | None = None, max_tokens: int = 2000,
-                            device: str = "cpu", log: Callable[[str], None] = print) -> pd.DataFrame:
+                            device: str = "cpu", fingerprint: dict | None = None,
+                            log: Callable[[str], None] = print) -> pd.DataFrame:
     """The matched-count arms on an encoder-decoder baseline, for one pruning setting's heads: the
     published rankings (`head_scores`, computed on `scores_on`), Michel iterative rescored on the
     ranking pairs, whole layers, random draws and, given `prune_run(model, tokenizers, kept, work_dir)`
     -> a gates table (api.Pruning.gates), Hard Concrete gates trained to each count; scored
     by the references' loss (nats per token) on the evaluation pairs, with the paper's matched
-    counts (pruning.matched_counts.matched_counts)."""
+    counts (pruning.matched_counts.matched_counts). Resumable: `out` keeps every stage, and is
+    emptied first where it holds a run with another `fingerprint` (start_afresh_unless)."""
     import torch
 
+    from headcount.io import sha256_file
     from headcount.models.loading import load_model, open_tokenizer
     from headcount.pruning.methods import setting_types
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    start_afresh_unless(out, {"baseline": sha256_file(baseline), "src_spm": sha256_file(src_spm),
+                              "tgt_spm": sha256_file(tgt_spm), "scores": int(pd.util.hash_pandas_object(
+                                  head_scores, index=False).sum()), "rank": [rank_src, rank_tgt],
+                              "eval": [eval_src, eval_tgt], "setting": setting, "draws": draws, "seed": seed,
+                              "iterative_step": iterative_step, "max_tokens": max_tokens,
+                              **(fingerprint or {})}, log)
     model = load_model(baseline).eval()
     src_tok, tgt_tok = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
     access = HeadAccess(model, src_tok, tgt_tok, torch.device(device), max_tokens=max_tokens)
