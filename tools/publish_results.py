@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="publish the matched-count and causal runs alone (results/head_counts: "
                              "tools/head_counts.py, tools/copying_control_evidence.py)")
     parser.add_argument("--demo", action="store_true",
-                        help="publish `make demo`'s matched-count runs alone (results/demo/head_counts: rule head_counts)")
+                        help="publish `make demo`'s matched-count runs alone (results/demo/head_counts: "
+                             "rule head_counts)")
     parser.add_argument("--without-seeds", action="store_true",
                         help="leave the tables made from the other seeds as published (their grids still train)")
     parser.add_argument("--docs", type=Path, default=REPO / "docs")
