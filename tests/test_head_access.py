@@ -34,9 +34,9 @@ SET = [(0, 1), (1, 3)]  # a set across both layers of the tiny models (counted f
 
 def w_o(hf, family: str, layer: int):
     """The transformers module that is W^O of a layer, and the head size."""
-    from headcount.models import hf_lm
+    from headcount.models import families
 
-    attention = hf_lm.LM_FAMILIES[family].attentions(hf)[layer]
+    attention = families.FAMILIES[family].attentions(hf)[layer]
     if family == "gpt2":
         return attention.c_proj, attention.head_dim
     if family == "gpt_neox":

@@ -11,7 +11,7 @@ from torch import nn
 transformers = pytest.importorskip("transformers")
 
 from headcount.io import HeadcountError  # noqa: E402
-from headcount.models import hf_lm  # noqa: E402
+from headcount.models import families, hf_lm  # noqa: E402
 from headcount.models.gates import attach_gates  # noqa: E402
 from headcount.models.loading import import_pretrained, load_model, open_tokenizer  # noqa: E402
 from headcount.models.seq2seq import HeadSlots, Seq2SeqWithHeads, kind_of  # noqa: E402
@@ -172,7 +172,7 @@ def test_incremental_decoding_equals_the_full_forward(tiny_dirs, family):
 
 def zero_columns(hf, family: str, layer: int, head: int) -> None:
     """Zero head `head`'s input columns of W^O in the transformers model itself."""
-    attention = hf_lm.LM_FAMILIES[family].attentions(hf)[layer]
+    attention = families.FAMILIES[family].attentions(hf)[layer]
     with torch.no_grad():
         if family == "gpt2":  # Conv1D: weight (in, out)
             Dh = attention.head_dim
@@ -241,7 +241,7 @@ def test_keep_heads_equals_masking(tiny_dirs, family):
     for before, module in zip(gates_before, modules):
         torch.testing.assert_close(module.gates(), before)
     if family in GQA:
-        attention = hf_lm.LM_FAMILIES[family].attentions(model.hf)
+        attention = families.FAMILIES[family].attentions(model.hf)
         Dh = modules[0].head_dim
         assert attention[0].k_proj.out_features == 2 * Dh  # heads 0 and 2, 3 still read KV heads 0 and 1
         assert attention[1].k_proj.out_features == Dh  # KV head 0 had no query head left
@@ -436,4 +436,25 @@ def test_what_a_kind_does_not_have_is_a_clear_error(tiny_dirs):
         bert.lrp_forward().decode()
     assert sum(p.numel() for p in bert.encoder_parameters()) > 0
     with pytest.raises(HeadcountError, match="not a supported language model"):
-        hf_lm.lm_family_of(transformers.MarianConfig())
+        families.family_of(transformers.MarianConfig(), families.LANGUAGE_MODELS)
+
+
+def test_one_table_holds_every_family_and_a_refusal_lists_them_all():
+    """families.FAMILIES is the one table of architectures: the cross-checks here and in
+    test_hf_models run on each entry, and a model type outside a lookup's kinds is refused with
+    every supported type named, by kind."""
+    from types import SimpleNamespace
+
+    from test_hf_models import FAMILIES as SEQ2SEQ_FAMILIES
+
+    from headcount.models.seq2seq import MODEL_KINDS
+
+    assert families.names(*families.LANGUAGE_MODELS) == sorted(FAMILIES)
+    assert families.names(families.ENCODER_DECODER) == sorted(SEQ2SEQ_FAMILIES)
+    assert {f.model_kind for f in families.FAMILIES.values()} == set(families.KINDS) <= set(MODEL_KINDS)
+    assert all(name == f.name for name, f in families.FAMILIES.items())
+    with pytest.raises(HeadcountError, match=r"not a supported encoder-decoder model \(it is decoder-only\)"):
+        families.family_of(transformers.GPT2Config(), (families.ENCODER_DECODER,))
+    with pytest.raises(HeadcountError, match="'mamba' is not supported; headcount supports encoder-decoder: bart, "
+                                             ".*; decoder-only: gpt2, .*; encoder-only: bert, roberta$"):
+        families.family_of(SimpleNamespace(model_type="mamba"))

@@ -176,12 +176,13 @@ def real_model(path: str):
     import transformers
 
     from headcount.models import hf_lm
+    from headcount.models.families import LANGUAGE_MODELS, family_of
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager",
                                                            trust_remote_code=False).double()
     reference = copy.deepcopy(hf).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    family = hf_lm.lm_family_of(hf.config).name
+    family = family_of(hf.config, LANGUAGE_MODELS).name
     if family != "llama":
         raise SystemExit(f"{path}: lxt's patch maps here are GPT-2's and Llama's; this model is {family}")
     return {family: (hf_lm.HFCausalLM(hf, special=hf_lm.special_ids_of(hf.config, tokenizer)).eval(), reference)}

@@ -630,16 +630,18 @@ def load_pretrained(source: str | Path, *, offline: bool | None = None):
     weights are dequantised to float32 and its quantisation record dropped, so `save_pretrained`
     writes the model (transformers' own `from_pretrained(dir, gguf_file=...)` keeps the record,
     and its save_pretrained refuses the model). `analyse`, `prune` and `heads` accept either.
-    Language models only (hf_lm.LM_FAMILIES: GPT-2, Llama, Qwen2/3, BERT, RoBERTa); load an
-    encoder-decoder with transformers."""
+    Language models only (the decoder-only and encoder-only entries of models.families.FAMILIES:
+    GPT-2, GPT-NeoX/Pythia, OPT, Llama, Qwen2/3, BERT, RoBERTa); load an encoder-decoder with
+    transformers."""
+    from headcount.models.families import LANGUAGE_MODELS, supported
     from headcount.models.hf_lm import is_language_model, load_transformers_lm
 
     if not isinstance(source, (str, Path)):
         raise ArgumentError(f"source: a hub id, a directory or a .gguf file (a string or path), not {source!r}")
     try:
         if not is_language_model(source, offline=offline):
-            raise ArgumentError(f"source: {source} is not a language model headcount loads (GPT-2, Llama, Qwen2/3, "
-                                f"BERT, RoBERTa); load it with transformers' from_pretrained")
+            raise ArgumentError(f"source: {source} is not a language model headcount loads "
+                                f"({supported(LANGUAGE_MODELS)}); load it with transformers' from_pretrained")
         model, tokenizer, _ = load_transformers_lm(source, offline=offline)
     except ArgumentError:
         raise

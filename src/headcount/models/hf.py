@@ -17,11 +17,12 @@ back, pruned heads and gates included) and the tokenizer's files, which `loading
 opens for the later stages. headcount.testing.tiny_seq2seq writes opus-mt- and wmt19-shaped
 directories for tests and dry runs where the hub is out of reach.
 
-What differs between families (`Family` below): module names, how logits are formed (Marian and
-BART add `final_logits_bias`; T5 scales the hidden state by d_model^-0.5 where its saved config tied
-the embeddings, mT5 never: `Family.output_scale`; FSMT's output layer is its decoder's
-`output_projection`, no bias), what the decoder starts from (Marian, T5 and mT5: their pad id;
-BART, mBART, M2M100, FSMT: EOS), and what the LRP forward pass must re-create (hf_lrp.py).
+What differs between families (each one's `EncoderDecoderFamily` entry in families.FAMILIES): module
+names, how logits are formed (Marian and BART add `final_logits_bias`; T5 scales the hidden state by
+d_model^-0.5 where its saved config tied the embeddings, mT5 never: `EncoderDecoderFamily.output_scale`;
+FSMT's output layer is its decoder's `output_projection`, no bias), what the decoder starts from
+(Marian, T5 and mT5: their pad id; BART, mBART, M2M100, FSMT: EOS), and what the LRP forward pass
+must re-create (hf_lrp.py).
 FSMT is transformers' port of fairseq's code: its attention works on time-major tensors (T, B, D)
 (`HeadGates` sees them so; a pruned layer runs `_time_major_attention`), its decoder takes its
 masks as positional arguments, builds no causal mask when a cache is in use (transformers' own full
@@ -53,7 +54,6 @@ import os
 import re
 import types
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,7 @@ from torch import Tensor, nn
 from headcount.data.special import SPECIAL_PIECE, SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import PickleRefusal, refused_pickle, save_checkpoint
+from headcount.models.families import ENCODER_DECODER, EncoderDecoderFamily, family_of, names
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.hf_source import PretrainedModelUnavailable, check_loading_report, resolve_source, unavailable
 from headcount.models.seq2seq import ATTENTION_TYPES, register_family
@@ -79,7 +80,7 @@ class HeadGates(GatedProjection):
     time-major (FSMT); the original projection is `proj`, given the input's layout.
     """
 
-    def __init__(self, attention: nn.Module, family: Family):
+    def __init__(self, attention: nn.Module, family: EncoderDecoderFamily):
         super().__init__(getattr(attention, family.out_name), int(getattr(attention, family.heads_attr)),
                          int(getattr(attention, family.head_dim_attr)), time_major=family.time_major)
         self.family = family.name
@@ -262,82 +263,6 @@ def _fsmt_decoder(decoder: nn.Module, tgt_in: Tensor, memory: Tensor, src_pad: T
 
 
 # --------------------------------------------------------------------------------------------
-# Families
-
-
-@dataclass(frozen=True)
-class Family:
-    """Where a transformers family keeps what the adapter needs."""
-
-    name: str  # transformers' model_type
-    out_name: str = "out_proj"
-    qkv_names: tuple[str, str, str] = ("q_proj", "k_proj", "v_proj")
-    heads_attr: str = "num_heads"
-    head_dim_attr: str = "head_dim"
-    pre_norm: bool = False  # LayerNorm before each block (mBART, M2M100) or after (Marian, BART, FSMT)
-    # T5's layout (T5, mT5): blocks of sublayers, q/k/v/o, a relative position bias, RMSNorm, no
-    # position embeddings, the hidden state scaled before the output layer (output_scale).
-    t5_layout: bool = False
-    scales_output: bool = False  # T5 only: see output_scale
-    # FSMT (fairseq's port): attention on (T, B, D), the decoder called with positional masks and
-    # ending in the output layer (`_fsmt_decoder`), fixed sinusoidal positions.
-    time_major: bool = False
-    output_layer_path: str = "lm_head"  # the output layer (D -> V), a module path in the transformers model
-
-    def output_layer(self, hf: nn.Module) -> nn.Linear:
-        return hf.get_submodule(self.output_layer_path)
-
-    def output_scale(self, config) -> float:
-        """What transformers multiplies the decoder's last hidden state by before the output layer:
-        T5 d_model^-0.5 where its config says so (`scale_decoder_outputs`, which transformers 5
-        sets from the saved `tie_word_embeddings` and then ties the weights anyway), mT5 and the
-        other families 1."""
-        if self.scales_output and getattr(config, "scale_decoder_outputs", config.tie_word_embeddings):
-            return float(config.d_model) ** -0.5
-        return 1.0
-
-    def stacks(self, hf: nn.Module) -> tuple[nn.Module, nn.Module]:
-        if self.t5_layout:
-            return hf.encoder, hf.decoder
-        return hf.model.encoder, hf.model.decoder
-
-    def attentions(self, hf: nn.Module) -> dict[str, list[nn.Module]]:
-        encoder, decoder = self.stacks(hf)
-        if self.t5_layout:
-            return {"enc_self": [b.layer[0].SelfAttention for b in encoder.block],
-                    "dec_self": [b.layer[0].SelfAttention for b in decoder.block],
-                    "dec_enc": [b.layer[1].EncDecAttention for b in decoder.block]}
-        return {"enc_self": [layer.self_attn for layer in encoder.layers],
-                "dec_self": [layer.self_attn for layer in decoder.layers],
-                "dec_enc": [layer.encoder_attn for layer in decoder.layers]}
-
-
-FAMILIES = {
-    "marian": Family("marian"),
-    "bart": Family("bart"),
-    "mbart": Family("mbart", pre_norm=True),
-    "m2m_100": Family("m2m_100", pre_norm=True),  # NLLB checkpoints use this architecture too
-    "t5": Family("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
-                 head_dim_attr="key_value_proj_dim", pre_norm=True, t5_layout=True,
-                 scales_output=True),
-}
-# Multilingual T5: T5's architecture; transformers' mT5 never scales the decoder's output.
-FAMILIES["mt5"] = dataclasses.replace(FAMILIES["t5"], name="mt5", scales_output=False)
-# fairseq's WMT19 models (facebook/wmt19-en-ru, -ru-en, -en-de, -de-en): post-LN, like BART's modules.
-FAMILIES["fsmt"] = Family("fsmt", time_major=True, output_layer_path="model.decoder.output_projection")
-
-
-def family_of(config) -> Family:
-    try:
-        return FAMILIES[config.model_type]
-    except KeyError:
-        raise HeadcountError(
-            f"transformers model type {config.model_type!r} is not supported; headcount supports "
-            f"{', '.join(sorted(FAMILIES))} (encoder-decoder models)"
-        ) from None
-
-
-# --------------------------------------------------------------------------------------------
 # The adapter
 
 
@@ -348,7 +273,7 @@ class HFSeq2Seq(HeadMasks, nn.Module):
         """forced: what search forces after the start token (SpecialIds.forced; import_pretrained
         takes it from the target side's tokenizer); None: the model's own forced_bos_token_id."""
         super().__init__()
-        self.family = family_of(hf.config)
+        self.family = family_of(hf.config, (ENCODER_DECODER,))
         if hasattr(hf, "set_attn_implementation"):
             hf.set_attn_implementation("eager")  # the only one that returns probabilities
         else:  # pragma: no cover - older transformers
@@ -523,7 +448,7 @@ def _decoder_start(hf: nn.Module, eos: int) -> int:
     start = _generation_setting(hf, "decoder_start_token_id")
     if start is not None:
         return start
-    return int(hf.config.pad_token_id) if family_of(hf.config).t5_layout else int(eos)
+    return int(hf.config.pad_token_id) if family_of(hf.config, (ENCODER_DECODER,)).t5_layout else int(eos)
 
 
 def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
@@ -533,7 +458,7 @@ def _forced_bos(hf: nn.Module) -> tuple[int, ...]:
     return () if token is None else (token,)
 
 
-for _name in FAMILIES:
+for _name in names(ENCODER_DECODER):
     register_family(_name)(HFSeq2Seq.from_checkpoint)
 
 
@@ -662,7 +587,7 @@ def load_pretrained(name_or_dir: str | os.PathLike, offline: bool | None = None,
     source = resolve_source(name_or_dir, offline)
     try:
         config = AutoConfig.from_pretrained(source.name, **source.kwargs)
-        family_of(config)
+        family_of(config, (ENCODER_DECODER,))
         hf, report = AutoModelForSeq2SeqLM.from_pretrained(source.name, **source.kwargs, dtype=dtype,
                                                            attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
@@ -750,5 +675,5 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
     return model
 
 
-__all__ = ["ATTENTION_TYPES", "FAMILIES", "HFSeq2Seq", "HFTokenizer", "HeadGates", "PretrainedModelUnavailable",
+__all__ = ["ATTENTION_TYPES", "HFSeq2Seq", "HFTokenizer", "HeadGates", "PretrainedModelUnavailable",
            "import_pretrained", "load_pretrained", "load_tokenizers"]

@@ -8,11 +8,11 @@ eager attention (the only implementation that returns probabilities); the adapte
 attention's output projection by `LMHeadGates` (head_gates.GatedProjection: the `head_context` hook,
 the fixed 0/1 `head_mask` and the Hard Concrete gates in front of W^O, Voita et al. 2019, eq. 2).
 
-What differs between architectures is data in the family's `LMFamily` entry: where the layers and
-their attentions are, which modules are Q, K, V and W^O, how a fused Q/K/V projection orders its
-outputs, and which attention attributes count heads (transformers reshapes by them). Gates,
-keep_heads, the transformers export (pruning/transformers_export.py) and the tests read the entry,
-so a family whose attention is one of these shapes is one entry:
+What differs between architectures is data in the family's `LMFamily` entry (families.FAMILIES):
+where the layers and their attentions are, which modules are Q, K, V and W^O, how a fused Q/K/V
+projection orders its outputs, and which attention attributes count heads (transformers reshapes by
+them). Gates, keep_heads, the transformers export (pruning/transformers_export.py) and the tests
+read the entry, so a family whose attention is one of these shapes is one entry:
 - one fused projection, `fused="blocks"` (GPT-2's `c_attn`, a transformers Conv1D: output columns
   Q | K | V, each H * Dh wide) or `fused="per_head"` (GPT-NeoX's `query_key_value`, an nn.Linear:
   head 0's q, k, v (Dh each), then head 1's, ...: transformers views its output as (H, 3 * Dh));
@@ -63,7 +63,6 @@ import dataclasses
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +72,7 @@ from torch import Tensor, nn
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import PickleRefusal, refused_pickle, save_checkpoint
+from headcount.models.families import LANGUAGE_MODELS, LMFamily, family_of, names
 from headcount.models.head_gates import GatedProjection, HeadMasks, linear_rows, load_weights_with_heads
 from headcount.models.hf import _cache_argument
 from headcount.models.hf_lm_tokenizer import LM_TOKENIZER_MANIFEST, LMTokenizer, load_lm_tokenizer
@@ -87,50 +87,7 @@ from headcount.models.lrp import LRPNotImplemented  # noqa: F401 (part of this m
 from headcount.models.seq2seq import NotAvailableForKind, register_family
 
 # --------------------------------------------------------------------------------------------
-# Families
-
-
-@dataclass(frozen=True)
-class LMFamily:
-    """A transformers language-model architecture: its kind and where it keeps its attentions, as
-    module and attribute paths (dotted, under the base model or the attention)."""
-
-    name: str  # transformers' model_type (the checkpoint's family)
-    model_kind: str  # "decoder_only" or "encoder_only" (seq2seq.MODEL_KINDS)
-    layout: str  # the LRP forward (hf_lm_lrp.py): "gpt2", "gpt_neox", "opt", "llama" or "bert"
-    layers: str  # the layer list, under the base model
-    attention: str  # each layer's attention module (what `attentions` returns), under the layer
-    out_proj: str  # W^O under the attention: LMHeadGates replaces it
-    qkv: tuple[str, ...]  # Q, K, V under the attention; one path: a fused projection, ordered as `fused`
-    fused: str | None = None  # "blocks" (Q | K | V, each H * Dh) or "per_head" (per head: q, k, v, each Dh)
-    head_dim: str = "head_dim"  # the attention attribute holding the head size
-    n_heads_attr: str | None = None  # the attention attribute holding the head count, where it reshapes by it
-    width_attr: str | None = None  # the attention attribute holding H * Dh, where it reshapes by it
-    head_path: str = "lm_head"  # the output layer (D -> V, the MLM head for BERT), a module path
-
-    def attentions(self, hf: nn.Module) -> list[nn.Module]:
-        """The attention module of each layer, in order (the module whose W^O gets the gates)."""
-        return [layer.get_submodule(self.attention) for layer in hf.base_model.get_submodule(self.layers)]
-
-
-_LLAMA = dict(layers="layers", attention="self_attn", out_proj="o_proj", qkv=("q_proj", "k_proj", "v_proj"))
-_BERT = dict(layers="encoder.layer", attention="attention", out_proj="output.dense",
-             qkv=("self.query", "self.key", "self.value"), head_dim="self.attention_head_size",
-             n_heads_attr="self.num_attention_heads", width_attr="self.all_head_size")
-
-LM_FAMILIES = {f.name: f for f in (
-    LMFamily("gpt2", "decoder_only", "gpt2", layers="h", attention="attn", out_proj="c_proj", qkv=("c_attn",),
-             fused="blocks", n_heads_attr="num_heads", width_attr="split_size"),
-    LMFamily("gpt_neox", "decoder_only", "gpt_neox", layers="layers", attention="attention", out_proj="dense",
-             qkv=("query_key_value",), fused="per_head", head_dim="head_size"),
-    LMFamily("opt", "decoder_only", "opt", layers="decoder.layers", attention="self_attn", out_proj="out_proj",
-             qkv=("q_proj", "k_proj", "v_proj"), n_heads_attr="num_heads"),
-    LMFamily("llama", "decoder_only", "llama", **_LLAMA),
-    LMFamily("qwen2", "decoder_only", "llama", **_LLAMA),
-    LMFamily("qwen3", "decoder_only", "llama", **_LLAMA),
-    LMFamily("bert", "encoder_only", "bert", **_BERT, head_path="cls"),
-    LMFamily("roberta", "encoder_only", "bert", **_BERT),
-)}
+# Module paths and fused Q/K/V features (where a family's entry, families.LMFamily, points)
 
 
 def attribute(obj, path: str):
@@ -160,16 +117,6 @@ def fused_features(fused: str, heads: list[int], head_dim: int, n_heads: int, de
     if fused == "per_head":
         return head_features(heads, 3 * head_dim, device)
     raise ValueError(f"unknown fused Q/K/V arrangement {fused!r}; expected 'blocks' or 'per_head'")
-
-
-def lm_family_of(config) -> LMFamily:
-    try:
-        return LM_FAMILIES[config.model_type]
-    except KeyError:
-        raise HeadcountError(
-            f"transformers model type {config.model_type!r} is not a supported language model; headcount "
-            f"supports {', '.join(sorted(LM_FAMILIES))} (decoder-only and encoder-only) and, through hf.py, "
-            f"encoder-decoder models") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,7 +279,7 @@ def special_ids_of(config, tokenizer=None) -> SpecialIds:
     """The ids an analysis needs, from the tokenizer where given, else from the config. Causal LM:
     bos = BOS (or EOS where the model names no BOS: Qwen), pad = the pad id or else EOS. Masked LM:
     bos = [CLS]/<s>, eos = [SEP]/</s>, mask = [MASK]/<mask>."""
-    family = lm_family_of(config)
+    family = family_of(config, LANGUAGE_MODELS)
 
     def pick(tokenizer_attr: str, config_attr: str) -> int | None:
         value = getattr(tokenizer, tokenizer_attr, None) if tokenizer is not None else None
@@ -368,7 +315,7 @@ class _HFLanguageModel(HeadMasks, nn.Module):
 
     def __init__(self, hf: nn.Module, special: SpecialIds | None = None):
         super().__init__()
-        self.family = lm_family_of(hf.config)
+        self.family = family_of(hf.config, LANGUAGE_MODELS)
         if self.family.model_kind != (self.family_kind or self.model_kind):
             raise HeadcountError(f"a {self.family.name} model is {self.family.model_kind}; wrap it in "
                                  f"{'HFCausalLM' if self.family.model_kind == 'decoder_only' else 'HFMaskedLM'}")
@@ -437,7 +384,7 @@ class _HFLanguageModel(HeadMasks, nn.Module):
         from headcount.models.hf_source import rebuilt_config
 
         config = rebuilt_config(state)
-        family = lm_family_of(config)
+        family = family_of(config, LANGUAGE_MODELS)
         cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
         special = state["special"]
         special = SpecialIds(**{**special, "forced": tuple(special.get("forced", ()))})
@@ -546,7 +493,7 @@ class HFMaskedLM(_HFLanguageModel):
         return self.hf.base_model.parameters()
 
 
-for _name in LM_FAMILIES:
+for _name in names(*LANGUAGE_MODELS):
     register_family(_name)(_HFLanguageModel.from_checkpoint)
 
 
@@ -555,7 +502,7 @@ for _name in LM_FAMILIES:
 
 
 def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = None) -> bool:
-    """Whether the pretrained model's config is one of LM_FAMILIES' architectures."""
+    """Whether the pretrained model's config is a language model's architecture (families.FAMILIES)."""
     from transformers import AutoConfig
 
     source = resolve_source(name_or_dir, offline)
@@ -563,7 +510,7 @@ def is_language_model(name_or_dir: str | os.PathLike, offline: bool | None = Non
         config = AutoConfig.from_pretrained(source.name, **source.kwargs)
     except (OSError, ValueError) as error:
         raise unavailable(source, error) from None
-    return config.model_type in LM_FAMILIES
+    return config.model_type in names(*LANGUAGE_MODELS)
 
 
 def dequantised(hf: nn.Module) -> nn.Module:
@@ -603,7 +550,7 @@ def load_transformers_lm(name_or_dir: str | os.PathLike, offline: bool | None = 
     source = resolve_source(name_or_dir, offline)
     try:
         config = AutoConfig.from_pretrained(source.name, **source.kwargs)
-        family = lm_family_of(config)
+        family = family_of(config, LANGUAGE_MODELS)
         hf, report = _auto_class(family).from_pretrained(source.name, **source.kwargs, dtype=dtype,
                                                          attn_implementation="eager", output_loading_info=True)
     except (OSError, ValueError) as error:
@@ -630,7 +577,7 @@ def load_pretrained_lm(name_or_dir: str | os.PathLike, offline: bool | None = No
     encoder (an encoder analysed through its pooled embedding) is hf_sentence.load_sentence_encoder's."""
     hf, tokenizer, config = load_transformers_lm(name_or_dir, offline=offline, dtype=dtype,
                                                  allow_weights=allow_weights)
-    cls = HFCausalLM if lm_family_of(config).model_kind == "decoder_only" else HFMaskedLM
+    cls = HFCausalLM if family_of(config, LANGUAGE_MODELS).model_kind == "decoder_only" else HFMaskedLM
     return cls(hf, special=special_ids_of(config, tokenizer)).eval()
 
 
@@ -655,7 +602,7 @@ def import_pretrained_lm(name_or_dir: str | os.PathLike, model_out: str | os.Pat
     return model
 
 
-__all__ = ["HFCausalLM", "HFMaskedLM", "LMFamily", "LMHeadGates", "LMTokenizer", "LM_FAMILIES", "LM_TOKENIZER_MANIFEST",
+__all__ = ["HFCausalLM", "HFMaskedLM", "LMHeadGates", "LMTokenizer", "LM_TOKENIZER_MANIFEST",
            "NotAvailableForKind", "LRPNotImplemented", "PretrainedModelUnavailable", "import_pretrained_lm",
            "dequantised", "is_language_model", "load_lm_tokenizer", "load_pretrained_lm", "load_transformers_lm",
            "special_ids_of"]

@@ -29,10 +29,11 @@ T5 (`T5LRPForward`) differs: no biases, no positions at the input but a relative
 added to every layer's attention scores (computed by the first layer, a constant here, as biases
 are), no score scaling, RMSNorm (the paper's rule passes relevance through it; AttnLRP holds the
 root mean square constant, which makes it a linear map, epsilon rule), pre-LayerNorm blocks, and
-the hidden state scaled as transformers scales it before the output layer (Family.output_scale:
-d_model^-0.5 for a T5 saved with tied embeddings, 1 for mT5). Its gated feed-forward variant
-(T5 v1.1, Flan-T5: act(W0 x) * (W1 x)) multiplies two neurons: both rules give each factor half of
-the product's relevance (AttnLRP's uniform rule; the paper's rule has no case for it).
+the hidden state scaled as transformers scales it before the output layer
+(families.EncoderDecoderFamily.output_scale: d_model^-0.5 for a T5 saved with tied embeddings, 1
+for mT5). Its gated feed-forward variant (T5 v1.1, Flan-T5: act(W0 x) * (W1 x)) multiplies two
+neurons: both rules give each factor half of the product's relevance (AttnLRP's uniform rule; the
+paper's rule has no case for it).
 """
 
 from __future__ import annotations

@@ -32,9 +32,10 @@ from torch import Tensor, nn
 from headcount.data.special import SpecialIds
 from headcount.io import HeadcountError
 from headcount.models.checkpoint import refused_pickle
+from headcount.models.families import LANGUAGE_MODELS, LMFamily, family_of
 from headcount.models.gates import HardConcreteGates
 from headcount.models.head_gates import load_weights_with_heads
-from headcount.models.hf_lm import HFMaskedLM, LMFamily, lm_family_of, special_ids_of
+from headcount.models.hf_lm import HFMaskedLM, special_ids_of
 from headcount.models.hf_source import check_loading_report, resolve_source, unavailable
 from headcount.models.lrp import LRPNotImplemented
 from headcount.models.sentence_embedding import Pooling, pool, read_pooling
@@ -147,7 +148,7 @@ class HFSentenceEncoder(HFMaskedLM):
 
 def encoder_family(config, label: str) -> LMFamily:
     """The model's family, if a sentence encoder can be one of it (an encoder: BERT, RoBERTa)."""
-    family = lm_family_of(config)
+    family = family_of(config, LANGUAGE_MODELS)
     if family.model_kind != HFSentenceEncoder.family_kind:
         raise NotASentenceEncoder(
             f"pretrained model {label!r} is a {family.name} ({family.model_kind}) model; objective: sentence_embedding "

@@ -87,9 +87,10 @@ def import_pretrained(name_or_dir: str | os.PathLike, model_out: str | os.PathLi
                       src_lang: str | None = None, tgt_lang: str | None = None,
                       allow_weights: dict | None = None, objective: str | None = None) -> Seq2SeqWithHeads:
     """One entry point for a pretrained transformers model, whatever its kind: a causal or masked
-    language model (its config's model type is one of hf_lm.LM_FAMILIES) -> hf_lm.import_pretrained_lm,
-    an encoder-decoder model -> hf.import_pretrained. Both write a headcount checkpoint to
-    `model_out` and the tokenizer's files to `tokenizer_dir` (open_tokenizer reads them).
+    language model (its config's model type is a decoder-only or encoder-only entry of
+    families.FAMILIES) -> hf_lm.import_pretrained_lm, an encoder-decoder model ->
+    hf.import_pretrained. Both write a headcount checkpoint to `model_out` and the tokenizer's files
+    to `tokenizer_dir` (open_tokenizer reads them).
     `objective` (a language model's only): "sentence_embedding" imports an encoder as a sentence
     encoder (hf_sentence.load_sentence_encoder); None, the objective its config says."""
     from headcount.models.hf_lm import import_pretrained_lm, is_language_model
@@ -130,11 +131,11 @@ def adapt_model(model, tokenizer, objective: str | None = None, argument: str = 
     tokenizer): what headcount.api works on.
 
     `model`: a headcount model (one load_model returns: kept as it is), or a transformers model of
-    a supported family: a decoder-only or masked LM (hf_lm.LM_FAMILIES), an encoder-decoder
-    (hf.FAMILIES), or, with `objective="sentence_embedding"`, an encoder analysed through its pooled
-    embedding (hf_sentence). A transformers model is wrapped in place: head gates (open: the outputs
-    do not change) go into its attention modules, and its attention runs eagerly (the one
-    implementation that returns probabilities).
+    a supported family (families.FAMILIES): a decoder-only or masked LM, an encoder-decoder, or,
+    with `objective="sentence_embedding"`, an encoder analysed through its pooled embedding
+    (hf_sentence). A transformers model is wrapped in place: head gates (open: the outputs do not
+    change) go into its attention modules, and its attention runs eagerly (the one implementation
+    that returns probabilities).
     `tokenizer`: a headcount tokenizer (data.special.Tokenizer), a (source, target) pair of them,
     or the model's transformers tokenizer. `argument` names `model` in errors."""
     from headcount.io import HeadcountError
@@ -157,7 +158,8 @@ def adapt_model(model, tokenizer, objective: str | None = None, argument: str = 
     if getattr(config, "auto_map", None):
         raise HeadcountError(f"{argument}: its config maps its classes onto its own code (auto_map); headcount "
                              f"analyses only architectures transformers ships")
-    from headcount.models.hf_lm import LM_FAMILIES, HFCausalLM, HFMaskedLM, lm_family_of, special_ids_of
+    from headcount.models.families import LANGUAGE_MODELS, family_of
+    from headcount.models.hf_lm import HFCausalLM, HFMaskedLM, special_ids_of
 
     if objective == "sentence_embedding":
         from headcount.models.hf_lm_tokenizer import LMTokenizer
@@ -168,14 +170,13 @@ def adapt_model(model, tokenizer, objective: str | None = None, argument: str = 
         return wrapped.eval(), LMTokenizer(tokenizer), LMTokenizer(tokenizer)
     if objective not in (None, "language_model", "translation"):
         raise HeadcountError(f"objective: {objective!r}; use None (the model's own), or 'sentence_embedding'")
-    if config.model_type in LM_FAMILIES:
+    family = family_of(config)  # an unsupported type: the error lists the supported ones
+    if family.model_kind in LANGUAGE_MODELS:
         from headcount.models.hf_lm_tokenizer import LMTokenizer
 
-        family = lm_family_of(config)
         cls = HFCausalLM if family.model_kind == "decoder_only" else HFMaskedLM
         wrapped = cls(model, special=special_ids_of(config, tokenizer))
         return wrapped.eval(), LMTokenizer(tokenizer), LMTokenizer(tokenizer)
-    from headcount.models.hf import HFSeq2Seq, family_of, tokenizer_sides
+    from headcount.models.hf import HFSeq2Seq, tokenizer_sides
 
-    family_of(config)  # an unsupported type: the error lists the supported ones
     return (HFSeq2Seq(model).eval(), *tokenizer_sides(tokenizer, argument))

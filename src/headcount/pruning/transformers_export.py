@@ -81,15 +81,14 @@ def _zero_outputs(layer: nn.Module, idx: Tensor) -> None:
 
 def _query_key_value_outputs(slot, closed: list[int]) -> list[tuple[nn.Module, Tensor]]:
     """(projection, output features to zero) for the Q, K and V of the closed heads of one
-    attention, where the family's entry (hf_lm.LMFamily) says they are."""
-    from headcount.models.hf import FAMILIES, HeadGates
-    from headcount.models.hf_lm import LM_FAMILIES, attribute, fused_features
+    attention, where the family's entry (models.families.FAMILIES) says they are."""
+    from headcount.models.families import ENCODER_DECODER, FAMILIES
+    from headcount.models.hf_lm import attribute, fused_features
 
-    attention, Dh = slot.attention, slot.head_dim
+    attention, Dh, family = slot.attention, slot.head_dim, FAMILIES[slot.family]
     idx = _features(closed, Dh, slot.proj.weight.device)
-    if isinstance(slot, HeadGates):  # the encoder-decoder families: separate q/k/v (T5: q, k, v)
-        return [(getattr(attention, name), idx) for name in FAMILIES[slot.family].qkv_names]
-    family = LM_FAMILIES[slot.family]
+    if family.model_kind == ENCODER_DECODER:  # separate q/k/v (T5: q, k, v)
+        return [(getattr(attention, name), idx) for name in family.qkv_names]
     if family.fused is not None:  # one fused projection (GPT-2: Q | K | V blocks; GPT-NeoX: per head)
         return [(attribute(attention, family.qkv[0]),
                  fused_features(family.fused, closed, Dh, slot.n_heads, idx.device))]
