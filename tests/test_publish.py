@@ -14,7 +14,8 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             "smollm2": root / "results" / "smollm2_en", "minilm": root / "results" / "minilm_en",
             "smollm2_counts": root / "results" / "head_counts" / "smollm2",
             "minilm_counts": root / "results" / "head_counts" / "minilm",
-            "copying_control": root / "results" / "head_counts" / "copying_control"}
+            "copying_control": root / "results" / "head_counts" / "copying_control",
+            "demo_counts": root / "results" / "demo"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
