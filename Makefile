@@ -9,7 +9,7 @@ CORES ?= all
 
 DEMO_CORES ?= 2
 
-.PHONY: setup models crosscheck-venv browser run demo test test-fast lint format bench slurm-up slurm-down test-cluster report check-report test-latest lock
+.PHONY: setup models crosscheck-venv browser run demo test test-fast lint lint-code format bench slurm-up slurm-down test-cluster report check-report test-latest lock
 
 # The versions come from constraints.txt (tested together); the ranges in pyproject.toml are what
 # `pip install` of headcount alone accepts.
@@ -43,12 +43,18 @@ models: setup
 CHECK := .venv-crosscheck
 $(CHECK)/done: tools/crosscheck-requirements.txt $(BIN)/snakemake
 	rm -rf $(CHECK)
-	# made without pip and filled by the project venv's (pip --python): half the time of a pip of its own
 	$(PYTHON) -m venv --without-pip $(CHECK)
 	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
 		> "$$($(CHECK)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/headcount-venv.pth"
-	$(BIN)/python -m pip --python $(CHECK)/bin/python install --quiet -c tools/crosscheck-requirements.txt transformer-lens
-	$(BIN)/python -m pip --python $(CHECK)/bin/python install --quiet --no-deps -c tools/crosscheck-requirements.txt lxt
+	# The file pins every package the references add to the project's, so they go in as listed,
+	# without resolving (uv would not see the project's packages through the .pth and would add a
+	# torch of its own): 5 s; pip, resolving against the project's, where uv reaches no index.
+	$(BIN)/uv pip install --quiet --python $(CHECK)/bin/python --no-deps --compile-bytecode \
+		-r tools/crosscheck-requirements.txt \
+		|| { $(BIN)/python -m pip --python $(CHECK)/bin/python install --quiet -c tools/crosscheck-requirements.txt \
+			transformer-lens \
+		&& $(BIN)/python -m pip --python $(CHECK)/bin/python install --quiet --no-deps \
+			-c tools/crosscheck-requirements.txt lxt; }
 	touch $@
 
 crosscheck-venv: $(CHECK)/done
@@ -66,7 +72,7 @@ demo: setup
 	$(BIN)/python tools/run_workflow.py --configfile config/demo.yaml --cores $(DEMO_CORES) --rerun-incomplete \
 		--prioritize $(DEMO_FIRST) -- all results/demo/prune/all/lambda_1/physical/model.pt
 
-# The lint gates first (ruff, snakefmt, snakemake --lint): a few seconds, and CI fails on them.
+# The lint gates first (ruff, snakefmt): seconds, and CI fails on them; snakemake --lint is a test.
 # The head atlas's tests open its page in a headless Chromium (Debian's chromium and
 # chromium-driver). Installed here when missing and we are root with apt-get (CI is); otherwise
 # those tests skip and say what to install.
@@ -76,7 +82,8 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "browser: no chromium/chromedriver and no root apt-get; the atlas's browser tests will skip"; fi
 
-test: setup models crosscheck-venv browser lint
+# (snakemake --lint runs inside the suite: tests/test_workflow.py::test_lint_is_clean)
+test: setup models crosscheck-venv browser lint-code
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 # The inner loop while editing: the unit tests without workflow runs, real weights or training
@@ -84,9 +91,11 @@ test: setup models crosscheck-venv browser lint
 test-fast: setup
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 -m "not workflow and not slow"
 
-lint: setup
+lint-code: setup
 	$(BIN)/ruff check src tests workflow/scripts benchmarks tools
 	$(BIN)/snakefmt --check Snakefile workflow
+
+lint: lint-code
 	$(BIN)/snakemake --lint --cores 1
 
 format: setup
