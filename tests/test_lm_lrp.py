@@ -413,6 +413,28 @@ def test_pruned_grouped_query_heads_read_their_kv_head(tiny_dirs):
     assert trace.contexts["dec_self"][0].shape[1] == 2
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_module_level_rules_leave_the_model_as_it_was(tiny_dirs, family):
+    """Llama's LRP runs transformers' own forward with the rule on its modules (hf_lm_lrp._llama_rules),
+    recomputed layers included: afterwards no module keeps a forward, hook or config of the pass, and
+    the model computes what it did."""
+    model = lm(tiny_dirs, family)
+    x = batch(model)
+    before, _ = run(model, x)
+
+    def state():
+        return [(m.__dict__.get("forward"), len(m._forward_hooks), len(m._forward_pre_hooks),
+                 getattr(m, "config", None), "_headcount_lrp" in m.__dict__) for m in model.hf.modules()]
+
+    kept = state()
+    for rule in ("ding", "attnlrp"):
+        step_relevance(model, *inputs(model, x), rule=rule, max_seeds=4, recompute=True)
+    assert state() == kept
+    after, _ = run(model, x)
+    assert torch.equal(before, after)
+    assert {a.config._attn_implementation for a in model.family.attentions(model.hf)} == {"eager"}
+
+
 def test_attnlrp_agrees_with_lxt():
     """tools/crosscheck_lxt.py in a process of its own (lxt's patches change transformers' and
     torch's forward passes for good): with a negligible epsilon, headcount's attnlrp and lxt's AttnLRP

@@ -2,9 +2,32 @@
 GPT-NeoX, OPT, Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only), one per
 `LMFamily.layout`.
 
-Each re-runs its architecture from the model's own weights (evaluation mode, no cache) with the
-rule object's `linear`, `add`, `layer_norm` and `attention` (lrp.DingRules / lrp.AttnLRPRules), as
-hf_lrp.py does for encoder-decoders; every forward value is the model's. What is particular here:
+Two ways, both with the rule object's `linear`, `add`, `layer_norm` and `attention` (lrp.DingRules /
+lrp.AttnLRPRules) and the model's own weights (evaluation mode, no cache); every forward value is
+the model's:
+
+- Module-level rules (Llama, Qwen2, Qwen3), as lxt applies AttnLRP: transformers' own forward runs,
+  its modules given the rule for the duration of the pass (_llama_rules: the norms' forward, an
+  attention function registered with transformers' AttentionInterface, forward hooks and
+  pre-hooks; all put back afterwards). The head contexts are read at the gates' `head_context`
+  hook, the streams at the embedding's and each layer's output. Measured against the hand-written
+  forward it replaced (tests/test_lm_lrp.py's tiny Llama, Qwen2, Qwen3, step_relevance, both rules,
+  eps 1e-6 and 1e-2, kept and recomputed layers, pruned GQA heads): head relevance equal to 3e-16
+  relative, cuts to 4e-16; lxt's cross-check unchanged (Llama 1.0e-7 relative at eps 1e-12).
+- Hand-written forwards (GPT-2, GPT-NeoX, OPT, BERT/RoBERTa): each re-runs its architecture. The
+  same module-level rules would serve them (their norms, activations, W^O and sums are the same
+  kinds of module and sum); they were not converted yet, not for a reason a measurement showed.
+
+What the module-level rules cannot reach and do otherwise: transformers' decoder layer adds its
+residual sums in its forward (`residual + hidden_states`), so the epsilon rule on them (AttnLRP) is
+put where hooks reach: on z1 = x + attn where the post-attention norm reads it (a pre-hook), on the
+layer's output y = z1 + mlp as a whole, and z1's own factor on the gradient z1 gets through y's sum
+(a term of value zero added to the output). Without that term, head relevance on the tiny Llama
+moves by 8e-4 relative at eps 1e-6 and by 0.5 at eps 1e-2 (the explicit reference's test). The
+attention is the rule's own function, not transformers' eager one (which computes its softmax in
+float32 even in a float64 model; the rule's runs in the model's dtype, as the hand-written forwards do).
+
+What is particular here:
 
 - GPT-2: Q, K, V come from one fused Conv1D (weight (in, out): the linear map with its transpose,
   the stabiliser element-wise, so fusing changes nothing); learned positions are constants added
@@ -22,15 +45,15 @@ hf_lrp.py does for encoder-decoders; every forward value is the model's. What is
   transformers counts them from the attention mask (constants added to the token embeddings); the
   bias-free project_in/project_out of a model whose embedding size differs from its hidden size
   are linear maps like any other.
-- Llama, Qwen2, Qwen3: RMSNorm as hf_lrp.T5LRPForward treats it (ding: pass-through; attnlrp: the
-  root mean square held constant, a linear map, epsilon rule), computed in float32 as transformers
-  does; rotary positions are a fixed linear map of q and k given the position (no bias, so both
-  rules pass it plainly: the z-rule of a bias-free linear map conserves exactly); Qwen3's per-head
-  q/k RMSNorm as any RMSNorm; SwiGLU down(act(gate) * up) is a product of two neurons: half of its
-  relevance to each factor under both rules (AttnLRP's uniform rule; the paper's rule has no case
-  for it), the activation passed through; grouped-query attention gathers each query head's KV
-  head (`LMHeadGates.kv_of`), so a shared KV head receives the sum of its query heads' relevance
-  and a head's relevance is its query head's context's.
+- Llama, Qwen2, Qwen3 (module-level): RMSNorm as hf_lrp.T5LRPForward treats it (ding:
+  pass-through; attnlrp: the root mean square held constant, a linear map, epsilon rule), computed
+  in float32 as transformers does, Qwen3's per-head q/k norms included; rotary positions are
+  transformers' own, a fixed linear map of q and k given the position (no bias, so both rules pass
+  it plainly: the z-rule of a bias-free linear map conserves exactly); SwiGLU down(act(gate) * up)
+  is a product of two neurons: half of its relevance to each factor under both rules (AttnLRP's
+  uniform rule; the paper's rule has no case for it), the activation passed through; grouped-query
+  attention gathers each query head's KV head (`LMHeadGates.kv_of`), so a shared KV head receives
+  the sum of its query heads' relevance and a head's relevance is its query head's context's.
 - BERT, RoBERTa: post-LN blocks LN(x + f(x)); the embedding sum (token + position + token type 0)
   then its LayerNorm; the MLM head dense -> GELU (passed through) -> LayerNorm -> decoder + bias.
   RoBERTa counts positions from padding_idx + 1 over the real tokens, as transformers does.
@@ -50,6 +73,9 @@ Shapes: B batch, T length, D hidden size, H query heads, KV key/value heads, Dh 
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import math
 
 import torch
@@ -86,17 +112,22 @@ def _attend(rules, slot, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scali
     """q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) -> output (B, Tq, D) through the gated W^O, and the
     head contexts (B, H, Tq, Dh) before the gates."""
     B, H, Tq, Dh = q.shape
+    ctx = _attend_heads(rules, slot, q, k, v, allowed, scaling)  # (B, H, Tq, Dh)
+    # Gates are constants: folded into W^O's columns (as hf_lrp.py and transformer_lrp.py do).
+    w_out = slot.proj.weight * slot.gates().to(ctx.dtype).repeat_interleave(Dh)  # (D, H*Dh)
+    return rules.linear(ctx.transpose(1, 2).reshape(B, Tq, H * Dh), slot.proj, w_out), ctx
+
+
+def _attend_heads(rules, slot, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor, scaling: float):
+    """The rule's attention (the module's `scaling`): the head contexts (B, H, Tq, Dh)."""
     kv_of = getattr(slot, "kv_of", None)
     if kv_of is not None:  # grouped-query attention: each query head reads its KV head
         index = torch.tensor(kv_of, dtype=torch.long, device=k.device)
         k, v = k.index_select(1, index), v.index_select(1, index)  # (B, H, Tk, Dh)
-    ratio = scaling * math.sqrt(Dh)  # the rules divide the scores by sqrt(Dh)
+    ratio = scaling * math.sqrt(q.shape[-1])  # the rules divide the scores by sqrt(Dh)
     if not math.isclose(ratio, 1.0, rel_tol=1e-12):  # (Dh^-0.5 * sqrt(Dh) may round off 1)
         q = q * ratio
-    ctx = rules.attention(q, k, v, allowed)  # (B, H, Tq, Dh)
-    # Gates are constants: folded into W^O's columns (as hf_lrp.py and transformer_lrp.py do).
-    w_out = slot.proj.weight * slot.gates().to(ctx.dtype).repeat_interleave(Dh)  # (D, H*Dh)
-    return rules.linear(ctx.transpose(1, 2).reshape(B, Tq, H * Dh), slot.proj, w_out), ctx
+    return rules.attention(q, k, v, allowed)
 
 
 def _top_logit(rules, hidden: Tensor, weight: Tensor, bias: Tensor | None, steps: Tensor, target, special):
@@ -285,7 +316,8 @@ class OPTLRPForward(_CausalLRPForward):
 
 
 class LlamaLRPForward(_CausalLRPForward):
-    """Llama, Qwen2, Qwen3: RMSNorm, rotary positions, grouped-query attention, SwiGLU."""
+    """Llama, Qwen2, Qwen3: transformers' own forward, its modules given the rule for the pass
+    (module_rules); not re-run by hand."""
 
     def __init__(self, model):
         super().__init__(model)
@@ -293,38 +325,135 @@ class LlamaLRPForward(_CausalLRPForward):
         if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
             raise LRPNotImplemented(f"{model.family.name}: LRP does not reproduce sliding-window attention; "
                                    f"set use_sliding_window=False in the config or leave LRP out for this model")
-        self._cos_sin = None
 
-    def _layers(self):
-        return self.base.layers
+    def decode(self, encoded: EncoderTrace, tgt_in: Tensor, rules, target: Tensor | None = None) -> Trace:
+        """The language model over tgt_in (B, T) as HFCausalLM.decode runs it (padding no key), with
+        LRP rules; `encoded` is ignored (empty)."""
+        mask = self.model.special.decoder_positions(tgt_in).long()
+        with _llama_rules(self, rules) as found:
+            hidden = self.base(input_ids=tgt_in, attention_mask=mask, use_cache=False).last_hidden_state
+        top, target = _top_logit(rules, hidden, self.out_weight, self.out_bias, tgt_in, target, self.model.special)
+        return Trace(top, target, {"dec_self": found["contexts"]}, [], found["streams"], [])
 
-    def _embed(self, rules, tokens: Tensor) -> Tensor:
-        x = F.embedding(tokens, self.base.embed_tokens.weight)
-        self._cos_sin = _rotary(self.base.rotary_emb, x, tokens)
-        return x
 
-    def _final_norm(self, rules, x: Tensor) -> Tensor:
-        return _rms_norm(rules, x, self.base.norm)
+# --------------------------------------------------------------------------------------------
+# Module-level rules: transformers' own forward, its modules patched for the duration of a pass
 
-    def _layer(self, rules, i: int, layer: nn.Module, x: Tensor, allowed: Tensor, rotary: tuple[Tensor, Tensor]):
-        """One layer: -> its output (B, T, D) and its head contexts; rotary: (cos, sin) of _embed."""
-        slot, attention, mlp = self.slots[i], layer.self_attn, layer.mlp
-        Dh = slot.head_dim
-        h = _rms_norm(rules, x, layer.input_layernorm)
-        q = rules.linear(h, attention.q_proj)  # (B, T, H*Dh)
-        k, v = rules.linear(h, attention.k_proj), rules.linear(h, attention.v_proj)  # (B, T, KV*Dh)
-        if hasattr(attention, "q_norm"):  # Qwen3: RMSNorm over each head's features
-            B, T, _ = q.shape
-            q = _rms_norm(rules, q.view(B, T, -1, Dh), attention.q_norm).view(B, T, -1)
-            k = _rms_norm(rules, k.view(B, T, -1, Dh), attention.k_norm).view(B, T, -1)
-        cos, sin = rotary
-        q, k = _rotate(_heads(q, Dh), cos, sin), _rotate(_heads(k, Dh), cos, sin)  # (B, H or KV, T, Dh)
-        out, ctx = _attend(rules, slot, q, k, _heads(v, Dh), allowed, attention.scaling)
-        x = rules.add(x, out)
-        h = _rms_norm(rules, x, layer.post_attention_layernorm)
-        gate = rules.linear(h, mlp.gate_proj)  # (B, T, F)
-        product = half_gradient(pass_through(gate, mlp.act_fn(gate)) * rules.linear(h, mlp.up_proj))
-        return rules.add(x, rules.linear(product, mlp.down_proj)), ctx
+
+LRP_ATTENTION = "headcount_lrp_attention"
+
+
+def _lrp_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling: float,
+                   **kwargs):
+    """An AttentionInterface function (transformers' eager one's signature): the rule's attention
+    (lrp.*Rules.attention, in the model's dtype) over the module's q (B, H, T, Dh) after rotary and
+    k, v (B, KV, Tk, Dh); each query head reads its KV head by `kv_of`. -> ((B, T, H, Dh), None)."""
+    rules, slot = module._headcount_lrp
+    if attention_mask is None:  # transformers may skip a mask that masks nothing but the future
+        Tq, Tk = query.shape[2], key.shape[2]
+        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(Tk - Tq)[None, None]
+    else:
+        allowed = attention_mask == 0  # eager's additive mask: 0 where the key is seen, min elsewhere
+    out = _attend_heads(rules, slot, query, key, value, allowed, scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _epsilon_factor(z: Tensor, eps: float) -> Tensor:
+    """The epsilon rule's z / (z + eps sign z), a constant."""
+    sign = torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
+    return (z / (z + eps * sign)).detach()
+
+
+def _set_forward(module: nn.Module, forward, undo: list) -> None:
+    own = module.__dict__.get("forward")
+    module.forward = forward
+    undo.append(lambda: module.__dict__.pop("forward") if own is None else setattr(module, "forward", own))
+
+
+@contextlib.contextmanager
+def _llama_rules(lrp_forward: LlamaLRPForward, rules):
+    """The Llama-family model of `lrp_forward` with the rule on its modules, inside the block; yields
+    {"streams": [embedding, each layer's output], "contexts": [each layer's head contexts]}, filled
+    by the forward pass. Everything is put back on leaving; the graph built needs nothing of it.
+
+    The norms' forward: _rms_norm. Each layer's forward is wrapped (and recomputed in the backward
+    pass where lrp_forward.recompute is set): within it, its norms, an attention function naming
+    `_lrp_attention` (a config copy, as hf_lm._group_explicitly gives one), the activation passed
+    through, the SwiGLU product's relevance halved (a pre-hook on down_proj: gradient halved at the
+    product is half to each factor), the epsilon rule on every nn.Linear's output (a forward hook;
+    W^O's included, behind the gates), and on the two residual sums: z1 = x + attn is stabilised
+    where the post-attention norm reads it (a pre-hook) and the layer's output y = z1 + mlp as a
+    whole, with z1's own factor added to the gradient z1 gets through y's sum (a term whose value
+    is zero), since transformers' layer adds them in its forward, out of a hook's reach."""
+    from transformers import AttentionInterface
+
+    if LRP_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(LRP_ATTENTION, _lrp_attention)
+    base, found, undo = lrp_forward.base, {"streams": [], "contexts": []}, []
+    recording = [True]  # False while a layer is recomputed in the backward pass: nothing new to record
+    try:
+        handle = base.embed_tokens.register_forward_hook(lambda m, args, out: found["streams"].append(out))
+        undo.append(handle.remove)
+        _set_forward(base.norm, lambda x: _rms_norm(rules, x, base.norm), undo)
+        for layer, slot in zip(base.layers, lrp_forward.slots):
+            _set_forward(layer, _layer_with_rules(layer, slot, layer.forward, rules, found, recording,
+                                                  lrp_forward.recompute), undo)
+        yield found
+    finally:
+        recording[0] = False
+        for fn in reversed(undo):
+            fn()
+
+
+def _layer_with_rules(layer: nn.Module, slot, forward, rules, found: dict, recording: list, recompute: bool):
+    """The layer's own `forward` with the rule on its modules (_llama_rules), recomputed or not."""
+    attention, mlp = layer.self_attn, layer.mlp
+    attnlrp = rules.name != "ding"
+
+    def run(hidden_states, **kwargs):
+        undo, state = [], {}
+        try:
+            for norm in (m for m in layer.modules() if hasattr(m, "variance_epsilon")):  # RMSNorms
+                _set_forward(norm, lambda x, norm=norm: _rms_norm(rules, x, norm), undo)
+            config = attention.config
+            attention.config = copy.copy(config)
+            attention.config._attn_implementation = LRP_ATTENTION
+            undo.append(lambda: setattr(attention, "config", config))
+            object.__setattr__(attention, "_headcount_lrp", (rules, slot))
+            undo.append(lambda: attention.__dict__.pop("_headcount_lrp"))
+            act = mlp.act_fn.forward
+            _set_forward(mlp.act_fn, lambda x: pass_through(x, act(x)), undo)
+            hooks = [mlp.down_proj.register_forward_pre_hook(lambda m, args: (half_gradient(args[0]),))]
+            if recording[0]:
+                hooks.append(slot.head_context.register_forward_hook(
+                    lambda m, args, out: found["contexts"].append(out)))
+            if attnlrp:
+                hooks += [m.register_forward_hook(lambda m, args, out: rules.stabilise(out))
+                          for m in layer.modules() if isinstance(m, nn.Linear)]
+
+                def before_norm(m, args):
+                    state["z1"] = args[0]
+                    return (rules.stabilise(args[0]),)
+
+                hooks.append(layer.post_attention_layernorm.register_forward_pre_hook(before_norm))
+            undo += [h.remove for h in hooks]
+            y = forward(hidden_states, **kwargs)
+        finally:
+            for fn in reversed(undo):
+                fn()
+        if attnlrp:
+            z1, eps = state["z1"], rules.eps
+            f1, f2 = _epsilon_factor(z1, eps), _epsilon_factor(y, eps)
+            y = y.detach() + (y - y.detach()) * f2 + (z1 - z1.detach()) * ((f1 - 1) * f2)
+        return y
+
+    def with_rules(hidden_states, **kwargs):
+        out = checkpointed(functools.partial(run, **kwargs), hidden_states, layer=layer, recompute=recompute)
+        if recording[0]:
+            found["streams"].append(out)
+        return out
+
+    return with_rules
 
 
 # --------------------------------------------------------------------------------------------
