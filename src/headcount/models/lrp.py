@@ -50,6 +50,8 @@ so the prefix chunks above run unchanged and the cuts are the decoder's ("dec.l"
 source position) and masked_step_relevance seeds the masked positions, one shared forward pass, steps
 indexed by source position; its cuts are "enc.l". For encoder-decoders nothing changes: the same
 operations in the same order (results byte-identical).
+The transformers language models are not re-implemented: hf_lm_lrp.py runs transformers' own forward
+with these rules given to its modules (norms, linear maps, attention function, activations) for the pass.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
