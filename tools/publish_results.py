@@ -127,6 +127,7 @@ PUBLISHED = {
     **{f"tables/smollm2_{name}": ("smollm2_counts", name) for name in (
         "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
     "tables/minilm_targets.tsv": ("minilm_counts", "targets.tsv"),  # the gates trained to each count: error, undecided
+    "tables/smollm2_bf16_check.tsv": ("smollm2_counts", "bf16_check.tsv"),  # tools/bf16_check.py
     "tables/copying_control_causal.tsv": ("copying_control", "causal.tsv"),
     "tables/copying_control_head_counts.tsv": ("copying_control", "head_counts_summary.tsv"),
     # The positive control of `make demo` at matched counts against random heads (rule head_counts)
