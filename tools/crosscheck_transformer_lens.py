@@ -102,7 +102,6 @@ def hooked_llama(model):
     import json
     from pathlib import Path
 
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import convert_hf_model_config
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
@@ -112,15 +111,24 @@ def hooked_llama(model):
         config.save_pretrained(directory)
         cfg = convert_hf_model_config(directory)
         json.loads((Path(directory) / "config.json").read_text())  # written and read: no hub
-    cfg.pop("quantization_method", None)
-    cfg.pop("tokenizer_name", None)
-    cfg = HookedTransformerConfig(**cfg, default_prepend_bos=False, dtype=torch.float32)
+    return _hooked(model, config, cfg, convert_llama_weights)
+
+
+def _hooked(model, config, cfg: dict, convert):
+    """TransformerLens' HookedTransformer of TransformerLens' config `cfg`, its weights converted by
+    `convert` from a plain transformers model (of `config`) holding the adapter's weights, the gated
+    W^O back in its place."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    cfg = {k: v for k, v in cfg.items() if k not in ("quantization_method", "tokenizer_name")}
+    cfg = HookedTransformerConfig(**{**cfg, "default_prepend_bos": False}, dtype=torch.float32)
     plain = type(model.hf)(config)
-    weights = {name.replace(".o_proj.proj.", ".o_proj."): value for name, value in model.hf.state_dict().items()
+    gated = f".{model.family.out_proj}.proj."
+    weights = {name.replace(gated, f".{model.family.out_proj}."): value for name, value in model.hf.state_dict().items()
                if not name.endswith("head_mask")}
     plain.load_state_dict(weights)
     tl = HookedTransformer(cfg)
-    tl.load_and_process_state_dict(convert_llama_weights(plain, cfg), fold_ln=False, center_writing_weights=False,
+    tl.load_and_process_state_dict(convert(plain, cfg), fold_ln=False, center_writing_weights=False,
                                    center_unembed=False, fold_value_biases=False)
     return tl.eval()
 
@@ -130,7 +138,6 @@ def hooked_from_config(model):
     transformers config itself (convert_hf_model_config, from a directory it is written to) and the
     weights through its converter for the architecture, from a plain transformers model holding the
     adapter's weights (its gated W^O back in place)."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.loading_from_pretrained import convert_hf_model_config
     from transformer_lens.pretrained.weight_conversions import convert_neox_weights, convert_opt_weights
 
@@ -138,18 +145,7 @@ def hooked_from_config(model):
     with tempfile.TemporaryDirectory() as directory:
         model.config.save_pretrained(directory)
         cfg = convert_hf_model_config(directory)
-    cfg.pop("quantization_method", None)
-    cfg.pop("tokenizer_name", None)
-    cfg = HookedTransformerConfig(**{**cfg, "default_prepend_bos": False}, dtype=torch.float32)
-    plain = type(model.hf)(model.config)
-    gated = f".{model.family.out_proj}.proj."
-    weights = {name.replace(gated, f".{model.family.out_proj}."): value for name, value in model.hf.state_dict().items()
-               if not name.endswith("head_mask")}
-    plain.load_state_dict(weights)
-    tl = HookedTransformer(cfg)
-    tl.load_and_process_state_dict(convert(plain, cfg), fold_ln=False, center_writing_weights=False,
-                                   center_unembed=False, fold_value_biases=False)
-    return tl.eval()
+    return _hooked(model, model.config, cfg, convert)
 
 
 # English sentences for a real model (equal length after truncation to the shortest).
