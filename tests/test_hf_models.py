@@ -1077,6 +1077,36 @@ def test_lrp_conserves_without_biases(family):
         torch.testing.assert_close(total[valid], torch.ones_like(total[valid]), rtol=0, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("family", LRP_FAMILIES)
+def test_lrp_module_rules_leave_the_model_as_it_was(family):
+    """LRP runs transformers' own encoder and decoder with the rule on their modules
+    (module_rules._module_rules), recomputed layers included (the same relevance as kept ones):
+    afterwards no module keeps a forward, hook or config of the pass, and the model computes what
+    it did."""
+    from headcount.models.lrp import step_relevance
+
+    model = lrp_model(family)
+    src, tgt_in = lrp_batch(model)
+    with torch.no_grad():
+        before, _ = model(src, tgt_in)
+
+    def state():
+        return [(m.__dict__.get("forward"), len(m._forward_hooks), len(m._forward_pre_hooks),
+                 getattr(m, "config", None), "_headcount_lrp" in m.__dict__) for m in model.hf.modules()]
+
+    kept = state()
+    for rule in ("ding", "attnlrp"):
+        plain = step_relevance(model, src, tgt_in, rule=rule, eps=1e-2, max_seeds=3)
+        recomputed = step_relevance(model, src, tgt_in, rule=rule, eps=1e-2, max_seeds=3, recompute=True)
+        for kind in plain.heads:
+            torch.testing.assert_close(recomputed.heads[kind], plain.heads[kind], rtol=1e-12, atol=1e-15)
+    assert state() == kept
+    with torch.no_grad():
+        after, _ = model(src, tgt_in)
+    assert torch.equal(before, after)
+    assert {m.config._attn_implementation for m in model.hf.modules() if hasattr(m, "config")} == {"eager"}
+
+
 # --------------------------------------------------------------------------------------------
 # headcount's analyses on a tiny Marian model, through the interface only
 

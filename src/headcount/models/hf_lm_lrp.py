@@ -4,11 +4,11 @@ GPT-NeoX, OPT, Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only),
 
 Module-level rules, as lxt applies AttnLRP: every family runs transformers' own forward (evaluation
 mode, no cache), its modules given the rule object's (lrp.DingRules / lrp.AttnLRPRules) for the
-duration of the pass (_module_rules), and put back afterwards; the graph built needs none of it.
-Every forward value is the model's. What each module gets:
+duration of the pass (module_rules._module_rules, shared with hf_lrp.py), and put back afterwards;
+the graph built needs none of it. Every forward value is the model's. What each module gets:
 
 - LayerNorm: `rules.layer_norm`; RMSNorm (Llama, Qwen; Qwen3's per-head q/k norms too) as
-  hf_lrp.T5LRPForward treats it (ding: pass-through; attnlrp: the root mean square held constant,
+  T5's in hf_lrp.py (ding: pass-through; attnlrp: the root mean square held constant,
   a linear map, epsilon rule), computed in float32 as transformers does: their forward replaced.
 - Linear maps (nn.Linear, GPT-2's Conv1D: fused QKV, feed-forward, OPT's project_in/out, W^O
   behind the head gates): transformers' own, the epsilon rule on the output under AttnLRP (a
@@ -33,7 +33,7 @@ Every forward value is the model's. What each module gets:
 What a module patch cannot reach, and what stays hand-written:
 
 - The residual sums: transformers' layers add them in their forward (`residual + hidden_states`),
-  so AttnLRP's epsilon rule on them goes where hooks reach (_layer_with_rules): post-LN sums (OPT-350m,
+  so AttnLRP's epsilon rule on them goes where hooks reach (module_rules._layer_with_rules): post-LN sums (OPT-350m,
   BERT, RoBERTa) at the norm that reads them; GPT-NeoX's parallel sum x + attn + mlp at the layer's
   output; a pre-LN layer's first sum z1 = x + attn where the post-attention norm reads it, the
   output y = z1 + mlp as a whole, and z1's own factor on the gradient z1 gets through y's sum by a
@@ -62,17 +62,12 @@ Shapes: B batch, T length, D hidden size, H query heads, KV key/value heads, Dh 
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import functools
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from headcount.models.lrp import EncoderTrace, LRPNotImplemented, Trace, half_gradient, pass_through, top1_targets
-from headcount.models.recompute import checkpointed
+from headcount.models.lrp import EncoderTrace, LRPNotImplemented, Trace, pass_through, top1_targets
+from headcount.models.module_rules import _module_rules
 from headcount.models.seq2seq import NotAvailableForKind
 
 
@@ -85,190 +80,6 @@ def lrp_forward_of(model):
         raise LRPNotImplemented(f"{model.family.name}: no LRP forward pass for its layout {layout!r}; leave LRP out "
                                 f"for this model")
     return forwards[layout](model)
-
-
-# --------------------------------------------------------------------------------------------
-# The rules on a module
-
-
-def _rms_norm(rules, x: Tensor, norm: nn.Module) -> Tensor:
-    """transformers' RMSNorm (Llama, Qwen): w * (x / rms(x)), the normalisation in float32."""
-    inverse_rms = torch.rsqrt(x.to(torch.float32).pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon)
-    if rules.name == "ding":
-        return pass_through(x, norm.weight * (x.to(torch.float32) * inverse_rms).to(x.dtype))
-    return rules.stabilise(norm.weight * (x.to(torch.float32) * inverse_rms.detach()).to(x.dtype))
-
-
-def _norm_rule(rules, norm: nn.Module):
-    """The rule's forward for a LayerNorm or an RMSNorm (None for any other module)."""
-    if isinstance(norm, nn.LayerNorm):
-        return lambda x: rules.layer_norm(x, norm)
-    if hasattr(norm, "variance_epsilon") and hasattr(norm, "weight"):
-        return lambda x: _rms_norm(rules, x, norm)
-    return None
-
-
-def _is_linear(module: nn.Module) -> bool:
-    """An nn.Linear or transformers' Conv1D (GPT-2's fused QKV and feed-forward)."""
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
-
-
-LRP_ATTENTION = "headcount_lrp_attention"
-
-
-def _lrp_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling: float,
-                   **kwargs):
-    """An AttentionInterface function (transformers' eager one's signature): the rule's attention
-    (lrp.*Rules.attention, in the model's dtype) over the module's q (B, H, Tq, Dh) after any
-    rotary and k, v (B, KV, Tk, Dh); each query head reads its KV head by `kv_of`. The scores are
-    scaled by `scaling` (the rules divide by sqrt(Dh): q is multiplied by the constant ratio where
-    it differs, a linear map both rules pass exactly). -> ((B, Tq, H, Dh), None)."""
-    rules, slot, causal = module._headcount_lrp
-    Tq, Tk = query.shape[2], key.shape[2]
-    if attention_mask is not None:
-        allowed = attention_mask == 0  # eager's additive mask: 0 where the key is seen, min elsewhere
-    elif causal:  # transformers may leave out a mask that masks nothing but the future
-        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(Tk - Tq)[None, None]
-    else:
-        allowed = torch.ones(1, 1, 1, Tk, dtype=torch.bool, device=query.device)
-    kv_of = getattr(slot, "kv_of", None)
-    if kv_of is not None:  # grouped-query attention: each query head reads its KV head
-        index = torch.tensor(kv_of, dtype=torch.long, device=key.device)
-        key, value = key.index_select(1, index), value.index_select(1, index)  # (B, H, Tk, Dh)
-    ratio = scaling * math.sqrt(query.shape[-1])
-    if not math.isclose(ratio, 1.0, rel_tol=1e-12):  # (Dh^-0.5 * sqrt(Dh) may round off 1)
-        query = query * ratio
-    return rules.attention(query, key, value, allowed).transpose(1, 2).contiguous(), None
-
-
-def _epsilon_factor(z: Tensor, eps: float) -> Tensor:
-    """The epsilon rule's z / (z + eps sign z), a constant."""
-    sign = torch.where(z >= 0, 1.0, -1.0).to(z.dtype)
-    return (z / (z + eps * sign)).detach()
-
-
-def _set_forward(module: nn.Module, forward, undo: list) -> None:
-    own = module.__dict__.get("forward")
-    module.forward = forward
-    undo.append(lambda: module.__dict__.pop("forward") if own is None else setattr(module, "forward", own))
-
-
-def _set_attribute(obj, name: str, value, undo: list) -> None:
-    """obj.name = value (not a submodule) until undone."""
-    had, old = name in obj.__dict__, obj.__dict__.get(name)
-    object.__setattr__(obj, name, value)
-    undo.append(lambda: object.__setattr__(obj, name, old) if had else obj.__dict__.pop(name))
-
-
-def _give_rules(modules, rules, undo: list) -> None:
-    """Norms their rule's forward; under AttnLRP the epsilon rule on each linear map's output."""
-    for module in modules:
-        forward = _norm_rule(rules, module)
-        if forward is not None:
-            _set_forward(module, forward, undo)
-        elif _is_linear(module) and rules.name != "ding":
-            undo.append(module.register_forward_hook(lambda m, args, out: rules.stabilise(out)).remove)
-
-
-@contextlib.contextmanager
-def _module_rules(lrp_forward, rules):
-    """lrp_forward's model with the rule on its modules, inside the block (transformers' own forward
-    is run in it); yields {"streams": [layer 0's input, each layer's output], "contexts": [each
-    layer's head contexts]}, filled by the forward pass. Everything is put back on leaving; the
-    graph built needs nothing of it.
-
-    Outside the layers (lrp_forward._outside()): norms and linear maps (_give_rules). Each layer's
-    forward is wrapped, and recomputed in the backward pass where lrp_forward.recompute is set
-    (within it, everything of the layer's, again): _layer_with_rules."""
-    from transformers import AttentionInterface
-
-    if LRP_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(LRP_ATTENTION, _lrp_attention)
-    found, undo = {"streams": [], "contexts": []}, []
-    recording = [True]  # False once the pass is over: a layer recomputed in the backward pass records nothing
-    try:
-        _give_rules(lrp_forward._outside(), rules, undo)
-        for layer, slot in zip(lrp_forward._layers(), lrp_forward.slots):
-            run = _layer_with_rules(lrp_forward, layer, slot, layer.forward, rules, found, recording)
-            _set_forward(layer, run, undo)
-        yield found
-    finally:
-        recording[0] = False
-        for fn in reversed(undo):
-            fn()
-
-
-def _layer_with_rules(lrp_forward, layer: nn.Module, slot, forward, rules, found: dict, recording: list):
-    """The layer's own `forward` with the rule on its modules: its norms and linear maps
-    (_give_rules); the modules that call an attention function, a config copy naming _lrp_attention
-    (as hf_lm._group_explicitly gives one); the activations passed through (lrp.pass_through); the
-    input of lrp_forward._product(layer) (SwiGLU's gated product) with its relevance halved, half
-    to each factor; the head contexts read at the gates' `head_context` hook; and the residual sums
-    (lrp_forward._residual(layer)), which transformers' layer adds in its forward, out of a hook's
-    reach, under AttnLRP's epsilon rule:
-
-    - "pre" (pre-LN, sequential): z1 = x + attn is stabilised where the norm named reads it (a
-      pre-hook), the output y = z1 + mlp as a whole, and z1's own factor is put on the gradient z1
-      gets through y's sum by a term of value zero added to the output;
-    - "parallel" (GPT-NeoX): y = mlp + attn + x, one sum: the output stabilised;
-    - "post" (post-LN): each sum is the input of the norms named, stabilised there (pre-hooks)."""
-    attnlrp, residual = rules.name != "ding", lrp_forward._residual(layer)
-
-    def run(hidden_states, *args, **kwargs):
-        undo, state = [], {}
-        try:
-            _give_rules(layer.modules(), rules, undo)
-            for module in layer.modules():
-                config = getattr(module, "config", None)
-                if config is not None and hasattr(config, "_attn_implementation"):
-                    config = copy.copy(config)
-                    config._attn_implementation = LRP_ATTENTION
-                    _set_attribute(module, "config", config, undo)
-                    _set_attribute(module, "_headcount_lrp", (rules, slot, lrp_forward.causal), undo)
-                    if getattr(module, "reorder_and_upcast_attn", False):  # GPT-2's float32 path: eager's own
-                        _set_attribute(module, "reorder_and_upcast_attn", False, undo)
-            for owner, name in lrp_forward._activations(layer):
-                act = getattr(owner, name)
-                if isinstance(act, nn.Module):
-                    _set_forward(act, lambda x, act=act.forward: pass_through(x, act(x)), undo)
-                else:
-                    _set_attribute(owner, name, lambda x, act=act: pass_through(x, act(x)), undo)
-            product = lrp_forward._product(layer)
-            if product is not None:
-                undo.append(product.register_forward_pre_hook(lambda m, args: (half_gradient(args[0]),)).remove)
-            if recording[0]:
-                undo.append(slot.head_context.register_forward_hook(
-                    lambda m, args, out: found["contexts"].append(out)).remove)
-            if attnlrp and residual[0] != "parallel":
-                def stabilised(m, args):
-                    state.setdefault("sums", []).append(args[0])
-                    return (rules.stabilise(args[0]), *args[1:])
-
-                for norm in residual[1:]:
-                    undo.append(norm.register_forward_pre_hook(stabilised).remove)
-            y = forward(hidden_states, *args, **kwargs)
-        finally:
-            for fn in reversed(undo):
-                fn()
-        if attnlrp and residual[0] != "post":
-            f2 = _epsilon_factor(y, rules.eps)
-            stable = y.detach() + (y - y.detach()) * f2
-            if residual[0] == "pre":
-                z1 = state["sums"][0].reshape(y.shape)  # OPT's norm reads it flattened
-                stable = stable + (z1 - z1.detach()) * ((_epsilon_factor(z1, rules.eps) - 1) * f2)
-            y = stable
-        return y
-
-    def with_rules(hidden_states, *args, **kwargs):
-        if recording[0] and not found["streams"]:
-            found["streams"].append(hidden_states)  # layer 0's input: the embeddings
-        out = checkpointed(functools.partial(run, **kwargs), hidden_states, *args, layer=layer,
-                           recompute=lrp_forward.recompute)
-        if recording[0]:
-            found["streams"].append(out)
-        return out
-
-    return with_rules
 
 
 def _top_logit(rules, hidden: Tensor, weight: Tensor, bias: Tensor | None, steps: Tensor, target, special):

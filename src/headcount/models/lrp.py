@@ -52,6 +52,8 @@ indexed by source position; its cuts are "enc.l". For encoder-decoders nothing c
 operations in the same order (results byte-identical).
 The transformers language models are not re-implemented: hf_lm_lrp.py runs transformers' own forward
 with these rules given to its modules (norms, linear maps, attention function, activations) for the pass.
+So does hf_lrp.py for the encoder-decoders (module_rules.py holds what the two share); only headcount's
+own Transformer (transformer_lrp.py) is re-implemented.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dh head size, L layers,
 N seeds (target steps) in a chunk.
