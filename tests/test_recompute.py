@@ -102,8 +102,9 @@ class Calls:
 class SavedMaps:
     """Square (.., T, T) floating tensors (attention maps, scores) that autograd saves for the
     backward pass outside any recomputed layer: a recomputed layer saves its inputs only (a mask
-    among them, bool, which every layer shares), and its own tensors under torch.utils.checkpoint's
-    hooks when the backward pass runs it again."""
+    among them, which every layer shares: bool, or additive, 0 and the dtype's lowest value, as
+    transformers builds GPT-2's), and its own tensors under torch.utils.checkpoint's hooks when
+    the backward pass runs it again."""
 
     def __init__(self, sizes):
         self.sizes, self.count = set(sizes), 0
@@ -111,7 +112,9 @@ class SavedMaps:
     def __enter__(self):
         def pack(x):
             if x.is_floating_point() and x.dim() >= 2 and x.shape[-1] == x.shape[-2] and x.shape[-1] in self.sizes:
-                self.count += 1
+                lowest = torch.tensor([0.0, torch.finfo(x.dtype).min, float("-inf")], dtype=x.dtype)
+                if not torch.isin(x.detach(), lowest).all():  # an additive mask is no map
+                    self.count += 1
             return x
 
         self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
