@@ -177,7 +177,7 @@ def smoke_run(tmp_path_factory) -> ToyRun:
     return ToyRun(workdir, config, result)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lines() -> list[str]:
     """Toy text, both sides of 120 pairs: what the tiny transformers language models of
     test_hf_lm and test_head_access are trained and tokenised on (a module may define its own)."""
@@ -185,9 +185,10 @@ def lines() -> list[str]:
     return src + tgt
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory, lines) -> dict:
-    """family -> a directory holding a tiny transformers language model of it (test_hf_lm.FAMILIES)."""
+    """family -> a directory holding a tiny transformers language model of it (test_hf_lm.FAMILIES),
+    written once per worker (5 s for the eight) and only read by the tests."""
     from test_hf_lm import FAMILIES, _write
 
     return {family: _write(family, tmp_path_factory.mktemp(family), lines) for family in FAMILIES}
