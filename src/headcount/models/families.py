@@ -84,7 +84,7 @@ class LMFamily:
 
     name: str  # transformers' model_type (the checkpoint's family)
     model_kind: str  # "decoder_only" or "encoder_only" (seq2seq.MODEL_KINDS)
-    layout: str  # the LRP forward (hf_lm_lrp.py): "gpt2", "gpt_neox", "opt", "llama" or "bert"
+    layout: str  # the architecture's pattern: "gpt2", "gpt_neox", "opt", "llama" (Qwen too) or "bert"
     layers: str  # the layer list, under the base model
     attention: str  # each layer's attention module (what `attentions` returns), under the layer
     out_proj: str  # W^O under the attention: LMHeadGates replaces it
@@ -94,6 +94,15 @@ class LMFamily:
     n_heads_attr: str | None = None  # the attention attribute holding the head count, where it reshapes by it
     width_attr: str | None = None  # the attention attribute holding H * Dh, where it reshapes by it
     head_path: str = "lm_head"  # the output layer (D -> V, the MLM head for BERT), a module path
+    # Where LRP's rules go in transformers' own forward (hf_lm_lrp.py, module_rules.py):
+    outside: tuple[str, ...] = ()  # modules outside the layers, under the base model (an absent one skipped)
+    activation: str = ""  # the feed-forward's activation under a layer: "module.attribute" (or the layer's own)
+    product: str | None = None  # under a layer, a module whose input is a product of two neurons (SwiGLU)
+    # the residual sums of a layer: "pre <norm between the sums>", "post <norm after attention> <norm
+    # after the feed-forward>" or "parallel" (one sum); with residual_if, a layer attribute choosing
+    # residual[0] (true) or residual[1] (false)
+    residual: tuple[str, ...] = ()
+    residual_if: str | None = None
 
     def attentions(self, hf: nn.Module) -> list[nn.Module]:
         """The attention module of each layer, in order (the module whose W^O gets the gates)."""
@@ -102,10 +111,14 @@ class LMFamily:
 
 _T5 = EncoderDecoderFamily("t5", out_name="o", qkv_names=("q", "k", "v"), heads_attr="n_heads",
                            head_dim_attr="key_value_proj_dim", pre_norm=True, t5_layout=True, scales_output=True)
-_LLAMA = dict(layers="layers", attention="self_attn", out_proj="o_proj", qkv=("q_proj", "k_proj", "v_proj"))
+_LLAMA = dict(layers="layers", attention="self_attn", out_proj="o_proj", qkv=("q_proj", "k_proj", "v_proj"),
+              outside=("norm",), activation="mlp.act_fn", product="mlp.down_proj",
+              residual=("pre post_attention_layernorm",))
 _BERT = dict(layers="encoder.layer", attention="attention", out_proj="output.dense",
              qkv=("self.query", "self.key", "self.value"), head_dim="self.attention_head_size",
-             n_heads_attr="self.num_attention_heads", width_attr="self.all_head_size")
+             n_heads_attr="self.num_attention_heads", width_attr="self.all_head_size",
+             outside=("embeddings.LayerNorm",), activation="intermediate.intermediate_act_fn",
+             residual=("post attention.output.LayerNorm output.LayerNorm",))
 
 FAMILIES: dict[str, EncoderDecoderFamily | LMFamily] = {f.name: f for f in (
     EncoderDecoderFamily("marian"),
@@ -118,11 +131,18 @@ FAMILIES: dict[str, EncoderDecoderFamily | LMFamily] = {f.name: f for f in (
     # fairseq's WMT19 models (facebook/wmt19-en-ru, -ru-en, -en-de, -de-en): post-LN, like BART's modules.
     EncoderDecoderFamily("fsmt", time_major=True, output_layer_path="model.decoder.output_projection"),
     LMFamily("gpt2", DECODER_ONLY, "gpt2", layers="h", attention="attn", out_proj="c_proj", qkv=("c_attn",),
-             fused="blocks", n_heads_attr="num_heads", width_attr="split_size"),
+             fused="blocks", n_heads_attr="num_heads", width_attr="split_size", outside=("ln_f",),
+             activation="mlp.act", residual=("pre ln_2",)),
     LMFamily("gpt_neox", DECODER_ONLY, "gpt_neox", layers="layers", attention="attention", out_proj="dense",
-             qkv=("query_key_value",), fused="per_head", head_dim="head_size"),
+             qkv=("query_key_value",), fused="per_head", head_dim="head_size", outside=("final_layer_norm",),
+             activation="mlp.act", residual=("parallel", "pre post_attention_layernorm"),
+             residual_if="use_parallel_residual"),
     LMFamily("opt", DECODER_ONLY, "opt", layers="decoder.layers", attention="self_attn", out_proj="out_proj",
-             qkv=("q_proj", "k_proj", "v_proj"), n_heads_attr="num_heads"),
+             qkv=("q_proj", "k_proj", "v_proj"), n_heads_attr="num_heads",
+             outside=("decoder.project_in", "decoder.final_layer_norm", "decoder.project_out"),
+             activation="activation_fn",
+             residual=("pre final_layer_norm", "post self_attn_layer_norm final_layer_norm"),
+             residual_if="do_layer_norm_before"),
     LMFamily("llama", DECODER_ONLY, "llama", **_LLAMA),
     LMFamily("qwen2", DECODER_ONLY, "llama", **_LLAMA),
     LMFamily("qwen3", DECODER_ONLY, "llama", **_LLAMA),

@@ -1,6 +1,8 @@
 """The LRP forward passes of the language-model adapters (hf_lm.py): seq2seq.LRPForward for GPT-2,
-GPT-NeoX, OPT, Llama/Qwen2/Qwen3 (decoder_only) and BERT/RoBERTa (encoder_only), one per
-`LMFamily.layout`.
+GPT-NeoX, OPT, Llama/Qwen2/Qwen3 (decoder_only: CausalLMLRPForward) and BERT/RoBERTa
+(encoder_only: MaskedLMLRPForward), one per kind. Where the rules go in a family's forward (the
+modules outside the layers, each layer's activation, product and residual sums) is data of its
+entry in families.FAMILIES, so a new family is an entry, not a class.
 
 Module-level rules, as lxt applies AttnLRP: every family runs transformers' own forward (evaluation
 mode, no cache), its modules given the rule object's (lrp.DingRules / lrp.AttnLRPRules) for the
@@ -72,14 +74,47 @@ from headcount.models.seq2seq import NotAvailableForKind
 
 
 def lrp_forward_of(model):
-    """The LRPForward of an hf_lm adapter, by its family's layout."""
-    forwards = {"gpt2": GPT2LRPForward, "gpt_neox": GPTNeoXLRPForward, "opt": OPTLRPForward,
-                "llama": LlamaLRPForward, "bert": BertLRPForward}
-    layout = model.family.layout
-    if layout not in forwards:
-        raise LRPNotImplemented(f"{model.family.name}: no LRP forward pass for its layout {layout!r}; leave LRP out "
-                                f"for this model")
-    return forwards[layout](model)
+    """The LRPForward of an hf_lm adapter: its kind's, reading where the rules go from its family's
+    entry (families.LMFamily: outside, activation, product, residual)."""
+    if not model.family.residual:
+        raise LRPNotImplemented(f"{model.family.name}: its family entry names no residual layout for LRP; leave "
+                                f"LRP out for this model")
+    return (CausalLMLRPForward if model.family.model_kind == "decoder_only" else MaskedLMLRPForward)(model)
+
+
+def _path(module: nn.Module, path: str):
+    """The attribute at a dotted path, or None where a step is missing or None (OPT's project_in)."""
+    for name in path.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return None
+    return module
+
+
+class _FamilyModules:
+    """Where _module_rules puts the rules, read from the family's entry: the layers, the modules
+    outside them, each layer's activation, product and residual sums."""
+
+    def _layers(self):
+        return _path(self.base, self.model.family.layers)
+
+    def _outside(self):
+        return [m for m in (_path(self.base, p) for p in self.model.family.outside) if m is not None]
+
+    def _activations(self, layer):
+        module, _, attribute = self.model.family.activation.rpartition(".")
+        return [(_path(layer, module) if module else layer, attribute)]
+
+    def _product(self, layer):
+        product = self.model.family.product
+        return _path(layer, product) if product else None
+
+    def _residual(self, layer):
+        family = self.model.family
+        spec = family.residual[0] if family.residual_if is None or getattr(layer, family.residual_if) \
+            else family.residual[1]
+        kind, *norms = spec.split()
+        return (kind, *(_path(layer, norm) for norm in norms))
 
 
 def _top_logit(rules, hidden: Tensor, weight: Tensor, bias: Tensor | None, steps: Tensor, target, special):
@@ -95,9 +130,8 @@ def _top_logit(rules, hidden: Tensor, weight: Tensor, bias: Tensor | None, steps
 # Decoder-only
 
 
-class _CausalLRPForward:
-    """What the causal LMs share: no encoder, transformers' own forward under _module_rules, the
-    output layer."""
+class CausalLMLRPForward(_FamilyModules):
+    """A causal LM: no encoder, transformers' own forward under _module_rules, the output layer."""
 
     causal = True
 
@@ -107,9 +141,13 @@ class _CausalLRPForward:
         head = model.hf.get_submodule(model.family.head_path)
         self.out_weight, self.out_bias = head.weight, head.bias
         self.recompute = False  # each layer recomputed in the backward pass (lrp.step_relevance sets it)
-
-    def _product(self, layer: nn.Module) -> nn.Module | None:
-        return None
+        config, name = model.config, model.family.name
+        if not getattr(config, "layer_norm_elementwise_affine", True):  # OPT's option
+            raise LRPNotImplemented(f"{name}: LRP reproduces LayerNorms with a gain and bias; this model's have none "
+                                    f"(layer_norm_elementwise_affine=False)")
+        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):  # Qwen2's
+            raise LRPNotImplemented(f"{name}: LRP does not reproduce sliding-window attention; set "
+                                    f"use_sliding_window=False in the config or leave LRP out for this model")
 
     def encode(self, src: Tensor, rules) -> EncoderTrace:
         """Nothing to encode: an empty memory (B, 0, D), no contexts, no streams."""
@@ -127,96 +165,11 @@ class _CausalLRPForward:
         return Trace(top, target, {"dec_self": found["contexts"]}, [], found["streams"], [])
 
 
-class GPT2LRPForward(_CausalLRPForward):
-    """GPT-2: pre-LN blocks, fused QKV (Conv1D), learned positions, GELU."""
-
-    def _layers(self):
-        return self.base.h
-
-    def _outside(self):
-        return [self.base.ln_f]
-
-    def _activations(self, block):
-        return [(block.mlp, "act")]
-
-    def _residual(self, block):
-        return ("pre", block.ln_2)
-
-
-class GPTNeoXLRPForward(_CausalLRPForward):
-    """GPT-NeoX (Pythia): pre-LN, fused per-head QKV, partial rotary positions, attention and
-    feed-forward in parallel (or in sequence), GELU."""
-
-    def _layers(self):
-        return self.base.layers
-
-    def _outside(self):
-        return [self.base.final_layer_norm]
-
-    def _activations(self, layer):
-        return [(layer.mlp, "act")]
-
-    def _residual(self, layer):
-        return ("parallel",) if layer.use_parallel_residual else ("pre", layer.post_attention_layernorm)
-
-
-class OPTLRPForward(_CausalLRPForward):
-    """OPT: pre-LN (or post-LN) blocks, learned positions offset by 2, ReLU."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        if not getattr(model.config, "layer_norm_elementwise_affine", True):
-            raise LRPNotImplemented(f"{model.family.name}: LRP reproduces LayerNorms with a gain and bias; this "
-                                    f"model's have none (layer_norm_elementwise_affine=False)")
-        self.decoder = self.base.decoder
-
-    def _layers(self):
-        return self.decoder.layers
-
-    def _outside(self):
-        return [m for m in (self.decoder.project_in, self.decoder.final_layer_norm, self.decoder.project_out)
-                if m is not None]
-
-    def _activations(self, layer):
-        return [(layer, "activation_fn")]
-
-    def _residual(self, layer):
-        if layer.do_layer_norm_before:
-            return ("pre", layer.final_layer_norm)
-        return ("post", layer.self_attn_layer_norm, layer.final_layer_norm)
-
-
-class LlamaLRPForward(_CausalLRPForward):
-    """Llama, Qwen2, Qwen3: RMSNorm, rotary positions, grouped-query attention, SwiGLU."""
-
-    def __init__(self, model):
-        super().__init__(model)
-        config = model.config
-        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-            raise LRPNotImplemented(f"{model.family.name}: LRP does not reproduce sliding-window attention; "
-                                   f"set use_sliding_window=False in the config or leave LRP out for this model")
-
-    def _layers(self):
-        return self.base.layers
-
-    def _outside(self):
-        return [self.base.norm]
-
-    def _activations(self, layer):
-        return [(layer.mlp, "act_fn")]
-
-    def _product(self, layer):
-        return layer.mlp.down_proj  # its input: act(gate) * up
-
-    def _residual(self, layer):
-        return ("pre", layer.post_attention_layernorm)
-
-
 # --------------------------------------------------------------------------------------------
 # Encoder-only
 
 
-class BertLRPForward:
+class MaskedLMLRPForward(_FamilyModules):
     """BERT and RoBERTa masked LMs: post-LN encoder (transformers' own, under _module_rules), MLM head."""
 
     causal = False
@@ -238,21 +191,6 @@ class BertLRPForward:
             head = model.hf.lm_head
             self.head_dense, self.head_norm, self.head_act = head.dense, head.layer_norm, gelu
             self.decoder = head.decoder
-
-    def _layers(self):
-        return self.base.encoder.layer
-
-    def _outside(self):
-        return [self.base.embeddings.LayerNorm]
-
-    def _activations(self, layer):
-        return [(layer.intermediate, "intermediate_act_fn")]
-
-    def _product(self, layer):
-        return None
-
-    def _residual(self, layer):
-        return ("post", layer.attention.output.LayerNorm, layer.output.LayerNorm)
 
     def encode(self, src: Tensor, rules) -> EncoderTrace:
         """The encoder over src (B, S) as HFMaskedLM.encode runs it, with LRP rules; memory: its last

@@ -375,7 +375,7 @@ def masked_step_relevance(
     on the top-1 logit of the MLM head there. Steps are indexed by source position: heads
     (S, B, L, H), valid (S, B) True at the masked positions. The encoder is bidirectional, so one
     forward pass serves every chunk of `max_seeds` positions (each seeded in every sentence masked
-    there); the LRP forward's `predict_masked` gives the trace (hf_lm_lrp.BertLRPForward).
+    there); the LRP forward's `predict_masked` gives the trace (hf_lm_lrp.MaskedLMLRPForward).
     target (B, S): the token explained at each masked position, -1 (default) for the top-1 one.
     `recompute` as step_relevance's: recomputed, each chunk's backward pass runs the encoder again."""
     rules = make_rules(rule, eps)
