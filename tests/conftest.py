@@ -293,3 +293,10 @@ def need(condition: bool, what: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{what} (make test installs it; CI must run these tests)")
         pytest.skip(what)
+
+
+def module_state(hf) -> list:
+    """What an LRP pass may leave on a transformers model's modules: an instance forward, forward
+    hooks, a config copy, the pass's own marker (models.module_rules puts them on for the pass)."""
+    return [(m.__dict__.get("forward"), len(m._forward_hooks), len(m._forward_pre_hooks),
+             getattr(m, "config", None), "_headcount_lrp" in m.__dict__) for m in hf.modules()]

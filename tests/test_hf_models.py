@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import toy_corpus
+from conftest import module_state, toy_corpus
 from torch import nn
 
 transformers = pytest.importorskip("transformers")
@@ -1091,8 +1091,7 @@ def test_lrp_module_rules_leave_the_model_as_it_was(family):
         before, _ = model(src, tgt_in)
 
     def state():
-        return [(m.__dict__.get("forward"), len(m._forward_hooks), len(m._forward_pre_hooks),
-                 getattr(m, "config", None), "_headcount_lrp" in m.__dict__) for m in model.hf.modules()]
+        return module_state(model.hf)
 
     kept = state()
     for rule in ("ding", "attnlrp"):

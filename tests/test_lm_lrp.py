@@ -11,6 +11,7 @@ from torch import nn
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import module_state  # noqa: E402
 from test_hf_lm import DECODERS, FAMILIES, _write, adapter, batch, real, run  # noqa: E402
 from test_lrp import lrp_layer_norm, lrp_linear, lrp_sum, sgn  # noqa: E402  the same explicit reference
 
@@ -423,8 +424,7 @@ def test_module_level_rules_leave_the_model_as_it_was(tiny_dirs, family):
     before, _ = run(model, x)
 
     def state():
-        return [(m.__dict__.get("forward"), len(m._forward_hooks), len(m._forward_pre_hooks),
-                 getattr(m, "config", None), "_headcount_lrp" in m.__dict__) for m in model.hf.modules()]
+        return module_state(model.hf)
 
     kept = state()
     for rule in ("ding", "attnlrp"):
