@@ -45,6 +45,10 @@ def test_sources_read_lines_and_treebank_text(tmp_path):
         "# sent_id = 1\n# text = A tree.\n1\tA\n2\ttree\n\n# text = Two.\n1\tTwo\n", encoding="utf-8")
     texts, names = tw.source_windows(tmp_path, ["newstest2019", "ewt_test"], words, max_tokens=100, per_source=3)
     assert texts == ["One two three. Four five.", "A tree. Two."] and names == ["newstest2019", "ewt_test"]
+    cache = {}
+    tw.source_windows(tmp_path, ["ewt_test"], words, max_tokens=100, per_source=3, cache=cache)
+    (tmp_path / "UD_English-EWT/en_ewt-ud-test.conllu").unlink()  # a cached source is not read again
+    assert tw.source_windows(tmp_path, ["ewt_test"], words, 100, 3, cache=cache) == (["A tree. Two."], ["ewt_test"])
     with pytest.raises(HeadcountError, match="newstest2020.eng.gz: no such file"):
         tw.source_windows(tmp_path, ["newstest2020"], words, 100, 1)
     with pytest.raises(HeadcountError, match="not known"):

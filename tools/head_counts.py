@@ -14,6 +14,7 @@ cost.json (CPU seconds per stage).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -34,6 +35,7 @@ from headcount.models.packaged import fetch_packaged_model, packaged_path  # noq
 from headcount.pipeline import head_counts as hcnt  # noqa: E402
 from headcount.pruning import matched_counts as mc  # noqa: E402
 from headcount.report import preregistered  # noqa: E402
+from headcount.settings import TrainingSettings  # noqa: E402
 
 MODELS = {  # experiment in config.yaml, objective, published score table, what it was computed on
     "smollm2": ("smollm2_en", None, "docs/tables/smollm2_head_scores.csv",
@@ -71,22 +73,20 @@ def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple
     def sentences(source: str) -> list[str]:
         return tw.read_sentences(data / tw.SOURCES[source])
 
-    @functools.cache
-    def windows(source: str) -> list[str]:
-        return tw.windows_of(sentences(source), count, preregistered.WINDOW_TOKENS - 2)
-
+    windows: dict = {}  # each source cut into windows once, for the ranking and the gate-training texts
     out = {}
     for use, sources in (("train", tw.TRAIN_SOURCES), ("held_out", tw.HELD_OUT_SOURCES),
                          ("gates", tw.TRAIN_SOURCES)):
         n = per_source[use]
-        found, names = [], []
-        for source in sources:
-            if name == "minilm":  # sentences: an embedding model embeds one at a time
+        if name == "minilm":  # sentences: an embedding model embeds one at a time
+            found, names = [], []
+            for source in sources:
                 picked = tw.spread(sentences(source)[1 if use == "gates" else 0:], n)  # gates: others than train's
-            else:
-                picked = tw.spread(windows(source), n + per_source["train"] if use == "gates" else n)
-            found += picked
-            names += [source] * len(picked)
+                found += picked
+                names += [source] * len(picked)
+        else:
+            found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS - 2,
+                                             n + per_source["train"] if use == "gates" else n, cache=windows)
         if use == "gates" and name != "minilm":  # the ranking windows left out
             train = set(out["train"][0])
             keep = [i for i, t in enumerate(found) if t not in train]
@@ -155,19 +155,16 @@ def main(argv=None) -> int:
     if args.l0_steps:
         import headcount
 
-        # The gates' rate: `prune`'s constant rate is the default baseline's last, d^-0.5 * 2400^-0.5
-        # (training.schedules' Noam at its end); scaled so that the gates move about --gate-lr a step
-        # (a gate decides only below -3.0 or above 1.4 in log alpha, so a short run needs about 1.0).
-        d_model = model.hf.config.hidden_size
-        gate_scale = args.gate_lr * (d_model * 2400) ** 0.5
+        # The gates move about --gate-lr a step over `prune`'s constant rate, the default baseline's
+        # last (a gate decides only below -3.0 or above 1.4 in log alpha, so a short run needs about 1.0).
+        recipe = hcnt.gates_only_recipe(dataclasses.asdict(TrainingSettings()), model.hf.config.hidden_size,
+                                        args.l0_steps, rate=args.gate_lr)
 
         def run(kept):
             pruned = headcount.prune(model, tokenizer, data["gates"][0], target=kept, steps=args.l0_steps,
                                      gates_only=True, dev_texts=data["gates"][0][:2], objective=objective,
                                      training={"max_tokens": args.l0_max_tokens, "seed": 1},
-                                     recipe={"gate_lr_scale": gate_scale,
-                                             "controller": {"lr": args.l0_lr, "warmup": 0.3},
-                                             "training": {"eval_interval": args.l0_steps, "warmup_steps": 1}},
+                                     recipe={**recipe, "controller": {"lr": args.l0_lr, "warmup": 0.3}},
                                      work_dir=out / f"l0_{kept}", log=log)
             return pruned.gates
 

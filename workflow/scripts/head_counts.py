@@ -4,7 +4,7 @@ from _common import job
 import headcount
 from headcount.io import read_lines
 from headcount.models.device import pick_device
-from headcount.pipeline.head_counts import gates_only_recipe, translation_head_counts
+from headcount.pipeline.head_counts import digest, gates_only_recipe, translation_head_counts
 
 with job(snakemake) as log:
     params = snakemake.params
@@ -12,12 +12,13 @@ with job(snakemake) as log:
     device = str(pick_device(params.device))
     l0_src, l0_tgt = read_lines(snakemake.input.train_src)[:m], read_lines(snakemake.input.train_tgt)[:m]
     eval_src, eval_tgt = read_lines(snakemake.input.eval_src), read_lines(snakemake.input.eval_tgt)
+    rank_src, rank_tgt = read_lines(snakemake.input.rank_src)[:n], read_lines(snakemake.input.rank_tgt)[:n]
 
     def prune_run(model, tokenizers, kept, work_dir):
         """Gates alone on the frozen baseline, trained to `kept` heads of the setting."""
         return headcount.prune(model, tokenizers, l0_src, target=kept, train_targets=l0_tgt,
                                setting=snakemake.wildcards.setting, steps=steps, gates_only=True,
-                               dev_texts=eval_src[:2], dev_targets=eval_tgt[:2],
+                               dev_texts=rank_src[:2], dev_targets=rank_tgt[:2],
                                training={"max_tokens": params.training["max_tokens"], "seed": params.training["seed"]},
                                recipe=gates_only_recipe(params.training, model.d_model, steps),
                                work_dir=work_dir, device=device, log=log).gates
@@ -26,8 +27,8 @@ with job(snakemake) as log:
         baseline=snakemake.input.baseline,
         src_spm=snakemake.input.src_spm,
         tgt_spm=snakemake.input.tgt_spm,
-        rank_src=read_lines(snakemake.input.rank_src)[:n],
-        rank_tgt=read_lines(snakemake.input.rank_tgt)[:n],
+        rank_src=rank_src,
+        rank_tgt=rank_tgt,
         eval_src=eval_src,
         eval_tgt=eval_tgt,
         head_scores=pd.read_parquet(snakemake.input.head_scores),
@@ -39,6 +40,6 @@ with job(snakemake) as log:
         max_tokens=params.training["max_tokens"],
         device=device,
         # what the L0 runs depend on beyond the arms' own inputs
-        fingerprint={"l0_steps": steps, "l0_sentences": [l0_src, l0_tgt], "training": params.training},
+        fingerprint={"l0_steps": steps, "l0_sentences": digest([l0_src, l0_tgt]), "training": params.training},
         log=log,
     )

@@ -80,16 +80,19 @@ def spread(windows: Sequence[str], n: int) -> list[str]:
 
 
 def source_windows(data_root: str | Path, sources: Sequence[str], count_tokens: Callable[[str], int],
-                   max_tokens: int, per_source: int) -> tuple[list[str], list[str]]:
+                   max_tokens: int, per_source: int, cache: dict | None = None) -> tuple[list[str], list[str]]:
     """`per_source` windows from each of `sources`, spread through each source -> (windows, the
-    source of each)."""
+    source of each). `cache` ({source: its windows}, filled here): a source another call already
+    read and cut is not read and cut again (the same max_tokens and count_tokens)."""
     unknown = [name for name in sources if name not in SOURCES]
     if unknown:
         raise HeadcountError(f"text sources {unknown}: not known; choose from {sorted(SOURCES)}")
+    cache = {} if cache is None else cache
     texts, names = [], []
     for name in sources:
-        found = spread(windows_of(read_sentences(Path(data_root) / SOURCES[name]), count_tokens, max_tokens),
-                       per_source)
+        if name not in cache:
+            cache[name] = windows_of(read_sentences(Path(data_root) / SOURCES[name]), count_tokens, max_tokens)
+        found = spread(cache[name], per_source)
         texts += found
         names += [name] * len(found)
     return texts, names

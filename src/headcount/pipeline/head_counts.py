@@ -106,8 +106,8 @@ def build_arms(access: HeadAccess, train_texts: Sequence, out: Path, *, publishe
                                            "delta loss")
     arms.append(mc.ranking_arm("single-head ablation", ablation_scores, counts, ablation_on))
     if _has(published, "lrp"):
-        arms.append(mc.ranking_arm("LRP", {k: _keyed(published, "lrp")[k] for k in keys}, counts,
-                                   f"LRP relevance, {published_on}"))
+        lrp = _keyed(published, "lrp")
+        arms.append(mc.ranking_arm("LRP", {k: lrp[k] for k in keys}, counts, f"LRP relevance, {published_on}"))
     if kind_of(model).objective not in MICHEL_UNDEFINED:
         michel, on = ranking("Michel importance, one-shot", "michel", lambda: michel_importance(model, batches),
                              "Michel")
@@ -203,6 +203,13 @@ def save_arms(arms: Sequence[mc.Arm], path: Path) -> None:
     path.write_text(json.dumps([_arm_json(a) for a in arms], indent=0), encoding="utf-8")
 
 
+def digest(value) -> str:
+    """The sha256 of a JSON-able value (texts, settings): what a fingerprint keeps of it."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
 def start_afresh_unless(out: Path, fingerprint: dict, log: Callable[[str], None] = print) -> None:
     """Keep what `out` holds from an earlier run only if that run had the same `fingerprint` (its
     inputs' checksums and settings, JSON); otherwise empty `out`: a resumed run must not mix sets,
@@ -269,9 +276,9 @@ def translation_head_counts(baseline: str | Path, src_spm: str | Path, tgt_spm: 
     out = Path(out)
     start_afresh_unless(out, {"baseline": sha256_file(baseline), "src_spm": sha256_file(src_spm),
                               "tgt_spm": sha256_file(tgt_spm), "scores": int(pd.util.hash_pandas_object(
-                                  head_scores, index=False).sum()), "rank": [rank_src, rank_tgt],
-                              "eval": [eval_src, eval_tgt], "setting": setting, "draws": draws, "seed": seed,
-                              "iterative_step": iterative_step, "max_tokens": max_tokens,
+                                  head_scores, index=False).sum()), "rank": digest([rank_src, rank_tgt]),
+                              "eval": digest([eval_src, eval_tgt]), "setting": setting, "draws": draws,
+                              "seed": seed, "iterative_step": iterative_step, "max_tokens": max_tokens,
                               **(fingerprint or {})}, log)
     model = load_model(baseline).eval()
     src_tok, tgt_tok = open_tokenizer(src_spm, "source"), open_tokenizer(tgt_spm, "target")
