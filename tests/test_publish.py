@@ -15,7 +15,7 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             "smollm2_counts": root / "results" / "head_counts" / "smollm2",
             "minilm_counts": root / "results" / "head_counts" / "minilm",
             "copying_control": root / "results" / "head_counts" / "copying_control",
-            "demo_counts": root / "results" / "demo"}
+            "demo_counts": root / "results" / "demo", "main_counts": root / "results" / "exp"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
@@ -286,3 +286,18 @@ def test_publishing_records_each_files_config_and_the_commits_its_run_recorded(t
     again = (docs / "tables/provenance.tsv").read_text()
     assert "tables/table2.md\tconfig/config.yaml\tmulti30k_en_de" in again
     assert "tables/toolkits_comparison.md\tconfig/toolkits.yaml" in again
+
+
+def test_one_matched_count_run_publishes_alone(tmp_path):
+    """--head-counts smollm2: SmolLM2's folder alone is needed and its files alone are copied."""
+    runs = _fake_runs(tmp_path)
+    chosen = publish_results.head_count_runs(["smollm2"], tmp_path / "results" / "head_counts")
+    assert chosen == {"smollm2_counts": runs["smollm2_counts"]}
+    for other in ("minilm", "copying_control"):  # their runs are gone
+        for path in sorted((tmp_path / "results" / "head_counts" / other).rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+    docs = tmp_path / "docs"
+    assert publish_results.publish(chosen, docs, log=lambda _: None) == 0
+    copied = {str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()} - {publish_results.PROVENANCE}
+    assert copied == {name for name, (run, _) in publish_results.PUBLISHED.items() if run == "smollm2_counts"}
+    assert {"tables/smollm2_targets.tsv", "tables/smollm2_captions_head_counts.md"} <= copied

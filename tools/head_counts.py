@@ -44,6 +44,7 @@ MODELS = {  # experiment in config.yaml, objective, published score table, what 
 }
 ROLES = {"smollm2": "docs/tables/smollm2_head_roles.csv", "minilm": "docs/tables/minilm_head_roles.csv"}
 PREVIOUS_TOKEN = 0.4  # previous_score at least this: a previous-token head for the composition test
+CAPTIONS = "multi30k/test_2016_flickr.en.gz"  # --captions: the second column, beside the translation models
 CAUSAL_WINDOWS = 4  # held-out windows the sink test and the ICL score read (each set is a forward pass)
 
 
@@ -63,9 +64,11 @@ def load(name: str, work: Path):
     return load_model(work / "model.pt").eval(), open_tokenizer(work / "tokenizer", "source")
 
 
-def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple[list, list]]:
+def texts(name: str, tokenizer, data: Path, per_source: dict, gate_tokens: int = 0) -> dict[str, tuple[list, list]]:
     """Training, held-out and gate-training texts -> {use: (texts, sources)}. Each source is read,
-    and cut into windows, once: the ranking and the gate-training texts come from the same files."""
+    and cut into windows, once: the ranking and the gate-training texts come from the same files.
+    gate_tokens: the gate-training windows' length in tokens (0: the ranking windows'; shorter
+    windows make a gate step cheaper, and can match a scoring cut to the windows' beginnings)."""
     def count(text: str) -> int:
         return len(tokenizer.encode([text])[0])
 
@@ -74,6 +77,7 @@ def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple
         return tw.read_sentences(data / tw.SOURCES[source])
 
     windows: dict = {}  # each source cut into windows once, for the ranking and the gate-training texts
+    short: dict = {}  # the same, cut into gate_tokens windows
     out = {}
     for use, sources in (("train", tw.TRAIN_SOURCES), ("held_out", tw.HELD_OUT_SOURCES),
                          ("gates", tw.TRAIN_SOURCES)):
@@ -84,6 +88,8 @@ def texts(name: str, tokenizer, data: Path, per_source: dict) -> dict[str, tuple
                 picked = tw.spread(sentences(source)[1 if use == "gates" else 0:], n)  # gates: others than train's
                 found += picked
                 names += [source] * len(picked)
+        elif use == "gates" and gate_tokens:
+            found, names = tw.source_windows(data, sources, count, gate_tokens - 2, n, cache=short)
         else:
             found, names = tw.source_windows(data, sources, count, preregistered.WINDOW_TOKENS - 2,
                                              n + per_source["train"] if use == "gates" else n, cache=windows)
@@ -103,8 +109,13 @@ def main(argv=None) -> int:
     parser.add_argument("--train-per-source", type=int, default=1, help="ranking texts per training source")
     parser.add_argument("--held-out-per-source", type=int, default=2, help="held-out texts per source")
     parser.add_argument("--gates-per-source", type=int, default=4, help="gate-training texts per training source")
+    parser.add_argument("--gate-window-tokens", type=int, default=0,
+                        help="gate-training windows of at most N tokens (0: as long as the ranking windows)")
     parser.add_argument("--held-out-tokens", type=int, default=0,
                         help="cut each held-out window to its first N tokens (0: whole windows)")
+    parser.add_argument("--captions", type=int, default=0,
+                        help="also score every arm on N Multi30k test captions (out/captions/), the text of the "
+                             "translation models and of the earlier analyses")
     parser.add_argument("--draws", type=int, default=preregistered.RANDOM_DRAWS)
     parser.add_argument("--iterative-step", type=float, default=0.1,
                         help="share of heads removed between Michel rescorings (0: at each matched count only)")
@@ -135,7 +146,8 @@ def main(argv=None) -> int:
     model, tokenizer = timed("load", lambda: load(args.model, out / "model"))
     _, objective, published_path, published_on = MODELS[args.model]
     data = timed("texts", lambda: texts(args.model, tokenizer, args.data, {
-        "train": args.train_per_source, "held_out": args.held_out_per_source, "gates": args.gates_per_source}))
+        "train": args.train_per_source, "held_out": args.held_out_per_source, "gates": args.gates_per_source},
+        args.gate_window_tokens))
     if args.held_out_tokens:  # the windows' beginnings, as token ids: every arm reads the same tokens
         held_out, names = data["held_out"]
         data["held_out"] = ([ids[:args.held_out_tokens] for ids in tokenizer.encode(held_out)], names)
@@ -183,6 +195,14 @@ def main(argv=None) -> int:
         draws=args.draws, chunk=args.chunk, log=log,
         title=f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws"))
     print(summary.to_string(index=False))
+    if args.captions and objective is None:  # the same sets on captions: what the translation models read
+        captions = tw.spread(tw.read_sentences(args.data / CAPTIONS), args.captions)
+        (out / "captions").mkdir(exist_ok=True)
+        (out / "captions" / "texts.json").write_text(json.dumps({"source": CAPTIONS, "texts": captions}))
+        timed("scoring captions", lambda: hcnt.score_arms(
+            access, arms, captions, out / "captions", total=total, margin=margin, unit=unit, extra=extra,
+            draws=args.draws, chunk=args.chunk, log=log,
+            title=f"{args.model}: {len(captions)} Multi30k test captions, {args.draws} random draws"))
     if args.causal:
         timed("causal tests", lambda: causal(args, access, data, out))
     if MODELS[args.model][2]:

@@ -8,7 +8,9 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --without-seeds      # seed 1 and the control; seeds still training
     .venv/bin/python tools/publish_results.py --lm                 # smollm2_en and minilm_en alone (results_lm.md)
     .venv/bin/python tools/publish_results.py --head-counts        # results/head_counts alone (results_lm.md)
+    .venv/bin/python tools/publish_results.py --head-counts smollm2  # one of its runs
     .venv/bin/python tools/publish_results.py --demo               # make demo's matched counts alone
+    .venv/bin/python tools/publish_results.py --translation-counts # the default's matched counts alone
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -126,17 +128,24 @@ PUBLISHED = {
     **{f"figures/{model}_head_counts.png": (f"{model}_counts", "head_counts.png") for model in ("smollm2", "minilm")},
     **{f"tables/smollm2_{name}": ("smollm2_counts", name) for name in (
         "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
-    "tables/minilm_targets.tsv": ("minilm_counts", "targets.tsv"),  # the gates trained to each count: error, undecided
+    # the gates trained to each count: error, undecided
+    **{f"tables/{model}_targets.tsv": (f"{model}_counts", "targets.tsv") for model in ("smollm2", "minilm")},
+    # SmolLM2's same head sets on Multi30k captions, the translation models' text (--captions)
+    "tables/smollm2_captions_head_counts.md": ("smollm2_counts", "captions/head_counts.md"),
+    "tables/smollm2_captions_head_counts.tsv": ("smollm2_counts", "captions/head_counts_summary.tsv"),
+    "figures/smollm2_captions_head_counts.png": ("smollm2_counts", "captions/head_counts.png"),
     "tables/smollm2_bf16_check.tsv": ("smollm2_counts", "bf16_check.tsv"),  # tools/bf16_check.py
     "tables/copying_control_causal.tsv": ("copying_control", "causal.tsv"),
     "tables/copying_control_head_counts.tsv": ("copying_control", "head_counts_summary.tsv"),
-    # The positive control of `make demo` at matched counts against random heads (rule head_counts)
-    **{f"tables/demo_head_counts_{setting}.{ext}": ("demo_counts", f"head_counts/{setting}/{name}")
-       for setting in ("enc", "all") for ext, name in (("md", "head_counts.md"), ("tsv", "head_counts_summary.tsv"))},
-    **{f"tables/demo_targets_{setting}.tsv": ("demo_counts", f"head_counts/{setting}/targets.tsv")
-       for setting in ("enc", "all")},
-    **{f"figures/demo_head_counts_{setting}.png": ("demo_counts", f"head_counts/{setting}/head_counts.png")
-       for setting in ("enc", "all")},
+    # The translation default's seed 1 and the positive control of `make demo` at matched counts
+    # against random heads (rule head_counts)
+    **{f"tables/{name}_head_counts_{setting}.{ext}": (run, f"head_counts/{setting}/{inside}")
+       for name, run in (("demo", "demo_counts"), ("multi30k", "main_counts")) for setting in ("enc", "all")
+       for ext, inside in (("md", "head_counts.md"), ("tsv", "head_counts_summary.tsv"))},
+    **{f"tables/{name}_targets_{setting}.tsv": (run, f"head_counts/{setting}/targets.tsv")
+       for name, run in (("demo", "demo_counts"), ("multi30k", "main_counts")) for setting in ("enc", "all")},
+    **{f"figures/{name}_head_counts_{setting}.png": (run, f"head_counts/{setting}/head_counts.png")
+       for name, run in (("demo", "demo_counts"), ("multi30k", "main_counts")) for setting in ("enc", "all")},
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
     "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
     "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
@@ -253,8 +262,15 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "smollm2_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_counts": ("config/config.yaml", "minilm_en"),
                "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
-               "demo_counts": ("config/demo.yaml", "demo")}
+               "demo_counts": ("config/demo.yaml", "demo"),
+               "main_counts": ("config/config.yaml", "multi30k_en_de")}
+HEAD_COUNT_RUNS = ("smollm2", "minilm", "copying_control")  # folders of results/head_counts
 PROVENANCE = "tables/provenance.tsv"
+
+
+def head_count_runs(names, root: Path) -> dict[str, Path]:
+    """The runs of PUBLISHED that results/head_counts' folders `names` are (each folder one run)."""
+    return {name if name == "copying_control" else f"{name}_counts": root / name for name in names}
 PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
 
 
@@ -376,9 +392,13 @@ def main(argv: list[str] | None = None) -> int:
                              "results/compare/toolkits)")
     parser.add_argument("--lm", action="store_true",
                         help="publish the real pretrained models' runs alone (results/smollm2_en, results/minilm_en)")
-    parser.add_argument("--head-counts", action="store_true",
+    parser.add_argument("--head-counts", nargs="*", choices=HEAD_COUNT_RUNS, metavar="RUN",
                         help="publish the matched-count and causal runs alone (results/head_counts: "
-                             "tools/head_counts.py, tools/copying_control_evidence.py)")
+                             "tools/head_counts.py, tools/copying_control_evidence.py): those named, "
+                             f"or all of {', '.join(HEAD_COUNT_RUNS)}")
+    parser.add_argument("--translation-counts", action="store_true",
+                        help="publish the default experiment's matched-count runs alone "
+                             "(--results' head_counts: rule head_counts)")
     parser.add_argument("--demo", action="store_true",
                         help="publish `make demo`'s matched-count runs alone (results/demo/head_counts: "
                              "rule head_counts)")
@@ -389,9 +409,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.toolkits:
         runs = {"toolkits": args.toolkits}
-    elif args.head_counts:
-        runs = {f"{name}_counts": REPO / "results" / "head_counts" / name for name in ("smollm2", "minilm")}
-        runs["copying_control"] = REPO / "results" / "head_counts" / "copying_control"
+    elif args.head_counts is not None:
+        runs = head_count_runs(args.head_counts or HEAD_COUNT_RUNS, REPO / "results" / "head_counts")
+    elif args.translation_counts:
+        runs = {"main_counts": args.results}
     elif args.demo:
         runs = {"demo_counts": REPO / "results" / "demo"}
     elif args.lm:

@@ -1,0 +1,50 @@
+"""tools/head_counts.py: which texts the shipped models' runs read."""
+
+import gzip
+from pathlib import Path
+
+from conftest import load_script
+
+from headcount.data import text_windows as tw
+
+REPO = Path(__file__).resolve().parents[1]
+tool = load_script(REPO / "tools" / "head_counts.py")
+
+
+class WordTokenizer:
+    """A token a word: enough to count a window's length."""
+
+    def encode(self, texts):
+        return [text.split() for text in texts]
+
+
+def _mirror(root: Path) -> Path:
+    """Every source of text_windows.SOURCES, 600 sentences of 3-7 words each, named by source."""
+    for name, inside in tw.SOURCES.items():
+        path = root / inside
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{name} sentence {i} " + "word " * (i % 5) for i in range(600)]
+        if ".conllu" in inside:
+            lines = [f"# text = {line}\n1\tx\t_\t_\t_\t_\t0\troot\t_\t_\n" for line in lines]
+        text = "\n".join(lines) + "\n"
+        if inside.endswith(".gz"):
+            with gzip.open(path, "wt", encoding="utf-8") as handle:
+                handle.write(text)
+        else:
+            path.write_text(text, encoding="utf-8")
+    return root
+
+
+def test_gate_windows_are_cut_to_their_own_length_from_the_training_sources(tmp_path):
+    data = _mirror(tmp_path)
+    per_source = {"train": 1, "held_out": 2, "gates": 3}
+    tokenizer = WordTokenizer()
+    long = tool.texts("smollm2", tokenizer, data, per_source)
+    short = tool.texts("smollm2", tokenizer, data, per_source, gate_tokens=20)
+    assert short["train"] == long["train"] and short["held_out"] == long["held_out"]
+    lengths = [len(text.split()) for text in short["gates"][0]]
+    assert max(lengths) <= 18 < max(len(text.split()) for text in long["gates"][0])
+    assert set(short["gates"][1]) == set(tw.TRAIN_SOURCES) and len(short["gates"][0]) == 3 * len(tw.TRAIN_SOURCES)
+    held_out = " ".join(long["held_out"][0])
+    assert all(name not in held_out for name in tw.TRAIN_SOURCES)  # neither kind of gate text is held out
+    assert not set(long["gates"][0]) & set(long["train"][0])  # the ranking windows are left out
