@@ -152,6 +152,12 @@ def test_scoring_resumes_and_matches_a_direct_measurement(tiny_access, lines, tm
     direct = tiny_access.measure(texts, {"x": [tiny_access.names.name(k) for k in arms[0].removed[counts[1]]]})
     assert found.value(mc.set_name(arms[0], counts[1])) == pytest.approx(direct.value("x"), rel=1e-6)
     assert found.value(BASELINE) == pytest.approx(direct.value(direct.baseline), rel=1e-6)
+    # an arm defined anew under the same name (other heads) is scored again, not read back
+    changed = mc.ranking_arm("order", {k: -i for i, k in enumerate(keys)}, counts, "")
+    again = mc.measure_arms(tiny_access, texts, [changed, *arms[1:]], store, chunk=2, log=lambda m: None)
+    direct = tiny_access.measure(texts, {"x": [tiny_access.names.name(k) for k in changed.removed[counts[1]]]})
+    assert again.value(mc.set_name(changed, counts[1])) == pytest.approx(direct.value("x"), rel=1e-6)
+    assert again.value(mc.set_name(changed, counts[1])) != pytest.approx(found.value(mc.set_name(arms[0], counts[1])))
 
 
 def test_a_run_resumes_only_from_the_same_inputs(tmp_path):
@@ -165,3 +171,29 @@ def test_a_run_resumes_only_from_the_same_inputs(tmp_path):
     assert (out / "scored.tsv").exists() and (out / "l0_10").is_dir()
     start_afresh_unless(out, {"baseline": "b", "draws": 20}, log=lambda m: None)  # another baseline
     assert sorted(p.name for p in out.iterdir()) == ["fingerprint.json"]
+
+
+def test_the_l0_arm_removes_exactly_the_count_and_reports_the_runs_own_error(tmp_path):
+    """A run that ends off its target (its own rule keeps one head too many, one gate undecided):
+    the arm still removes the count, the heads of lowest log alpha, and the table keeps the run's
+    error, its expected count and its undecided share."""
+    from headcount.pipeline.head_counts import target_arm
+
+    keys = [("dec_self", layer, head) for layer in range(2) for head in range(4)]
+    log_alpha = [-9.0, 5.0, -0.5, 7.0, 6.0, -8.0, 4.0, 5.5]  # gate 2 undecided, still open by the rule
+
+    def run(kept):
+        p_open = 1 / (1 + np.exp(-(np.array(log_alpha) + 2.0)))
+        return pd.DataFrame({"type": [k[0] for k in keys], "layer": [k[1] for k in keys],
+                             "head": [k[2] for k in keys], "gated": True, "log_alpha": log_alpha,
+                             "p_open": p_open, "pruned": [a < -3 for a in log_alpha]})
+
+    arm, table = target_arm(run, [3], len(keys), tmp_path, log=lambda m: None)
+    assert sorted(arm.removed[3]) == [("dec_self", 0, 0), ("dec_self", 0, 2), ("dec_self", 1, 1)]
+    row = table.iloc[0]
+    assert (row["target_kept"], row["kept"], row["error"], row["arm_kept"]) == (5, 6, 1, 5)
+    assert row["undecided"] == 1 and row["undecided_share"] == 1 / 8
+    assert row["expected_kept"] == pytest.approx(sum(1 / (1 + np.exp(-(a + 2.0))) for a in log_alpha), abs=0.01)
+    assert (tmp_path / "gates_target_5.tsv").exists()  # read back, not trained again
+    again, _ = target_arm(lambda kept: pytest.fail("trained again"), [3], len(keys), tmp_path)
+    assert again.removed == arm.removed

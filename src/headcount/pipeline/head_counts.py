@@ -176,9 +176,13 @@ def gates_only_recipe(baseline_training: dict, d_model: int, steps: int, rate: f
 def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], total: int, out: Path,
                log: Callable[[str], None] = print) -> tuple[mc.Arm, pd.DataFrame]:
     """Hard Concrete gates trained to each matched count (`prune_run(kept)` -> the gates table of
-    api.Pruning: type, layer, head, p_open, pruned), kept in out/gates_target_{kept}.tsv; the arm
-    removes the heads whose gates closed, and the table says how near each run came (its error
-    against the target, and its undecided share)."""
+    api.Pruning: type, layer, head, log_alpha, p_open, pruned, gated), kept in
+    out/gates_target_{kept}.tsv. The arm removes exactly the count: the gated heads of lowest log
+    alpha, as CoFi's and Sheared-LLaMA's deterministic mask zeroes the expected number of closed
+    gates, so the L0 arm is held against random sets of the same size as every other arm. The
+    table says how near the run itself came: the heads its own rule keeps (evaluation gate above 0),
+    that count's error against the target, the expected count the controller steered (sum of
+    P(open)), and the undecided share."""
     arm, rows = mc.Arm("L0 to target", "target", "Hard Concrete gates, Lagrangian controller"), []
     low, high = preregistered.GATE_UNDECIDED
     for k in counts:
@@ -190,12 +194,15 @@ def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], 
             log(f"L0 to a target of {kept} heads kept")
             gates = prune_run(kept)
             gates.to_csv(path, sep="\t", index=False)
-        pruned = gates[gates["pruned"].astype(bool)]
-        arm.removed[k] = [(r.type, int(r.layer), int(r.head)) for r in pruned.itertuples()]
-        gated = gates[gates["gated"].astype(bool)] if "gated" in gates else gates
+        gated = gates[gates["gated"].astype(bool)] if "gated" in gates else gates  # the heads in play
+        lowest = gated.sort_values("log_alpha", kind="stable").head(k)
+        arm.removed[k] = [(r.type, int(r.layer), int(r.head)) for r in lowest.itertuples()]
+        by_rule = int(gated["pruned"].astype(bool).sum())
         undecided = int(((gated["p_open"] > low) & (gated["p_open"] < high)).sum())
-        rows.append({"target_kept": kept, "kept": total - len(pruned), "error": total - len(pruned) - kept,
-                     "undecided": undecided, "undecided_share": undecided / len(gated)})
+        expected = float(gated["p_open"].sum()) + total - len(gated)
+        rows.append({"target_kept": kept, "kept": total - by_rule, "error": total - by_rule - kept,
+                     "expected_kept": round(expected, 2), "undecided": undecided,
+                     "undecided_share": undecided / len(gated), "arm_kept": total - len(arm.removed[k])})
     return arm, pd.DataFrame(rows)
 
 

@@ -16,6 +16,7 @@ the paired interval against the draw at that edge lies below 0.
 from __future__ import annotations
 
 import csv
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,14 +158,19 @@ def measure_arms(access, texts: Sequence, arms: Sequence[Arm], store: str | Path
                  ) -> Measurement:
     """Every arm's head set at every count, and the model as it is, on `texts`, through
     HeadAccess.measure; each chunk of sets is appended to `store` (a TSV of set, text, sum, units)
-    as soon as it is scored, and sets already there are not scored again (a stopped run resumes)."""
+    as soon as it is scored, and sets already there are not scored again (a stopped run resumes).
+    The heads of each stored set are kept beside it (`store` with suffix .sets.json): a set whose
+    name is stored with other heads (an arm defined anew) is scored again, its new rows read."""
     store = Path(store)
     wanted = {BASELINE: []}
     for arm in arms:
         for count, heads in arm.removed.items():
             wanted[set_name(arm, count)] = [access.names.name(key) for key in heads]
+    heads_of = store.with_suffix(".sets.json")
+    stored = json.loads(heads_of.read_text(encoding="utf-8")) if heads_of.exists() else {}
     done = _read_store(store, len(texts))
-    todo = [name for name in wanted if name not in done]
+    todo = [name for name in wanted
+            if name not in done or sorted(stored.get(name, wanted[name])) != sorted(wanted[name])]
     if not store.exists():
         store.parent.mkdir(parents=True, exist_ok=True)
         store.write_text("set\ttext\tsum\tunits\n", encoding="utf-8")
@@ -179,6 +185,10 @@ def measure_arms(access, texts: Sequence, arms: Sequence[Arm], store: str | Path
                 for t in range(len(texts)):
                     writer.writerow([n, t, repr(float(found.sums[row, t])), repr(float(found.units[t]))])
         log(f"scored {min(start + chunk, len(todo))} of {len(todo)} head sets")
+        stored.update({n: wanted[n] for n in names})
+        heads_of.write_text(json.dumps(stored), encoding="utf-8")
+    if any(stored.get(n) != wanted[n] for n in wanted):  # a store from before the record: its sets, as found
+        heads_of.write_text(json.dumps({**stored, **wanted}), encoding="utf-8")
     done = _read_store(store, len(texts))
     names = list(wanted)
     return Measurement(names, {n: wanted[n] for n in names}, np.stack([done[n][0] for n in names]),
