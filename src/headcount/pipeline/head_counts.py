@@ -178,8 +178,9 @@ def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], 
     """Hard Concrete gates trained to each matched count (`prune_run(kept)` -> the gates table of
     api.Pruning: type, layer, head, log_alpha, p_open, pruned, gated), kept in
     out/gates_target_{kept}.tsv. The arm removes exactly the count: the gated heads of lowest log
-    alpha, as CoFi's and Sheared-LLaMA's deterministic mask zeroes the expected number of closed
-    gates, so the L0 arm is held against random sets of the same size as every other arm. The
+    alpha (CoFi's deterministic mask zeroes the lowest gates, as many as its expected number of
+    closed ones; here the count, the expectation the controller steers to), so the L0 arm is held
+    against random sets of the same size as every other arm. The
     table says how near the run itself came: the heads its own rule keeps (evaluation gate above 0),
     that count's error against the target, the expected count the controller steered (sum of
     P(open)), and the undecided share."""
