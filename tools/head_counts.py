@@ -8,7 +8,12 @@ Resumable: rerun the same command and it goes on from what `--out` holds. SmolLM
 windows of running English (data.text_windows: newstest, FLORES-101, EWT), MiniLM on sentences of
 the same sources, under its embedding objective. Writes head_counts.tsv (every arm and draw),
 head_counts_summary.tsv, head_counts.png, targets.tsv (the L0 runs' error against their target) and
-cost.json (CPU seconds per stage).
+cost.json (CPU seconds per stage); with --captions, the same tables of the same head sets scored on
+Multi30k captions under out/captions/. SmolLM2's published run:
+
+    .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2 --held-out-tokens 256 \
+        --iterative-step 0 --l0-steps 300 --gate-window-tokens 256 --gates-per-source 16 \
+        --l0-max-tokens 300 --captions 150 --causal
 """
 
 from __future__ import annotations
