@@ -1,9 +1,6 @@
 """How many heads can go, at matched counts against random heads, on a shipped pretrained model
 (pipeline.head_counts; docs/results_lm.md publishes what it writes).
 
-    .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2
-    .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm
-
 Resumable: rerun the same command and it goes on from what `--out` holds. SmolLM2 is scored on
 windows of running English (data.text_windows: newstest, FLORES-101, EWT), MiniLM on sentences of
 the same sources, under its embedding objective. Writes head_counts.tsv (every arm and draw),
@@ -13,7 +10,13 @@ Multi30k captions under out/captions/. SmolLM2's published run:
 
     .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2 --held-out-tokens 256 \
         --iterative-step 0 --l0-steps 300 --gate-window-tokens 256 --gates-per-source 16 \
-        --l0-max-tokens 300 --captions 150 --causal
+        --l0-max-tokens 300 --gate-lr 1.0 --captions 150 --causal
+
+and the same with `--gate-lr 0.1 --out results/head_counts/smollm2_slow_gates` (without --causal).
+MiniLM's:
+
+    .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm --train-per-source 25 \
+        --held-out-per-source 50 --gates-per-source 50 --l0-steps 300 --gate-lr 1.0 --causal
 """
 
 from __future__ import annotations
@@ -129,7 +132,9 @@ def main(argv=None) -> int:
                         help="share of heads removed between Michel rescorings (0: at each matched count only)")
     parser.add_argument("--l0-steps", type=int, default=0, help="gate steps per L0-to-target run (0: no such arm)")
     parser.add_argument("--l0-lr", type=float, default=0.01, help="the controller's learning rate in the L0 runs")
-    parser.add_argument("--gate-lr", type=float, default=1.0, help="the gates' learning rate in the L0 runs")
+    parser.add_argument("--gate-lr", type=float, default=hcnt.GATES_ONLY_RATE,
+                        help="the gates' learning rate in the L0 runs, about their move in log alpha a step "
+                             "(the workflow's on frozen weights)")
     parser.add_argument("--l0-max-tokens", type=int, default=600, help="tokens per gate-training batch")
     parser.add_argument("--max-tokens", type=int, default=1100)
     parser.add_argument("--threads", type=int, default=0)
@@ -176,8 +181,9 @@ def main(argv=None) -> int:
     if args.l0_steps:
         import headcount
 
-        # The gates move about --gate-lr a step over `prune`'s constant rate, the default baseline's
-        # last (a gate decides only below -3.0 or above 1.4 in log alpha, so a short run needs about 1.0).
+        # The gates move about --gate-lr a step in log alpha. On SmolLM2, 1.0 decided nearly every gate
+        # in 300 steps but chose heads no better than random ones; 0.1 left most undecided, and the
+        # count of lowest log alpha was the best arm at every count (docs/results_lm.md).
         recipe = hcnt.gates_only_recipe(dataclasses.asdict(TrainingSettings()), model.hf.config.hidden_size,
                                         args.l0_steps, rate=args.gate_lr)
 
