@@ -130,10 +130,11 @@ PUBLISHED = {
         "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
     # the gates trained to each count: error, undecided
     **{f"tables/{model}_targets.tsv": (f"{model}_counts", "targets.tsv") for model in ("smollm2", "minilm")},
-    # SmolLM2's gates trained to each count at a tenth of the rate (--gate-lr 0.1), the same tables
-    **{f"tables/smollm2_slow_gates_{name}": ("smollm2_slow_gates_counts", inside) for name, inside in (
-        ("head_counts.tsv", "head_counts_summary.tsv"), ("targets.tsv", "targets.tsv"),
-        ("captions_head_counts.tsv", "captions/head_counts_summary.tsv"))},
+    # the gates trained to each count at a tenth of the rate (--gate-lr 0.1), the same tables
+    **{f"tables/{model}_slow_gates_{name}": (f"{model}_slow_gates_counts", inside) for model in ("smollm2", "minilm")
+       for name, inside in (("head_counts.tsv", "head_counts_summary.tsv"), ("targets.tsv", "targets.tsv"))},
+    "tables/smollm2_slow_gates_captions_head_counts.tsv": ("smollm2_slow_gates_counts",
+                                                           "captions/head_counts_summary.tsv"),
     # SmolLM2's same head sets on Multi30k captions, the translation models' text (--captions)
     "tables/smollm2_captions_head_counts.md": ("smollm2_counts", "captions/head_counts.md"),
     "tables/smollm2_captions_head_counts.tsv": ("smollm2_counts", "captions/head_counts_summary.tsv"),
@@ -266,10 +267,12 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "smollm2_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_counts": ("config/config.yaml", "minilm_en"),
                "smollm2_slow_gates_counts": ("config/config.yaml", "smollm2_en"),
+               "minilm_slow_gates_counts": ("config/config.yaml", "minilm_en"),
                "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
                "demo_counts": ("config/demo.yaml", "demo"),
                "main_counts": ("config/config.yaml", "multi30k_en_de")}
-HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "minilm", "copying_control")  # folders of results/head_counts
+# folders of results/head_counts
+HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "minilm", "minilm_slow_gates", "copying_control")
 PROVENANCE = "tables/provenance.tsv"
 
 
