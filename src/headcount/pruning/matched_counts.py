@@ -169,8 +169,11 @@ def measure_arms(access, texts: Sequence, arms: Sequence[Arm], store: str | Path
     heads_of = store.with_suffix(".sets.json")
     stored = json.loads(heads_of.read_text(encoding="utf-8")) if heads_of.exists() else {}
     done = _read_store(store, len(texts))
-    todo = [name for name in wanted
-            if name not in done or sorted(stored.get(name, wanted[name])) != sorted(wanted[name])]
+
+    def as_stored(name: str) -> bool:  # a set stored before its heads were recorded is taken as found
+        return name in done and sorted(stored.get(name, wanted[name])) == sorted(wanted[name])
+
+    todo = [name for name in wanted if not as_stored(name)]
     if not store.exists():
         store.parent.mkdir(parents=True, exist_ok=True)
         store.write_text("set\ttext\tsum\tunits\n", encoding="utf-8")
@@ -186,8 +189,8 @@ def measure_arms(access, texts: Sequence, arms: Sequence[Arm], store: str | Path
                     writer.writerow([n, t, repr(float(found.sums[row, t])), repr(float(found.units[t]))])
         log(f"scored {min(start + chunk, len(todo))} of {len(todo)} head sets")
         stored.update({n: wanted[n] for n in names})
-        heads_of.write_text(json.dumps(stored), encoding="utf-8")
-    if any(stored.get(n) != wanted[n] for n in wanted):  # a store from before the record: its sets, as found
+        heads_of.write_text(json.dumps(stored), encoding="utf-8")  # each chunk: a stopped run keeps its record
+    if any(n not in stored for n in wanted):  # the sets taken as found are recorded too
         heads_of.write_text(json.dumps({**stored, **wanted}), encoding="utf-8")
     done = _read_store(store, len(texts))
     names = list(wanted)
