@@ -79,7 +79,9 @@ def texts(name: str, tokenizer, data: Path, per_source: dict, gate_tokens: int =
     """Training, held-out and gate-training texts -> {use: (texts, sources)}. Each source is read,
     and cut into windows, once: the ranking and the gate-training texts come from the same files.
     gate_tokens: the gate-training windows' length in tokens (0: the ranking windows'; shorter
-    windows make a gate step cheaper, and can match a scoring cut to the windows' beginnings)."""
+    windows make a gate step cheaper, and can match a scoring cut to the windows' beginnings). Cut
+    anew, they are not checked against the ranking windows and may repeat their text (never the
+    held-out sources')."""
     def count(text: str) -> int:
         return len(tokenizer.encode([text])[0])
 
