@@ -318,6 +318,24 @@ def test_a_measure_registered_once_reaches_the_score_table_correlations_and_figu
         measures.score_table(ScoringInputs(model, padded_batches()), ["no_such_measure"])
 
 
+def test_a_model_whose_layers_differ_in_head_count_is_refused_by_every_measure():
+    """Physical removal numbers each layer's remaining heads afresh: every measure is refused with
+    a message naming the layers' counts and the gated model to score instead, not a shape error."""
+    from headcount.io import HeadcountError
+    from headcount.pruning.removal import remove_pruned_heads
+
+    model = tiny_model(seed=4, n_heads=4, d_model=16)
+    model.set_head_mask({"enc_self": torch.tensor([[1.0, 0, 1, 0], [1, 1, 1, 1]])})
+    remove_pruned_heads(model)
+    for measure in ("confidence", "michel", "lrp", "ablation"):
+        with pytest.raises(HeadcountError, match=r"enc_self: 2, 4 heads.*the pruning run's model\.pt"):
+            score_table(ScoringInputs(model, padded_batches(), [b[:2] for b in padded_batches()]), [measure])
+    even = tiny_model(seed=4, n_heads=4, d_model=16)  # every layer as wide: scored as before
+    even.set_head_mask({"enc_self": torch.tensor([[1.0, 0, 1, 0], [0, 1, 1, 0]])})
+    remove_pruned_heads(even)
+    assert len(score_table(ScoringInputs(even, padded_batches()), ["confidence"])) == 2 * 2 + 2 * 4 + 2 * 4
+
+
 @pytest.mark.slow
 def test_spearman_interval_is_the_percentile_interval_of_resampled_heads():
     """Against a loop of the plain spearman over the same resamples of the heads."""

@@ -136,6 +136,23 @@ register_measure(Measure("ablation", ("delta_loss", "delta_bleu"), _ablation, ra
                          optional=True))
 
 
+def refuse_uneven_layers(model) -> None:
+    """HeadcountError for a model whose layers of one attention type differ in head count: one
+    whose heads were removed physically (pruning.removal), which renumbers each layer's heads, so
+    a score could not name the head it belongs to. The gated model it came from keeps every head
+    in its place (a closed one has a 0/1 mask of 0) and is scored as any other."""
+    counts = {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}
+    uneven = {kind: per_layer for kind, per_layer in counts.items() if len(set(per_layer)) > 1}
+    if uneven:
+        from headcount.io import HeadcountError
+
+        described = "; ".join(f"{kind}: {', '.join(map(str, c))} heads" for kind, c in uneven.items())
+        raise HeadcountError(f"this model's layers differ in head count ({described}): its heads were removed "
+                             f"physically, which numbers each layer's remaining heads afresh, so no score could "
+                             f"name its head. Score the gated model instead (the pruning run's model.pt, not "
+                             f"physical/model.pt), with the pruned heads masked.")
+
+
 def score_table(inputs: ScoringInputs, measures: Sequence[str] | None = None):
     """Every head's scores: the given measures (default all), in the registry's order, joined on
     (type, layer, head). Measures' reports beside their columns land in `inputs.notes`."""
@@ -143,6 +160,7 @@ def score_table(inputs: ScoringInputs, measures: Sequence[str] | None = None):
     if unknown:
         raise ValueError(f"unknown importance measures {sorted(unknown)}; known: {list(MEASURES)}")
     names = list(MEASURES) if measures is None else [n for n in MEASURES if n in measures]
+    refuse_uneven_layers(inputs.model)
     table = None
     for name in names:
         start = time.perf_counter()
