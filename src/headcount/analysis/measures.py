@@ -141,8 +141,9 @@ def refuse_uneven_layers(model) -> None:
     whose heads were removed physically (pruning.removal), which renumbers each layer's heads, so
     a score could not name the head it belongs to. The gated model it came from keeps every head
     in its place (a closed one has a 0/1 mask of 0) and is scored as any other."""
-    counts = {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}
-    uneven = {kind: per_layer for kind, per_layer in counts.items() if len(set(per_layer)) > 1}
+    from headcount.models.seq2seq import heads_per_layer
+
+    uneven = {kind: per_layer for kind, per_layer in heads_per_layer(model).items() if len(set(per_layer)) > 1}
     if uneven:
         from headcount.io import HeadcountError
 

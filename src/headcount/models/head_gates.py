@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from headcount.models.seq2seq import heads_per_layer
+
 
 class GatedProjection(nn.Module):
     """An attention's output projection `proj` (nn.Linear) with per-head gates in front."""
@@ -136,7 +138,7 @@ class HeadMasks:
         return out
 
     def head_counts(self) -> dict[str, list[int]]:
-        return {kind: [m.n_heads for m in modules] for kind, modules in self.attention_modules().items()}
+        return heads_per_layer(self)
 
 
 def load_weights_with_heads(model: nn.Module, kept: dict[str, list[list[int]]], weights: dict) -> nn.Module:

@@ -139,6 +139,11 @@ def kind_of(model) -> ModelKind:
     return MODEL_KINDS[getattr(model, "model_kind", "encoder_decoder")]
 
 
+def heads_per_layer(model) -> dict[str, list[int]]:
+    """type -> each layer's head count (after physical pruning they differ)."""
+    return {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}
+
+
 @runtime_checkable
 class HeadSlots(Protocol):
     """One attention module as the analyses see it."""

@@ -16,7 +16,7 @@ from headcount.io import HeadcountError, atomic_path, read_lines, sha256_file, w
 from headcount.models.checkpoint import load_checkpoint
 from headcount.models.device import pick_device
 from headcount.models.loading import load_model, open_tokenizer
-from headcount.models.seq2seq import kind_of
+from headcount.models.seq2seq import heads_per_layer, kind_of
 from headcount.pipeline.training_runs import continued_precision, greedy_dev_bleu
 from headcount.provenance import provenance
 from headcount.pruning.hard_concrete import (
@@ -442,7 +442,7 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
         after["kv_cache_bytes_per_token"] = kv_cache_bytes_per_token(model)
         log(f"KV cache per token (2-byte values): {before['kv_cache_bytes_per_token']} -> "
             f"{after['kv_cache_bytes_per_token']} bytes")
-    record = {"pruned": model_path, "heads": {k: [int(n) for n in v] for k, v in _head_counts(model).items()},
+    record = {"pruned": model_path, "heads": {k: [int(n) for n in v] for k, v in heads_per_layer(model).items()},
               "before": before, "after": after, "lengths": {"src": src_len, "tgt": tgt_len},
               "provenance": provenance()}
     model.save(model_out, {"physical_pruning": {k: v for k, v in record.items() if k != "provenance"}})
@@ -451,6 +451,3 @@ def export_pruned(model_path: str, model_out: str, summary_out: str, src_len: in
         f"attention multiply-adds {before['attention_flops']:.3g} -> {after['attention_flops']:.3g}")
     return record
 
-
-def _head_counts(model) -> dict[str, list[int]]:
-    return {kind: [m.n_heads for m in modules] for kind, modules in model.attention_modules().items()}

@@ -14,7 +14,7 @@ from headcount.io import HeadcountError, read_lines, sha256_file, write_json
 from headcount.models.checkpoint import load_checkpoint
 from headcount.models.device import inherited_precision
 from headcount.models.loading import load_model
-from headcount.models.seq2seq import Seq2SeqWithHeads
+from headcount.models.seq2seq import Seq2SeqWithHeads, heads_per_layer
 from headcount.models.transformer import ModelConfig, Transformer
 from headcount.provenance import provenance
 from headcount.pruning.removal import computing_kept_heads
@@ -195,7 +195,7 @@ def _import_checkpoint_baseline(source: dict, model_out: str, summary_out: str, 
     cfg = asdict(model.cfg)
     summary = {"pretrained": dict(source), "family": files["family"], "arch": arch,
                "src_lang": src_lang, "tgt_lang": tgt_lang, "model_config": cfg,
-               "heads": {kind: [m.n_heads for m in mods] for kind, mods in model.attention_modules().items()},
+               "heads": heads_per_layer(model),
                "parameters": sum(p.numel() for p in model.parameters()), "train_config": {"select": "pretrained"},
                "provenance": provenance()}
     write_json(summary_out, summary)
