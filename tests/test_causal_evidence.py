@@ -341,3 +341,91 @@ def test_the_icl_score_is_transformers_own_losses(tiny, llama):
     assert table.loc["none", "icl_score"] == pytest.approx(float(expected), abs=1e-5)
     assert table.loc["none", "low"] <= table.loc["none", "icl_score"] <= table.loc["none", "high"]
     assert table.loc["a", "difference"] == pytest.approx(table.loc["a", "icl_score"] - table.loc["none", "icl_score"])
+
+
+# --------------------------------------------------------------------------------------------
+# Syntactic heads
+
+
+def _parse(tmp_path, rows: list[tuple[str, int, str]]):
+    """One sentence as a parse table: rows of (word, head word from 1, relation), words spaced."""
+    from headcount.data.parses import read_conllu
+
+    text = " ".join(word for word, _, _ in rows)
+    lines = ["# sent_id = s1", f"# text = {text}"] + [
+        f"{i}\t{word}\t{word.lower()}\tX\t_\t_\t{head}\t{rel}\t_\t_" for i, (word, head, rel) in enumerate(rows, 1)]
+    path = tmp_path / "s.conllu"
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    return read_conllu(path)
+
+
+def _after_word(tokenizer, text: str, word: int) -> int:
+    """The index of the token after word `word` (from 0) of the space-separated text, by the
+    tokenizer's own character offsets."""
+    start = sum(len(w) + 1 for w in text.split(" ")[:word])
+    end = start + len(text.split(" ")[word])
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    inside = [i for i, (b, e) in enumerate(offsets) if e > start and b < end]
+    return inside[-1] + 1
+
+
+def test_syntactic_positions_follow_each_query_word_whose_related_word_came_first(llama, tmp_path, tiny):
+    h, _ = llama
+    # "Small dog sees blue cow mouse": dog <-nsubj- sees -obj-> cow, blue -amod-> cow
+    table = _parse(tmp_path, [("Small", 2, "amod"), ("dog", 3, "nsubj"), ("sees", 0, "root"),
+                              ("blue", 5, "amod"), ("cow", 3, "obj"), ("mouse", 5, "conj")])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny["llama"]))
+    text = table["text"].iloc[0]
+    ids, found = cr.relation_positions(h, [table], "nsubj", "head->dep")  # the verb reads its subject
+    assert ids == [tokenizer(text, add_special_tokens=False)["input_ids"]]
+    assert found == [[_after_word(tokenizer, text, 2)]]
+    # the object reads its verb; the verb cannot read its object, which comes after it
+    assert cr.relation_positions(h, [table], "obj", "dep->head")[1] == [[_after_word(tokenizer, text, 4)]]
+    assert cr.relation_positions(h, [table], "obj", "head->dep")[1] == [[]]
+    # both adjectives precede their nouns: the nouns read them
+    assert cr.relation_positions(h, [table], "amod", "head->dep")[1] == [
+        [_after_word(tokenizer, text, 1), _after_word(tokenizer, text, 4)]]
+    assert cr.relation_positions(h, [table], "advmod", "head->dep")[1] == [[]]
+
+
+def test_a_syntactic_effect_is_transformers_own_loss_at_its_positions_with_the_head_zeroed(tiny, llama):
+    h, seqs = llama
+    texts = [list(x) for x in seqs]
+    positions = [[3, 7, 12], [], [5], [2, 19]] + [[9]] * (len(texts) - 4)
+    others = [[1], [4, 6], [], [8]] + [[10, 11]] * (len(texts) - 4)
+    found = cr.syntactic_tests(h, {"a": ((1, 2), positions), "b": ("2.3", others), "c": ("2.3", positions)},
+                               texts, draws=6, seed=2)
+    assert [t.test for t in found] == ["syntactic a", "syntactic b", "syntactic c"]
+    reference = _model(tiny["llama"])
+    x, targets = _inputs(seqs, h.model.special.bos), torch.tensor(seqs)
+
+    def nll(model) -> torch.Tensor:
+        with torch.no_grad():
+            return F.cross_entropy(model(input_ids=x).logits.transpose(1, 2), targets, reduction="none").double()
+
+    def mean_at(loss: torch.Tensor, where) -> float:
+        return float(sum(loss[i, p].sum() for i, p in enumerate(where) if p) / sum(len(p) for p in where))
+
+    before = nll(reference)
+    Dh = reference.config.head_dim
+    with torch.no_grad():
+        reference.model.layers[1].self_attn.o_proj.weight[:, 2 * Dh:3 * Dh] = 0
+    after = nll(reference)
+    for test, where in zip(found, (positions, others, positions)):
+        assert test.heads == ["2.3"] and test.effect == pytest.approx(mean_at(after - before, where), abs=1e-5)
+        assert test.low <= test.effect <= test.high and len(test.random_effects) == 6
+        assert np.isfinite([test.low, test.high]).all()  # texts without positions are left out of the resamples
+        # layer-matched single heads: another head of layer 2 (from 1)
+        assert all(names != ["2.3"] and len(names) == 1 and names[0].startswith("2.")
+                   for names in test.random_sets.values())
+    # a random draw's effect is that head's own: the same head named in a test of its own
+    draw, names = next(iter(found[0].random_sets.items()))
+    alone = cr.syntactic_tests(h, {"a": (names[0], positions)}, texts, draws=2)[0]
+    assert found[0].random_effects[draw] == pytest.approx(alone.effect, abs=1e-9)
+    # one text with positions: the others are left out, not resampled as 0 / 0
+    one = cr.syntactic_tests(h, {"d": ("2.3", [[4]] + [[]] * (len(texts) - 1))}, texts, draws=2)[0]
+    assert one.low == pytest.approx(one.effect) == pytest.approx(one.high)
+    with pytest.raises(ArgumentError, match="positions for 1 texts"):
+        cr.syntactic_tests(h, {"a": ("2.3", [[1]])}, texts)
+    with pytest.raises(ArgumentError, match="no position"):
+        cr.syntactic_tests(h, {"a": ("2.3", [[]] * len(texts))}, texts)

@@ -48,3 +48,20 @@ def test_gate_windows_are_cut_to_their_own_length_from_the_training_sources(tmp_
     held_out = " ".join(long["held_out"][0])
     assert all(name not in held_out for name in tw.TRAIN_SOURCES)  # neither kind of gate text is held out
     assert not set(long["gates"][0]) & set(long["train"][0])  # the ranking windows are left out
+
+
+def test_table1s_best_heads_are_read_by_relation_and_direction(tmp_path):
+    table = tmp_path / "table1.md"
+    table.write_text("Text: treebanks.\n\n| relation | direction | instances | best head (layer, head) | accuracy |\n"
+                     "|---|---|---|---|---|\n| nsubj | v->s | 5 of 6 | 14, 9 | 72 |\n"
+                     "| amod | adj->noun | 1 of 9 | 3, 1 | 67 |\n\nAccuracy in %.\n", encoding="utf-8")
+    assert tool.table1_heads(table) == {("nsubj", "head->dep"): (14, 9), ("amod", "dep->head"): (3, 1)}
+    # the published table names all eight rows the test ablates
+    assert len(tool.table1_heads(REPO / tool.SYNTACTIC["smollm2"])) == 8
+    table.write_text("no table here\n", encoding="utf-8")
+    try:
+        tool.table1_heads(table)
+    except SystemExit as error:
+        assert "no Table 1 rows" in str(error)
+    else:
+        raise AssertionError("a file without Table 1 rows was read")

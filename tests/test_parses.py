@@ -90,6 +90,14 @@ def test_read_conllu_words_tokens_relations(small_conllu):
     assert sentence_texts(table) == ["It wasn't taken by them.", "Dogs chase red cats!"]
 
 
+def test_a_gzipped_treebank_reads_as_the_plain_one(small_conllu, tmp_path):
+    import gzip
+
+    packed = tmp_path / "small.conllu.gz"
+    packed.write_bytes(gzip.compress(small_conllu.read_bytes()))
+    pd.testing.assert_frame_equal(read_conllu(packed), read_conllu(small_conllu))
+
+
 def test_read_conllu_files_numbers_sentences_on(small_conllu, tmp_path):
     other = tmp_path / "other.conllu"
     other.write_text(SMALL.split("\n\n")[1], encoding="utf-8")  # sentence 2 alone, no blank line at end

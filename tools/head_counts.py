@@ -12,7 +12,12 @@ Multi30k captions under out/captions/. SmolLM2's published run:
         --iterative-step 0 --l0-steps 300 --gate-window-tokens 256 --gates-per-source 16 \
         --l0-max-tokens 300 --gate-lr 1.0 --captions 150 --causal
 
-and the same with `--gate-lr 0.1 --out results/head_counts/smollm2_slow_gates` (without --causal).
+and the same with `--gate-lr 0.1 --out results/head_counts/smollm2_slow_gates` (without --causal); the
+syntactic heads' causal test adds `--syntactic 200` to the first. The same arms on 40 whole windows
+(about 20k held-out tokens), with smollm2_slow_gates' rankings and gates copied into --out first:
+    .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2_long \
+        --held-out-per-source 10 --iterative-step 0 --l0-steps 300 --gate-window-tokens 256 \
+        --gates-per-source 16 --l0-max-tokens 300 --gate-lr 0.1 --chunk 30 --sets-per-pass 1
 MiniLM's:
 
     .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm --train-per-source 25 \
@@ -56,6 +61,9 @@ PUBLISHED_RANKINGS = {"smollm2": ("delta_loss", "lrp")}
 ROLES = {"smollm2": "docs/tables/smollm2_head_roles.csv", "minilm": "docs/tables/minilm_head_roles.csv"}
 PREVIOUS_TOKEN = 0.4  # previous_score at least this: a previous-token head for the composition test
 CAPTIONS = "multi30k/test_2016_flickr.en.gz"  # --captions: the second column, beside the translation models
+SYNTACTIC = {"smollm2": "docs/tables/smollm2_table1.md"}  # the published Table 1 whose best heads are tested
+SYNTACTIC_TREEBANK = "UD_English-EWT/en_ewt-ud-train.conllu.gz"  # Table 1 read EWT's dev and test and PUD
+SYNTACTIC_MAX_PIECES = 45  # the longest sentence Table 1 read
 CAUSAL_WINDOWS = 4  # held-out windows the sink test and the ICL score read (each set is a forward pass)
 
 
@@ -142,7 +150,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=8, help="head sets scored (and stored) together: each chunk "
                         "scores the unpruned model once more")
+    parser.add_argument("--sets-per-pass", type=int, default=4,
+                        help="head sets run as copies of a batch in one forward pass; on a CPU with long windows 1 "
+                             "is faster (the copies rarely share layers: a random set edits the first ones)")
     parser.add_argument("--causal", action="store_true", help="also the causal tests of the published roles")
+    parser.add_argument("--syntactic", type=int, default=0,
+                        help="with --causal: also ablate the best head of each relation of the published Table 1 "
+                             "on N sentences of EWT's training treebank (not among those the heads were found on)")
     parser.add_argument("--sequences", type=int, default=20, help="repeated random sequences for the causal tests")
     args = parser.parse_args(argv)
     if args.threads:
@@ -209,7 +223,7 @@ def main(argv=None) -> int:
     unit = "cosine distance to the unpruned embedding" if objective else "nats per token"
     summary = timed("scoring", lambda: hcnt.score_arms(
         access, arms, data["held_out"][0], out, total=total, margin=margin, unit=unit, extra=extra,
-        draws=args.draws, chunk=args.chunk, log=log,
+        draws=args.draws, chunk=args.chunk, sets_per_pass=args.sets_per_pass, log=log,
         title=f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws"))
     print(summary.to_string(index=False))
     if args.captions and objective is None:  # the same sets on captions: what the translation models read
@@ -226,6 +240,46 @@ def main(argv=None) -> int:
         sinks_and_confidence(args.model).to_csv(out / "confidence_vs_sinks.tsv", sep="\t", index=False)
     write_record(out)
     return 0
+
+
+def table1_heads(path: Path) -> dict[tuple[str, str], tuple[int, int]]:
+    """(relation, direction) -> the best head (layer, head from 1) of a published Table 1 (markdown)."""
+    from headcount.analysis.roles.statistics import DIRECTION_NAMES
+
+    key_of = {(relation, name): key for key, name in DIRECTION_NAMES.items() for relation in [key[0]]}
+    best = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 3 and (cells[0], cells[1]) in key_of:
+            layer, head = (int(x) for x in cells[3].split(","))
+            best[key_of[(cells[0], cells[1])]] = (layer, head)
+    if not best:
+        raise SystemExit(f"{path}: no Table 1 rows (relation | direction | instances | best head) found")
+    return best
+
+
+def syntactic(args, access: HeadAccess) -> pd.DataFrame:
+    """Each relation's best head (the published Table 1) ablated against other heads of its layer,
+    read at the positions it feeds (causal_roles.relation_positions) on `--syntactic` sentences of
+    EWT's training treebank of at most SYNTACTIC_MAX_PIECES pieces, spread through it."""
+    from headcount.analysis import causal_roles as cr
+    from headcount.analysis.roles.statistics import DIRECTION_NAMES
+    from headcount.data.parses import read_conllu
+
+    table = read_conllu(args.data / SYNTACTIC_TREEBANK)
+    sentences = [s for _, s in table.groupby("sentence", sort=True)]
+    pieces = access.src_tokenizer.encode([str(s["text"].iloc[0]) for s in sentences])
+    sentences = tw.spread([s for s, p in zip(sentences, pieces) if 3 <= len(p) <= SYNTACTIC_MAX_PIECES],
+                          args.syntactic)
+    tests, texts = {}, None
+    for (relation, direction), (layer, head) in table1_heads(REPO / SYNTACTIC[args.model]).items():
+        texts, positions = cr.relation_positions(access, sentences, relation, direction)
+        if sum(map(len, positions)):
+            tests[f"{relation} {DIRECTION_NAMES[(relation, direction)]}"] = (f"{layer}.{head}", positions)
+    log(f"syntactic heads: {len(tests)} relations on {len(sentences)} sentences of {SYNTACTIC_TREEBANK}")
+    found = cr.syntactic_tests(access, tests, texts)
+    return pd.concat([t.table.assign(instances=int(sum(map(len, tests[t.test.split(' ', 1)[1]][1]))))
+                      for t in found], ignore_index=True)
 
 
 def write_record(out: Path) -> None:
@@ -305,6 +359,8 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
 
         tests.append(hcnt.cached_table(out / "causal_composition.tsv", composition))
     tests.append(hcnt.cached_table(out / "causal_sink.tsv", lambda: cr.sink_test(access, named["sink"], windows).table))
+    if args.syntactic and args.model in SYNTACTIC:
+        tests.append(hcnt.cached_table(out / "causal_syntactic.tsv", lambda: syntactic(args, access)))
     pd.concat(tests, ignore_index=True).to_csv(out / "causal.tsv", sep="\t", index=False)
     log(f"wrote {out / 'causal.tsv'}")
 

@@ -19,6 +19,9 @@ random percentile and the interval lies above 0.
 - `composition_test`: ablating the previous-token heads of layers before the induction heads
   lowers the induction heads' prefix matching (K-composition).
 - `sink_test`: ablating the sink heads raises the loss on running text.
+- `syntactic_tests`: ablating the best head of a dependency relation raises the loss of the token
+  each query word of that relation predicts (`relation_positions`), more than other heads of its
+  layer do.
 
 Heads are named as everywhere in the per-head API: "layer.head" from 1 or (layer, head) from 0;
 tables have `layer` and `head` from 0 and `name` from 1. Repeated sequences are token-id lists
@@ -485,6 +488,76 @@ def sink_test(h: HeadAccess, sink_heads, texts, draws: int = RANDOM_DRAWS, seed:
     return _verdict("sink", named, effects, measured.units, randoms, note)
 
 
+# --------------------------------------------------------------------------------------------
+# Syntactic heads
+
+
+def relation_positions(h: HeadAccess, sentences: Sequence[pd.DataFrame], relation: str, direction: str) -> tuple[list[list[int]], list[list[int]]]:
+    """Where a syntactic head of a causal LM does its work -> (token ids of each sentence, the
+    positions of x whose loss it feeds). `sentences`: one parse table each (data.parses); an
+    instance of (relation, direction: "head->dep" or "dep->head") counts where a related word comes
+    before the query word, as a causal head can only look back (SyntacticStats' causal rule). The
+    head reads the related word at the query word's last piece q, whose output predicts x[q + 1]:
+    that loss is the one read (none where q ends the sentence). Sentences whose pieces the
+    tokenizer does not spell one per id, or that have no instance, get no positions."""
+    from headcount.analysis.roles.alignment import align_pieces, sentence_tokens
+    from headcount.analysis.roles.statistics import relation_pairs
+
+    _causal_lm(h, "relation_positions")
+    texts, positions = [], []
+    for sentence in sentences:
+        text = str(sentence["text"].iloc[0])
+        ids, pieces = h.src_tokenizer.encode([text])[0], h.src_tokenizer.pieces(text)
+        found: set[int] = set()
+        if len(ids) == len(pieces):
+            word_of = align_pieces(sentence_tokens(sentence), pieces)
+            for rel, d, query, target in relation_pairs(sentence, (relation,)):
+                last = np.flatnonzero(word_of == query)
+                if d == direction and target < query and len(last) and np.any(word_of == target) \
+                        and last[-1] + 1 < len(ids):
+                    found.add(int(last[-1]) + 1)
+        texts.append(list(ids))
+        positions.append(sorted(found))
+    return texts, positions
+
+
+def syntactic_tests(h: HeadAccess, tests: Mapping[str, tuple[object, list[list[int]]]], texts,
+                    draws: int = RANDOM_DRAWS, seed: int = 0) -> list[CausalTest]:
+    """For each test {label: (head, positions per text)} (`relation_positions`): does zeroing the
+    head raise the next-token loss at its positions more than layer-matched random single heads
+    (other heads of its layer, drawn as `random_sets` draws them)? effect: nats per position,
+    ablated minus unablated. Every distinct head is ablated once, in one measurement over `texts`;
+    a test reads its positions' losses from it, so tests that share a head or a draw cost nothing
+    more."""
+    _causal_lm(h, "syntactic_tests")
+    plans = {}
+    for label, (head, positions) in tests.items():
+        if len(positions) != len(texts):
+            raise ArgumentError(f"tests[{label!r}]: positions for {len(positions)} texts, {len(texts)} texts given")
+        named = h.names.name(h.names.key(head, f"tests[{label!r}]"))
+        randoms, note = random_sets(h, [named], draws, seed)
+        plans[label] = (named, positions, randoms, note)
+    singles = sorted({name for named, _, randoms, _ in plans.values() for name in [named, *(
+        heads[0] for heads in randoms.values())]}, key=lambda n: h.names.key(n))
+    measured = h.measure(texts, {name: [name] for name in singles}, per_token=True)
+    found = []
+    for label, (named, positions, randoms, note) in plans.items():
+        units = np.array([len(p) for p in positions], dtype=float)
+        if not units.sum():
+            raise ArgumentError(f"tests[{label!r}]: no position to read in any text")
+
+        def at_positions(name: str) -> np.ndarray:
+            return np.array([float(np.sum(tokens[p])) if p else 0.0
+                             for tokens, p in zip(measured.tokens[name], positions)])
+
+        read = units > 0  # a text without positions says nothing (and would be 0 / 0 in a resample)
+        base = at_positions(measured.baseline)
+        effects = {NAMED: (at_positions(named) - base)[read],
+                   **{draw: (at_positions(heads[0]) - base)[read] for draw, heads in randoms.items()}}
+        found.append(_verdict(f"syntactic {label}", [named], effects, units[read], randoms, note))
+    return found
+
+
 __all__ = ["CausalTest", "ICL_RADIUS", "Repeat", "attended_raise", "composition_test", "copying_scores",
-           "icl_scores", "induction_test", "prefix_matching", "random_sets", "repeated_random_tokens", "sink_test",
-           "special_ids"]
+           "icl_scores", "induction_test", "prefix_matching", "random_sets", "relation_positions",
+           "repeated_random_tokens", "sink_test", "special_ids", "syntactic_tests"]

@@ -29,6 +29,7 @@ cannot be scored and is dropped by the analysis (headcount.roles.relation_pairs)
 
 from __future__ import annotations
 
+import gzip
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -161,7 +162,8 @@ class _ConlluSentence:
 
 
 def read_conllu(path: str | os.PathLike, first_sentence: int = 0) -> pd.DataFrame:
-    """Gold trees of one CoNLL-U file as a parse table (module docstring).
+    """Gold trees of one CoNLL-U file (gzipped where its name ends .gz) as a parse table (module
+    docstring).
 
     `first_sentence` offsets the running `sentence` number, to concatenate several files.
     Malformed lines raise DataError naming file and line number.
@@ -172,7 +174,8 @@ def read_conllu(path: str | os.PathLike, first_sentence: int = 0) -> pd.DataFram
                         f"../shared/data/UD_*) or parse with stanza instead.")
     rows: list[dict] = []
     sentence = _ConlluSentence(path, first_sentence)
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if path.suffix == ".gz" else open  # treebanks are often shipped gzipped (EWT's train)
+    with opener(path, "rt", encoding="utf-8") as f:
         for lineno, raw in enumerate(f, start=1):
             line = raw.rstrip("\r\n")
             if not line.strip():

@@ -240,15 +240,17 @@ def start_afresh_unless(out: Path, fingerprint: dict, log: Callable[[str], None]
 
 def score_arms(access: HeadAccess, arms: Sequence[mc.Arm], held_out: Sequence, out: Path, *, total: int,
                margin: float, unit: str, title: str, targets: Sequence | None = None, extra=None,
-               draws: int = preregistered.RANDOM_DRAWS, chunk: int = 8,
+               draws: int = preregistered.RANDOM_DRAWS, chunk: int = 8, sets_per_pass: int = 4,
                log: Callable[[str], None] = print) -> pd.DataFrame:
     """Every arm's sets scored on the held-out texts (resumable: out/scored.tsv), then the verdicts
     (head_counts.tsv), the summary (head_counts_summary.tsv, head_counts.md) and the figure
     (head_counts.png) under `out`; returns the summary. total: the heads in play; margin: the
-    preregistered "no loss" margin in the metric's unit."""
+    preregistered "no loss" margin in the metric's unit; sets_per_pass: copies of a batch in one
+    forward pass (HeadAccess.measure)."""
     save_arms(arms, out / "arms.json")
     measured = mc.measure_arms(access, list(held_out), arms, out / "scored.tsv",
-                               targets=None if targets is None else list(targets), chunk=chunk, log=log)
+                               targets=None if targets is None else list(targets), chunk=chunk,
+                               sets_per_pass=sets_per_pass, log=log)
     table = mc.verdicts(measured, arms, margin, extra)
     table.to_csv(out / "head_counts.tsv", sep="\t", index=False)
     summary = mc.summary(table, total)
