@@ -65,3 +65,13 @@ def test_table1s_best_heads_are_read_by_relation_and_direction(tmp_path):
         assert "no Table 1 rows" in str(error)
     else:
         raise AssertionError("a file without Table 1 rows was read")
+
+
+def test_a_resumed_run_keeps_a_record_of_every_commit_that_ran_it(tmp_path, monkeypatch):
+    import headcount.provenance
+
+    for commit in ("a" * 40, "b" * 40, "b" * 40):
+        monkeypatch.setattr(headcount.provenance, "provenance", lambda c=commit: {"headcount_commit": c})
+        tool.write_record(tmp_path)
+    assert sorted(p.name for p in (tmp_path / "provenance").iterdir()) == ["run_aaaaaaaaaaaa.json",
+                                                                             "run_bbbbbbbbbbbb.json"]

@@ -283,12 +283,15 @@ def syntactic(args, access: HeadAccess) -> pd.DataFrame:
 
 
 def write_record(out: Path) -> None:
-    """out/provenance/run.json: the software that made the tables (tools/publish_results.py reads
-    the commit from it)."""
+    """out/provenance/run_<commit>.json: the software that made the tables, one record per commit
+    that ran part of a run (a resumed run keeps the earlier ones; tools/publish_results.py reads
+    the commits from them)."""
     from headcount.provenance import provenance
 
+    record = provenance()
+    commit = (record.get("software", record).get("headcount_commit") or "unknown")[:12]
     (out / "provenance").mkdir(exist_ok=True)
-    (out / "provenance" / "run.json").write_text(json.dumps(provenance(), indent=1), encoding="utf-8")
+    (out / "provenance" / f"run_{commit}.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
 
 
 def sinks_and_confidence(name: str) -> pd.DataFrame:
