@@ -75,3 +75,25 @@ def test_a_resumed_run_keeps_a_record_of_every_commit_that_ran_it(tmp_path, monk
         tool.write_record(tmp_path)
     assert sorted(p.name for p in (tmp_path / "provenance").iterdir()) == ["run_aaaaaaaaaaaa.json",
                                                                              "run_bbbbbbbbbbbb.json"]
+
+
+class NumberTokenizer:
+    """A token a word, its id the word's number where it is one (a sentence's index in _mirror)."""
+
+    def encode(self, texts):
+        return [[int(w) if w.isdigit() else 0 for w in text.split()] for text in texts]
+
+
+def test_icl_windows_start_through_each_held_out_source(tmp_path):
+    from types import SimpleNamespace
+
+    data = _mirror(tmp_path)
+    access = SimpleNamespace(tgt_tokenizer=NumberTokenizer())
+    length = tool.preregistered.WINDOW_TOKENS - 2
+    # one a source: the middle sentence of each (600 sentences), as the published run read them
+    four = tool.icl_windows(access, data, 4)
+    assert [w[2] for w in four] == [300] * 4 and all(len(w) == length for w in four)
+    # two a source: the middles of each half, in turn through the sources
+    eight = tool.icl_windows(access, data, 8)
+    assert [w[2] for w in eight] == [150] * 4 + [450] * 4
+    assert all(len(w) == length for w in eight)

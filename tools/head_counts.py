@@ -157,6 +157,9 @@ def main(argv=None) -> int:
     parser.add_argument("--syntactic", type=int, default=0,
                         help="with --causal: also ablate the best head of each relation of the published Table 1 "
                              "on N sentences of EWT's training treebank (not among those the heads were found on)")
+    parser.add_argument("--icl-windows", type=int, default=CAUSAL_WINDOWS,
+                        help="with --causal: held-out windows the in-context-learning score reads (other than "
+                             f"{CAUSAL_WINDOWS}: written as icl_<N>_windows.tsv)")
     parser.add_argument("--sequences", type=int, default=20, help="repeated random sequences for the causal tests")
     args = parser.parse_args(argv)
     if args.threads:
@@ -310,16 +313,19 @@ def sinks_and_confidence(name: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def icl_windows(access: HeadAccess, data: Path) -> list[list[int]]:
-    """CAUSAL_WINDOWS windows of held-out running text for the in-context-learning score, cut in
-    tokens (WINDOW_TOKENS less the specials the model adds) so that each reaches the score's late
-    position: sentence-aligned windows mostly stop a few tokens short of it. One from the middle of
-    each held-out source in turn."""
+def icl_windows(access: HeadAccess, data: Path, n: int = CAUSAL_WINDOWS) -> list[list[int]]:
+    """`n` windows of held-out running text for the in-context-learning score, cut in tokens
+    (WINDOW_TOKENS less the specials the model adds) so that each reaches the score's late
+    position: sentence-aligned windows mostly stop a few tokens short of it. Each held-out source
+    in turn gives one, its k-th of m starting at the middle of the source's k-th m-th (one a
+    source: its middle); a window reads on through at most 150 sentences, and needs about 20."""
     length = preregistered.WINDOW_TOKENS - 2
+    sources = tw.HELD_OUT_SOURCES
+    per_source = -(-n // len(sources))
     out = []
-    for i in range(CAUSAL_WINDOWS):
-        sentences = tw.read_sentences(data / tw.SOURCES[tw.HELD_OUT_SOURCES[i % len(tw.HELD_OUT_SOURCES)]])
-        start = len(sentences) // 2 + 150 * (i // len(tw.HELD_OUT_SOURCES))
+    for i in range(n):
+        sentences = tw.read_sentences(data / tw.SOURCES[sources[i % len(sources)]])
+        start = len(sentences) * (2 * (i // len(sources)) + 1) // (2 * per_source)
         ids = access.tgt_tokenizer.encode([" ".join(sentences[start:start + 150])])[0]
         out.append([int(t) for t in ids[:length]])
     return out
@@ -348,8 +354,9 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
                            lambda: cr.induction_test(access, named["induction"], sequences).table))
         hcnt.cached_table(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
         matched = access.matched_random(named["induction"], draws=3, seed=1)
-        hcnt.cached_table(out / "icl.tsv", lambda: cr.icl_scores(access, icl_windows(access, args.data), {
-            "induction": named["induction"], **matched}))
+        icl_name = "icl.tsv" if args.icl_windows == CAUSAL_WINDOWS else f"icl_{args.icl_windows}_windows.tsv"
+        hcnt.cached_table(out / icl_name, lambda: cr.icl_scores(access, icl_windows(access, args.data, args.icl_windows),
+                                                                {"induction": named["induction"], **matched}))
         previous = [access.names.name((kind, int(r.layer), int(r.head)))
                     for r in roles[roles["previous_score"] >= PREVIOUS_TOKEN].itertuples()]
 
