@@ -16,6 +16,7 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             "minilm_counts": root / "results" / "head_counts" / "minilm",
             "smollm2_slow_gates_counts": root / "results" / "head_counts" / "smollm2_slow_gates",
             "minilm_slow_gates_counts": root / "results" / "head_counts" / "minilm_slow_gates",
+            "smollm2_long_counts": root / "results" / "head_counts" / "smollm2_long",
             "copying_control": root / "results" / "head_counts" / "copying_control",
             "demo_counts": root / "results" / "demo", "main_counts": root / "results" / "exp"}
     for run, inside in publish_results.PUBLISHED.values():
@@ -295,7 +296,7 @@ def test_one_matched_count_run_publishes_alone(tmp_path):
     runs = _fake_runs(tmp_path)
     chosen = publish_results.head_count_runs(["smollm2"], tmp_path / "results" / "head_counts")
     assert chosen == {"smollm2_counts": runs["smollm2_counts"]}
-    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates"):  # their runs are gone
+    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates", "smollm2_long"):  # their runs are gone
         for path in sorted((tmp_path / "results" / "head_counts" / other).rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
     docs = tmp_path / "docs"

@@ -127,7 +127,7 @@ PUBLISHED = {
        for name in ("head_counts.tsv", "head_counts_summary.tsv", "head_counts.md", "causal.tsv", "cost.json")},
     **{f"figures/{model}_head_counts.png": (f"{model}_counts", "head_counts.png") for model in ("smollm2", "minilm")},
     **{f"tables/smollm2_{name}": ("smollm2_counts", name) for name in (
-        "copying.tsv", "icl.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
+        "copying.tsv", "icl.tsv", "icl_40_windows.tsv", "composition_per_head.tsv", "confidence_vs_sinks.tsv")},
     # the gates trained to each count: error, undecided
     **{f"tables/{model}_targets.tsv": (f"{model}_counts", "targets.tsv") for model in ("smollm2", "minilm")},
     # the gates trained to each count at a tenth of the rate (--gate-lr 0.1), the same tables
@@ -135,6 +135,10 @@ PUBLISHED = {
        for name, inside in (("head_counts.tsv", "head_counts_summary.tsv"), ("targets.tsv", "targets.tsv"))},
     "tables/smollm2_slow_gates_captions_head_counts.tsv": ("smollm2_slow_gates_counts",
                                                            "captions/head_counts_summary.tsv"),
+    # the same arms (gates at 0.1) scored again on 40 whole windows of held-out text (--held-out-per-source 10)
+    **{f"tables/smollm2_whole_windows_{name}": ("smollm2_long_counts", name) for name in (
+        "head_counts.md", "head_counts.tsv", "head_counts_summary.tsv", "cost.json")},
+    "figures/smollm2_whole_windows_head_counts.png": ("smollm2_long_counts", "head_counts.png"),
     # SmolLM2's same head sets on Multi30k captions, the translation models' text (--captions)
     "tables/smollm2_captions_head_counts.md": ("smollm2_counts", "captions/head_counts.md"),
     "tables/smollm2_captions_head_counts.tsv": ("smollm2_counts", "captions/head_counts_summary.tsv"),
@@ -267,12 +271,13 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "smollm2_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_counts": ("config/config.yaml", "minilm_en"),
                "smollm2_slow_gates_counts": ("config/config.yaml", "smollm2_en"),
+               "smollm2_long_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_slow_gates_counts": ("config/config.yaml", "minilm_en"),
                "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
                "demo_counts": ("config/demo.yaml", "demo"),
                "main_counts": ("config/config.yaml", "multi30k_en_de")}
 # folders of results/head_counts
-HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "minilm", "minilm_slow_gates", "copying_control")
+HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "smollm2_long", "minilm", "minilm_slow_gates", "copying_control")
 PROVENANCE = "tables/provenance.tsv"
 
 
