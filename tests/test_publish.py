@@ -296,7 +296,8 @@ def test_one_matched_count_run_publishes_alone(tmp_path):
     runs = _fake_runs(tmp_path)
     chosen = publish_results.head_count_runs(["smollm2"], tmp_path / "results" / "head_counts")
     assert chosen == {"smollm2_counts": runs["smollm2_counts"]}
-    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates", "smollm2_long"):  # their runs are gone
+    # their runs are gone
+    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates", "smollm2_long"):
         for path in sorted((tmp_path / "results" / "head_counts" / other).rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
     docs = tmp_path / "docs"

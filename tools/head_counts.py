@@ -355,8 +355,8 @@ def causal(args, access: HeadAccess, data: dict, out: Path) -> None:
         hcnt.cached_table(out / "copying.tsv", lambda: cr.copying_scores(access, sequences))
         matched = access.matched_random(named["induction"], draws=3, seed=1)
         icl_name = "icl.tsv" if args.icl_windows == CAUSAL_WINDOWS else f"icl_{args.icl_windows}_windows.tsv"
-        hcnt.cached_table(out / icl_name, lambda: cr.icl_scores(access, icl_windows(access, args.data, args.icl_windows),
-                                                                {"induction": named["induction"], **matched}))
+        hcnt.cached_table(out / icl_name, lambda: cr.icl_scores(
+            access, icl_windows(access, args.data, args.icl_windows), {"induction": named["induction"], **matched}))
         previous = [access.names.name((kind, int(r.layer), int(r.head)))
                     for r in roles[roles["previous_score"] >= PREVIOUS_TOKEN].itertuples()]
 

@@ -492,7 +492,8 @@ def sink_test(h: HeadAccess, sink_heads, texts, draws: int = RANDOM_DRAWS, seed:
 # Syntactic heads
 
 
-def relation_positions(h: HeadAccess, sentences: Sequence[pd.DataFrame], relation: str, direction: str) -> tuple[list[list[int]], list[list[int]]]:
+def relation_positions(h: HeadAccess, sentences: Sequence[pd.DataFrame], relation: str,
+                       direction: str) -> tuple[list[list[int]], list[list[int]]]:
     """Where a syntactic head of a causal LM does its work -> (token ids of each sentence, the
     positions of x whose loss it feeds). `sentences`: one parse table each (data.parses); an
     instance of (relation, direction: "head->dep" or "dep->head") counts where a related word comes
@@ -511,7 +512,7 @@ def relation_positions(h: HeadAccess, sentences: Sequence[pd.DataFrame], relatio
         found: set[int] = set()
         if len(ids) == len(pieces):
             word_of = align_pieces(sentence_tokens(sentence), pieces)
-            for rel, d, query, target in relation_pairs(sentence, (relation,)):
+            for _, d, query, target in relation_pairs(sentence, (relation,)):
                 last = np.flatnonzero(word_of == query)
                 if d == direction and target < query and len(last) and np.any(word_of == target) \
                         and last[-1] + 1 < len(ids):
@@ -534,26 +535,24 @@ def syntactic_tests(h: HeadAccess, tests: Mapping[str, tuple[object, list[list[i
     for label, (head, positions) in tests.items():
         if len(positions) != len(texts):
             raise ArgumentError(f"tests[{label!r}]: positions for {len(positions)} texts, {len(texts)} texts given")
+        if not any(positions):  # refused before any forward pass
+            raise ArgumentError(f"tests[{label!r}]: no position to read in any text")
         named = h.names.name(h.names.key(head, f"tests[{label!r}]"))
         randoms, note = random_sets(h, [named], draws, seed)
         plans[label] = (named, positions, randoms, note)
     singles = sorted({name for named, _, randoms, _ in plans.values() for name in [named, *(
         heads[0] for heads in randoms.values())]}, key=lambda n: h.names.key(n))
     measured = h.measure(texts, {name: [name] for name in singles}, per_token=True)
+    def at_positions(name: str, positions: list[list[int]]) -> np.ndarray:  # (texts,) summed losses
+        return np.array([float(np.sum(tokens[p])) if p else 0.0 for tokens, p in zip(measured.tokens[name], positions)])
+
     found = []
     for label, (named, positions, randoms, note) in plans.items():
         units = np.array([len(p) for p in positions], dtype=float)
-        if not units.sum():
-            raise ArgumentError(f"tests[{label!r}]: no position to read in any text")
-
-        def at_positions(name: str) -> np.ndarray:
-            return np.array([float(np.sum(tokens[p])) if p else 0.0
-                             for tokens, p in zip(measured.tokens[name], positions)])
-
         read = units > 0  # a text without positions says nothing (and would be 0 / 0 in a resample)
-        base = at_positions(measured.baseline)
-        effects = {NAMED: (at_positions(named) - base)[read],
-                   **{draw: (at_positions(heads[0]) - base)[read] for draw, heads in randoms.items()}}
+        base = at_positions(measured.baseline, positions)
+        effects = {NAMED: (at_positions(named, positions) - base)[read],
+                   **{draw: (at_positions(heads[0], positions) - base)[read] for draw, heads in randoms.items()}}
         found.append(_verdict(f"syntactic {label}", [named], effects, units[read], randoms, note))
     return found
 
