@@ -249,7 +249,7 @@ def table1_heads(path: Path) -> dict[tuple[str, str], tuple[int, int]]:
     """(relation, direction) -> the best head (layer, head from 1) of a published Table 1 (markdown)."""
     from headcount.analysis.roles.statistics import DIRECTION_NAMES
 
-    key_of = {(relation, name): key for key, name in DIRECTION_NAMES.items() for relation in [key[0]]}
+    key_of = {(key[0], name): key for key, name in DIRECTION_NAMES.items()}  # (relation, 'v->s') -> key
     best = {}
     for line in path.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
