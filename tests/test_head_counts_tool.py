@@ -97,3 +97,32 @@ def test_icl_windows_start_through_each_held_out_source(tmp_path):
     eight = tool.icl_windows(access, data, 8)
     assert [w[2] for w in eight] == [150] * 4 + [450] * 4
     assert all(len(w) == length for w in eight)
+
+
+def test_a_stage_stopped_mid_way_keeps_the_cpu_time_it_spent_and_a_resumed_one_adds_to_it(tmp_path):
+    import json
+
+    import pytest
+
+    now = [0.0]
+    path = tmp_path / "cost.json"
+
+    def stopped_scoring():
+        now[0] += 5.0
+        stages.progress("scored 8 of 16 head sets")  # a chunk stored
+        now[0] += 3.0
+        raise KeyboardInterrupt  # stopped before the next chunk is stored
+
+    stages = tool.StageCost(path, clock=lambda: now[0])
+    with pytest.raises(KeyboardInterrupt):
+        stages.timed("scoring", stopped_scoring)
+    assert json.loads(path.read_text()) == {"scoring": 5.0}
+
+    def resumed_scoring():
+        now[0] += 4.0
+        return "summary"
+
+    stages = tool.StageCost(path, clock=lambda: now[0])
+    assert stages.timed("scoring", resumed_scoring) == "summary"
+    assert stages.timed("load", lambda: now.__setitem__(0, now[0] + 1.0)) is None
+    assert json.loads(path.read_text()) == {"scoring": 9.0, "load": 1.0}

@@ -17,7 +17,7 @@ syntactic heads' causal test adds `--syntactic 200` to the first. The same arms 
 (about 20k held-out tokens), with smollm2_slow_gates' rankings and gates copied into --out first:
     .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2_long \
         --held-out-per-source 10 --iterative-step 0 --l0-steps 300 --gate-window-tokens 256 \
-        --gates-per-source 16 --l0-max-tokens 300 --gate-lr 0.1 --chunk 30 --sets-per-pass 1
+        --gates-per-source 16 --l0-max-tokens 300 --gate-lr 0.1 --chunk 8 --sets-per-pass 1
 MiniLM's:
 
     .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm --train-per-source 25 \
@@ -69,6 +69,34 @@ CAUSAL_WINDOWS = 4  # held-out windows the sink test and the ICL score read (eac
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class StageCost:
+    """CPU seconds per stage in cost.json, summed over the attempts of a resumed run. A stage's
+    progress lines (`progress`, the log its work is given) record its time so far, so an attempt
+    stopped mid-stage (a chunked scoring run) keeps what it spent."""
+
+    def __init__(self, path: Path, clock=time.process_time):
+        self.path, self.clock = path, clock
+        self.cost = json.loads(path.read_text()) if path.exists() else {}
+        self.running = None  # (stage, clock at its start, its cost before this attempt)
+
+    def record(self) -> None:
+        stage, start, before = self.running
+        self.cost[stage] = before + self.clock() - start
+        self.path.write_text(json.dumps(self.cost, indent=1))
+
+    def progress(self, message: str) -> None:
+        log(message)
+        if self.running:
+            self.record()
+
+    def timed(self, stage: str, fn):
+        self.running = (stage, self.clock(), self.cost.get(stage, 0.0))
+        result = fn()
+        self.record()
+        self.running = None
+        return result
 
 
 def load(name: str, work: Path):
@@ -166,14 +194,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    cost = json.loads((out / "cost.json").read_text()) if (out / "cost.json").exists() else {}
-
-    def timed(stage, fn):
-        start = time.process_time()
-        result = fn()
-        cost[stage] = cost.get(stage, 0.0) + time.process_time() - start
-        (out / "cost.json").write_text(json.dumps(cost, indent=1))
-        return result
+    stages = StageCost(out / "cost.json")
+    timed, progress = stages.timed, stages.progress  # progress: the log of timed work
 
     model, tokenizer = timed("load", lambda: load(args.model, out / "model"))
     _, objective, published_path, published_on = MODELS[args.model]
@@ -194,7 +216,7 @@ def main(argv=None) -> int:
         f" ({', '.join(tw.TRAIN_SOURCES)})"
     arms, groups = timed("rankings", lambda: hcnt.build_arms(
         access, data["train"][0], out, published=published, published_on=published_on, trained_on=trained_on,
-        draws=args.draws, kv_heads=kv, iterative_step=args.iterative_step or None, log=log))
+        draws=args.draws, kv_heads=kv, iterative_step=args.iterative_step or None, log=progress))
     counts = mc.counts_removed(total)
     targets = None
     if args.l0_steps:
@@ -211,10 +233,10 @@ def main(argv=None) -> int:
                                      gates_only=True, dev_texts=data["gates"][0][:2], objective=objective,
                                      training={"max_tokens": args.l0_max_tokens, "seed": 1},
                                      recipe={**recipe, "controller": {"lr": args.l0_lr, "warmup": 0.3}},
-                                     work_dir=out / f"l0_{kept}", log=log)
+                                     work_dir=out / f"l0_{kept}", log=progress)
             return pruned.gates
 
-        arm, targets = timed("l0 targets", lambda: hcnt.target_arm(run, counts, total, out, log=log))
+        arm, targets = timed("l0 targets", lambda: hcnt.target_arm(run, counts, total, out, log=progress))
         arms.insert(0, arm)
         targets.to_csv(out / "targets.tsv", sep="\t", index=False)
     head_dim = model.hf.config.hidden_size // model.hf.config.num_attention_heads if hasattr(model, "hf") else 0
@@ -226,7 +248,7 @@ def main(argv=None) -> int:
     unit = "cosine distance to the unpruned embedding" if objective else "nats per token"
     summary = timed("scoring", lambda: hcnt.score_arms(
         access, arms, data["held_out"][0], out, total=total, margin=margin, unit=unit, extra=extra,
-        draws=args.draws, chunk=args.chunk, sets_per_pass=args.sets_per_pass, log=log,
+        draws=args.draws, chunk=args.chunk, sets_per_pass=args.sets_per_pass, log=progress,
         title=f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws"))
     print(summary.to_string(index=False))
     if args.captions and objective is None:  # the same sets on captions: what the translation models read
@@ -235,7 +257,7 @@ def main(argv=None) -> int:
         (out / "captions" / "texts.json").write_text(json.dumps({"source": CAPTIONS, "texts": captions}))
         timed("scoring captions", lambda: hcnt.score_arms(
             access, arms, captions, out / "captions", total=total, margin=margin, unit=unit, extra=extra,
-            draws=args.draws, chunk=args.chunk, log=log,
+            draws=args.draws, chunk=args.chunk, log=progress,
             title=f"{args.model}: {len(captions)} Multi30k test captions, {args.draws} random draws"))
     if args.causal:
         timed("causal tests", lambda: causal(args, access, data, out))
