@@ -124,6 +124,36 @@ def test_the_verdict_rule_on_known_cases():
     assert (summary["kept"] == 6).all()
 
 
+def test_a_verdict_over_seeds_holds_only_where_it_holds_on_every_seed(tmp_path):
+    draws = mc.random_arms(KEYS, [6], draws=20, seed=0)
+    steady = mc.Arm("steady", "method", "", {6: KEYS[:6]})  # below the band on every seed
+    fickle = mc.Arm("fickle", "method", "", {6: KEYS[6:]})  # inside the band on seed 3
+    partial = mc.Arm("partial", "method", "", {6: KEYS[3:9]})  # a score seed 2 lacks (as LRP)
+    summaries, expected = {}, {}
+    for seed, fickle_value in ((1, 0.3), (2, 0.4), (3, 1.5)):
+        values = {mc.set_name(a, 6): 1.0 + 0.05 * i + 0.01 * seed for i, a in enumerate(draws)}
+        values.update({mc.set_name(steady, 6): 0.1 * seed, mc.set_name(fickle, 6): fickle_value,
+                       mc.set_name(partial, 6): 0.35})
+        arms = [steady, fickle, *draws] + ([partial] if seed != 2 else [])
+        table = mc.summary(mc.verdicts(_measurement(values, noise=0.02, seed=seed), arms, margin=0.05), 12)
+        table.to_csv(tmp_path / f"seed{seed}.tsv", sep="\t", index=False)  # as published, and read back
+        summaries[seed] = pd.read_csv(tmp_path / f"seed{seed}.tsv", sep="\t")
+        expected[seed] = table.set_index("arm")
+    over = mc.over_seeds(summaries).set_index("arm")
+    assert over.loc["steady", "held_beats_random"] and over.loc["steady", "beats_random_seeds"] == 3
+    assert over.loc["fickle", "beats_random_seeds"] == 2 and not over.loc["fickle", "held_beats_random"]
+    assert over.loc["partial", "seeds"] == 2 and not over.loc["partial", "held_beats_random"]
+    assert not over["held_no_loss"].dropna().any()  # every arm costs 0.1 nats or more, above the 0.05 margin
+    for arm in ("steady", "fickle"):  # the means and the per-seed columns are the seeds' own numbers
+        seeds = [expected[s].loc[arm] for s in (1, 2, 3)]
+        assert over.loc[arm, "loss_mean"] == pytest.approx(np.mean([t["loss"] for t in seeds]))
+        assert over.loc[arm, "difference_max"] == pytest.approx(max(t["difference"] for t in seeds))
+        assert over.loc[arm, "difference_seed3"] == pytest.approx(seeds[2]["difference"])
+    band = over.loc["random (median of draws)"]
+    assert band["random_p5_min"] == pytest.approx(min(expected[s].loc[band.name, "random_p5"] for s in (1, 2, 3)))
+    assert list(over.index[:2]) == ["steady", "partial"]  # ordered by mean loss at each count
+
+
 @pytest.fixture(scope="module")
 def tiny_access(tiny_dirs):
     from transformers import AutoModelForCausalLM, AutoTokenizer

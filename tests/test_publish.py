@@ -8,6 +8,14 @@ REPO = Path(__file__).resolve().parents[1]
 publish_results = load_script(REPO / "tools" / "publish_results.py")
 
 
+def _summary(run: str) -> str:
+    """A matched-count summary whose method beats random on every run but seed 3's."""
+    loss, beats = (2.5, False) if run == "seed3_counts" else (2.0, True)
+    return ("count\tarm\tfamily\tremoved\tloss\tdifference\tlow\thigh\trandom_p5\trandom_p95\tbeats_random\t"
+            f"no_loss\tdraws\n36\tmichel\tmethod\t36\t{loss}\t0.2\t0.1\t0.3\t2.2\t3.0\t{beats}\tFalse\t\n"
+            "36\trandom (median of draws)\trandom\t36\t2.6\t\t\t\t2.2\t3.0\t\t\t20\n")
+
+
 def _fake_runs(root: Path) -> dict[str, Path]:
     runs = {"main": root / "results" / "exp", "control": root / "results" / "control",
             "seeds": root / "results" / "exp", "toolkits": root / "results" / "compare" / "toolkits",
@@ -18,7 +26,8 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             "minilm_slow_gates_counts": root / "results" / "head_counts" / "minilm_slow_gates",
             "smollm2_long_counts": root / "results" / "head_counts" / "smollm2_long",
             "copying_control": root / "results" / "head_counts" / "copying_control",
-            "demo_counts": root / "results" / "demo", "main_counts": root / "results" / "exp"}
+            "demo_counts": root / "results" / "demo", "main_counts": root / "results" / "exp",
+            "seed2_counts": root / "results" / "exp_seed2", "seed3_counts": root / "results" / "exp_seed3"}
     for run, inside in publish_results.PUBLISHED.values():
         source = runs[run] / inside
         source.parent.mkdir(parents=True, exist_ok=True)
@@ -27,6 +36,8 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             source.write_text("layer,head,role,sink_share\n0,0,sink,0.5\n0,1,none,0.1\n")
         if inside.endswith(".nll.tsv"):  # and these
             source.write_text("sentence\tnll\ttokens\n0\t2.0\t2\n1\t3.0\t3\n")
+        if inside.endswith("head_counts_summary.tsv"):  # the translation seeds' table over seeds reads these
+            source.write_text(_summary(run))
         if inside.endswith("gates.json"):
             source.write_text('{"retained": {"dec_self": 1}, "retained_paper_rule": {"dec_self": 0}, "heads": '
                               '[{"p_open": 0.5, "eval_gate": 0.4}, {"p_open": 0.0, "eval_gate": 0.0}]}')
@@ -305,3 +316,26 @@ def test_one_matched_count_run_publishes_alone(tmp_path):
     copied = {str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()} - {publish_results.PROVENANCE}
     assert copied == {name for name, (run, _) in publish_results.PUBLISHED.items() if run == "smollm2_counts"}
     assert {"tables/smollm2_targets.tsv", "tables/smollm2_captions_head_counts.md"} <= copied
+
+
+def test_the_translation_seeds_publish_and_all_three_together_give_the_table_over_seeds(tmp_path):
+    """--translation-counts 2: seed 2's folder alone; 1 2 3: every seed's files and the verdict over seeds."""
+    runs = _fake_runs(tmp_path)
+    docs = tmp_path / "docs"
+    seed2 = {"seed2_counts": runs["seed2_counts"]}
+    # the command line finds seed n beside --results, as the workflow names it (<exp>_seed<n>)
+    assert publish_results.main(["--translation-counts", "2", "3", "--results", str(runs["main_counts"]),
+                                 "--docs", str(docs), "--dry-run"]) == 0
+    assert publish_results.publish(seed2, docs, log=lambda _: None) == 0
+    published = (docs / "tables/multi30k_seed2_head_counts_enc.md").read_text()
+    assert published == "seed2_counts:head_counts/enc/head_counts.md"
+    assert not (docs / "tables/multi30k_head_counts_over_seeds_enc.tsv").exists()  # one seed: no table over seeds
+    three = {"main_counts": runs["main_counts"], **seed2, "seed3_counts": runs["seed3_counts"]}
+    assert publish_results.publish(three, docs, log=lambda _: None) == 0
+    import pandas as pd
+
+    over = pd.read_csv(docs / "tables/multi30k_head_counts_over_seeds_all.tsv", sep="\t").set_index("arm")
+    assert over.loc["michel", "beats_random_seeds"] == 2 and not over.loc["michel", "held_beats_random"]
+    assert over.loc["michel", "loss_mean"] == 2.166667  # (2.0 + 2.0 + 2.5) / 3, rounded as published
+    provenance = (docs / publish_results.PROVENANCE).read_text()
+    assert "tables/multi30k_seed3_targets_enc.tsv\tconfig/config.yaml\tmulti30k_en_de_seed3" in provenance

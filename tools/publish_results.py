@@ -11,6 +11,7 @@ show, so a republished run is the run's own files and none is left from an older
     .venv/bin/python tools/publish_results.py --head-counts smollm2  # one of its runs
     .venv/bin/python tools/publish_results.py --demo               # make demo's matched counts alone
     .venv/bin/python tools/publish_results.py --translation-counts # the default's matched counts alone
+    .venv/bin/python tools/publish_results.py --translation-counts 1 2 3  # its three seeds, and over them
 
 Every source must exist before anything is copied: a run that has not finished (a missing table,
 a pruning grid still training) publishes nothing and the message lists what is missing. The
@@ -156,6 +157,16 @@ PUBLISHED = {
        for name, run in (("demo", "demo_counts"), ("multi30k", "main_counts")) for setting in ("enc", "all")},
     **{f"figures/{name}_head_counts_{setting}.png": (run, f"head_counts/{setting}/head_counts.png")
        for name, run in (("demo", "demo_counts"), ("multi30k", "main_counts")) for setting in ("enc", "all")},
+    # the translation default's seeds 2 and 3 at the same counts (results/multi30k_en_de_seed<n>)
+    **{f"tables/multi30k_seed{seed}_head_counts_{setting}.{ext}": (f"seed{seed}_counts",
+                                                                    f"head_counts/{setting}/{inside}")
+       for seed in (2, 3) for setting in ("enc", "all")
+       for ext, inside in (("md", "head_counts.md"), ("tsv", "head_counts_summary.tsv"))},
+    **{f"tables/multi30k_seed{seed}_targets_{setting}.tsv": (f"seed{seed}_counts", f"head_counts/{setting}/targets.tsv")
+       for seed in (2, 3) for setting in ("enc", "all")},
+    **{f"figures/multi30k_seed{seed}_head_counts_{setting}.png": (f"seed{seed}_counts",
+                                                                  f"head_counts/{setting}/head_counts.png")
+       for seed in (2, 3) for setting in ("enc", "all")},
     # the three toolkits' models side by side (config/toolkits.yaml's `compare`)
     "tables/toolkits_comparison.md": ("toolkits", "comparison.md"),
     "tables/toolkits_comparison.tsv": ("toolkits", "comparison.tsv"),
@@ -171,7 +182,20 @@ DERIVED = {"tables/lm_roles_by_layer.tsv": ("roles_by_layer", {"smollm2": "table
            "tables/smollm2_pruned_vs_control.tsv": ("pruned_against_control",
                                                     {"control": "tables/smollm2_nll_lambda_0.tsv",
                                                      "pruned": "tables/smollm2_nll_lambda_0.1.tsv",
-                                                     "gates": "tables/smollm2_gates_lambda_0.1.json"})}
+                                                     "gates": "tables/smollm2_gates_lambda_0.1.json"}),
+           # the translation default's matched counts over its three seeds (pruning.matched_counts.over_seeds)
+           **{f"tables/multi30k_head_counts_over_seeds_{setting}.tsv": (
+               "head_counts_over_seeds", {1: f"tables/multi30k_head_counts_{setting}.tsv",
+                                          **{seed: f"tables/multi30k_seed{seed}_head_counts_{setting}.tsv"
+                                             for seed in (2, 3)}}) for setting in ("enc", "all")}}
+
+
+def head_counts_over_seeds(tables: dict[int, Path]):
+    import pandas as pd
+
+    from headcount.pruning.matched_counts import over_seeds
+
+    return over_seeds({seed: pd.read_csv(path, sep="\t") for seed, path in tables.items()}).round(6)
 
 
 def roles_by_layer(roles_tables: dict[str, Path]):
@@ -276,7 +300,9 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "minilm_slow_gates_counts": ("config/config.yaml", "minilm_en"),
                "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
                "demo_counts": ("config/demo.yaml", "demo"),
-               "main_counts": ("config/config.yaml", "multi30k_en_de")}
+               "main_counts": ("config/config.yaml", "multi30k_en_de"),
+               "seed2_counts": ("config/config.yaml", "multi30k_en_de_seed2"),
+               "seed3_counts": ("config/config.yaml", "multi30k_en_de_seed3")}
 # folders of results/head_counts
 HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "smollm2_long", "minilm", "minilm_slow_gates", "copying_control")
 PROVENANCE = "tables/provenance.tsv"
@@ -410,9 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="publish the matched-count and causal runs alone (results/head_counts: "
                              "tools/head_counts.py, tools/copying_control_evidence.py): those named, "
                              f"or all of {', '.join(HEAD_COUNT_RUNS)}")
-    parser.add_argument("--translation-counts", action="store_true",
-                        help="publish the default experiment's matched-count runs alone "
-                             "(--results' head_counts: rule head_counts)")
+    parser.add_argument("--translation-counts", nargs="*", type=int, choices=(1, 2, 3), metavar="SEED",
+                        help="publish the default experiment's matched-count runs alone (rule head_counts): of "
+                             "the seeds named (default 1: --results; seed n: --results' folder name + _seed<n>); "
+                             "all three together also write the table over seeds")
     parser.add_argument("--demo", action="store_true",
                         help="publish `make demo`'s matched-count runs alone (results/demo/head_counts: "
                              "rule head_counts)")
@@ -425,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"toolkits": args.toolkits}
     elif args.head_counts is not None:
         runs = head_count_runs(args.head_counts or HEAD_COUNT_RUNS, REPO / "results" / "head_counts")
-    elif args.translation_counts:
-        runs = {"main_counts": args.results}
+    elif args.translation_counts is not None:
+        runs = {"main_counts" if seed == 1 else f"seed{seed}_counts":
+                args.results if seed == 1 else args.results.with_name(f"{args.results.name}_seed{seed}")
+                for seed in (args.translation_counts or [1])}
     elif args.demo:
         runs = {"demo_counts": REPO / "results" / "demo"}
     elif args.lm:

@@ -274,6 +274,36 @@ def summary(table: pd.DataFrame, total_heads: int) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
+def over_seeds(summaries: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
+    """Each arm at each count over the seeds' summaries (`summary`, one per seed, each judged on its
+    own baseline): its loss and cost against the unpruned model on every seed and their mean, and
+    on how many seeds it beats random and has no loss. `held_*`: the verdict holds on
+    preregistered.SEEDS_FOR_A_VERDICT seeds (an arm a seed lacks, as a model without an LRP score,
+    counts as not holding there). The random row gives the median draw's loss and the band's edges
+    over the seeds."""
+    both = pd.concat([table.assign(seed=seed) for seed, table in sorted(summaries.items())], ignore_index=True)
+    rows = []
+    for (count, arm), group in both.groupby(["count", "arm"], sort=False):
+        group = group.sort_values("seed")
+        row = {"count": count, "arm": arm, "family": group["family"].iloc[0], "seeds": len(group),
+               "removed": "/".join(str(int(r)) for r in group["removed"]), "loss_mean": group["loss"].mean()}
+        if row["family"] == RANDOM:
+            row.update(random_p5_min=group["random_p5"].min(), random_p95_max=group["random_p95"].max())
+        else:
+            row.update(difference_mean=group["difference"].mean(), difference_min=group["difference"].min(),
+                       difference_max=group["difference"].max(),
+                       beats_random_seeds=int(group["beats_random"].eq(True).sum()),  # empty: not judged
+                       no_loss_seeds=int(group["no_loss"].eq(True).sum()))
+            row["held_beats_random"] = row["beats_random_seeds"] >= preregistered.SEEDS_FOR_A_VERDICT
+            row["held_no_loss"] = row["no_loss_seeds"] >= preregistered.SEEDS_FOR_A_VERDICT
+        for seed_row in group.itertuples():
+            row[f"loss_seed{seed_row.seed}"] = seed_row.loss
+            if row["family"] != RANDOM:
+                row[f"difference_seed{seed_row.seed}"] = seed_row.difference
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["count", "loss_mean"], kind="stable").reset_index(drop=True)
+
+
 def markdown(summary: pd.DataFrame, draws: int, unit: str = "nats per token") -> str:
     """The summary as a markdown table: per matched count, every arm with its interval against the
     unpruned model, the random band, and the verdicts."""
@@ -326,4 +356,4 @@ def plot(table: pd.DataFrame, total_heads: int, baseline: float, path: str | Pat
 
 
 __all__ = ["Arm", "counts_removed", "iterative_arm", "kv_bytes_per_token", "kv_groups", "measure_arms", "plot",
-           "random_arms", "ranking_arm", "set_name", "summary", "unit_arm", "verdicts"]
+           "over_seeds", "random_arms", "ranking_arm", "set_name", "summary", "unit_arm", "verdicts"]

@@ -111,6 +111,9 @@ CAUSAL_PERCENTILE = 95
 WINDOW_TOKENS = 512  # held-out running text, in the model's tokens, at most
 ICL_POSITIONS = (50, 500)  # Olsson et al.'s in-context learning score: loss at token 500 minus at token 50
 REPEATED_HALF = 50  # repeated random tokens: a sequence of this many tokens, then the same again
+# The translation default over its seeds: a verdict at a count (beats random, no loss) holds when it
+# holds on this many of SEEDS, each seed judged on its own baseline; otherwise it is given as k of them.
+SEEDS_FOR_A_VERDICT = len(SEEDS)
 
 
 def matched_rules() -> dict[str, object]:
@@ -120,4 +123,5 @@ def matched_rules() -> dict[str, object]:
             "no loss (nats per token)": NO_LOSS_NATS, "no loss (cosine distance)": NO_LOSS_COSINE,
             "beats random: below this percentile": BEATS_RANDOM_EDGE, "alpha (one-sided)": ALPHA,
             "causal: above this percentile": CAUSAL_PERCENTILE, "window (tokens)": WINDOW_TOKENS,
-            "icl positions": ICL_POSITIONS, "repeated half (tokens)": REPEATED_HALF}
+            "icl positions": ICL_POSITIONS, "repeated half (tokens)": REPEATED_HALF,
+            "translation: a verdict holds on this many seeds": SEEDS_FOR_A_VERDICT}
