@@ -25,6 +25,8 @@ def _fake_runs(root: Path) -> dict[str, Path]:
             "smollm2_slow_gates_counts": root / "results" / "head_counts" / "smollm2_slow_gates",
             "minilm_slow_gates_counts": root / "results" / "head_counts" / "minilm_slow_gates",
             "smollm2_long_counts": root / "results" / "head_counts" / "smollm2_long",
+            "smollm2_settled_counts": root / "results" / "head_counts" / "smollm2_settled",
+            "minilm_settled_counts": root / "results" / "head_counts" / "minilm_settled",
             "copying_control": root / "results" / "head_counts" / "copying_control",
             "demo_counts": root / "results" / "demo", "main_counts": root / "results" / "exp",
             "seed2_counts": root / "results" / "exp_seed2", "seed3_counts": root / "results" / "exp_seed3"}
@@ -308,7 +310,8 @@ def test_one_matched_count_run_publishes_alone(tmp_path):
     chosen = publish_results.head_count_runs(["smollm2"], tmp_path / "results" / "head_counts")
     assert chosen == {"smollm2_counts": runs["smollm2_counts"]}
     # their runs are gone
-    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates", "smollm2_long"):
+    for other in ("minilm", "copying_control", "smollm2_slow_gates", "minilm_slow_gates", "smollm2_long",
+                  "smollm2_settled", "minilm_settled"):
         for path in sorted((tmp_path / "results" / "head_counts" / other).rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
     docs = tmp_path / "docs"

@@ -173,6 +173,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gate-lr", type=float, default=hcnt.GATES_ONLY_RATE,
                         help="the gates' learning rate in the L0 runs, about their move in log alpha a step "
                              "(the workflow's on frozen weights)")
+    parser.add_argument("--gate-settle", type=float, default=0.0,
+                        help="the share of the L0 runs' steps at the end that pull the gates toward the count's "
+                             "mask, so that they decide (pruning.lagrangian; 0: none)")
     parser.add_argument("--l0-max-tokens", type=int, default=600, help="tokens per gate-training batch")
     parser.add_argument("--max-tokens", type=int, default=1100)
     parser.add_argument("--threads", type=int, default=0)
@@ -228,11 +231,14 @@ def main(argv=None) -> int:
         recipe = hcnt.gates_only_recipe(dataclasses.asdict(TrainingSettings()), model.hf.config.hidden_size,
                                         args.l0_steps, rate=args.gate_lr)
 
+        settling = {"settle": args.gate_settle} if args.gate_settle else {}  # absent: as the runs before it
+
         def run(kept):
             pruned = headcount.prune(model, tokenizer, data["gates"][0], target=kept, steps=args.l0_steps,
                                      gates_only=True, dev_texts=data["gates"][0][:2], objective=objective,
                                      training={"max_tokens": args.l0_max_tokens, "seed": 1},
-                                     recipe={**recipe, "controller": {"lr": args.l0_lr, "warmup": 0.3}},
+                                     recipe={**recipe, "controller": {"lr": args.l0_lr, "warmup": 0.3,
+                                                                      **settling}},
                                      work_dir=out / f"l0_{kept}", log=progress)
             return pruned.gates
 

@@ -136,6 +136,11 @@ PUBLISHED = {
        for name, inside in (("head_counts.tsv", "head_counts_summary.tsv"), ("targets.tsv", "targets.tsv"))},
     "tables/smollm2_slow_gates_captions_head_counts.tsv": ("smollm2_slow_gates_counts",
                                                            "captions/head_counts_summary.tsv"),
+    # gates at 0.1 a step whose last quarter of steps settles them on the count (--gate-settle 0.25, 400 steps),
+    # scored with the arms of the run whose scores were copied in (MiniLM: minilm_slow_gates; SmolLM2: smollm2_long)
+    **{f"tables/{model}_settled_{name}": (f"{model}_settled_counts", inside) for model in ("smollm2", "minilm")
+       for name, inside in (("head_counts.md", "head_counts.md"), ("head_counts.tsv", "head_counts_summary.tsv"),
+                            ("targets.tsv", "targets.tsv"))},
     # the same arms (gates at 0.1) scored again on 40 whole windows of held-out text (--held-out-per-source 10);
     # its cost is in benchmarks/RESULTS.md (its cost.json holds only the last of its attempts)
     **{f"tables/smollm2_whole_windows_{name}": ("smollm2_long_counts", name) for name in (
@@ -298,13 +303,16 @@ RUN_CONFIGS = {"main": ("config/config.yaml", "multi30k_en_de"), "seeds": ("conf
                "smollm2_slow_gates_counts": ("config/config.yaml", "smollm2_en"),
                "smollm2_long_counts": ("config/config.yaml", "smollm2_en"),
                "minilm_slow_gates_counts": ("config/config.yaml", "minilm_en"),
+               "smollm2_settled_counts": ("config/config.yaml", "smollm2_en"),
+               "minilm_settled_counts": ("config/config.yaml", "minilm_en"),
                "copying_control": ("tests/data/copying_control/recipe.json", "copying_control"),
                "demo_counts": ("config/demo.yaml", "demo"),
                "main_counts": ("config/config.yaml", "multi30k_en_de"),
                "seed2_counts": ("config/config.yaml", "multi30k_en_de_seed2"),
                "seed3_counts": ("config/config.yaml", "multi30k_en_de_seed3")}
 # folders of results/head_counts
-HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "smollm2_long", "minilm", "minilm_slow_gates", "copying_control")
+HEAD_COUNT_RUNS = ("smollm2", "smollm2_slow_gates", "smollm2_long", "smollm2_settled", "minilm", "minilm_slow_gates",
+                   "minilm_settled", "copying_control")
 PROVENANCE = "tables/provenance.tsv"
 
 

@@ -453,7 +453,7 @@ def prune(model, tokenizer, train_texts: Sequence[str], lam: float | None = None
     training: overrides of the training settings (training.loop.TrainConfig: max_tokens, seed,
         precision, ...; the workflow's `training`, DEFAULT_TRAINING); recipe: overrides of
         DEFAULT_PRUNE_SETTINGS (gate_lr_scale, log_alpha_init, lr_schedule, heal_steps), with
-        penalty_scale ("authors" or "per_head") and controller ({"lr", "warmup"}), and, under
+        penalty_scale ("authors" or "per_head") and controller ({"lr", "warmup", "settle"}), and, under
         "training", of fine-tuning's own (DEFAULT_PRUNE_TRAINING): the workflow's `prune`.
     work_dir: where checkpoints go (a run there resumes); default a temporary folder, removed after.
     Every argument is checked, and every text's length, before training starts.

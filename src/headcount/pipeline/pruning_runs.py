@@ -221,12 +221,15 @@ def prune_model(model, data: Corpus, dev: DevSet, tgt_seg, setting: str, lam: fl
             raise HeadcountError(f"{error} (setting {setting}); name a count of at most {n_gated} heads in "
                                  f"prune.targets.{setting} or headcount.prune's target") from None
         controller = LagrangianController(gates, heads, cfg.max_steps, lr=float(controller_settings["lr"]),
-                                          warmup=float(controller_settings["warmup"]))
+                                          warmup=float(controller_settings["warmup"]),
+                                          settle=float(controller_settings.get("settle", 0.0)))
         model.lagrangian = controller  # its multipliers go into the training loop's checkpoints
         extra_loss = controller
         what = (f"pruning {', '.join(types)} to {heads} of {n_gated} heads ({target}) by a Lagrangian controller "
                 f"(multipliers' learning rate {controller.lr:g}, the target reached after "
-                f"{controller.warmup_steps} steps)")
+                f"{controller.warmup_steps} steps" + (f", a pull toward the count's mask over the last "
+                                                       f"{controller.settle_steps}" if controller.settle_steps else "")
+                + ")")
     else:
         extra_loss = penalty(gates, lam, scale)
         what = ("control (lambda 0, gates pinned open)" if control
