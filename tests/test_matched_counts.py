@@ -188,6 +188,13 @@ def test_scoring_resumes_and_matches_a_direct_measurement(tiny_access, lines, tm
     direct = tiny_access.measure(texts, {"x": [tiny_access.names.name(k) for k in changed.removed[counts[1]]]})
     assert again.value(mc.set_name(changed, counts[1])) == pytest.approx(direct.value("x"), rel=1e-6)
     assert again.value(mc.set_name(changed, counts[1])) != pytest.approx(found.value(mc.set_name(arms[0], counts[1])))
+    # the store keeps both scorings: the new set against the old, over the same texts
+    compared = mc.rescored(store, len(texts)).set_index("set")
+    assert set(compared.index) == {mc.set_name(changed, k) for k in counts}  # not the draws, cut-off or baseline
+    name = mc.set_name(changed, counts[1])
+    assert compared.loc[name, "before"] == pytest.approx(found.value(name), rel=1e-6)
+    assert compared.loc[name, "difference"] == pytest.approx(again.value(name) - found.value(name), rel=1e-5)
+    assert compared.loc[name, "low"] <= compared.loc[name, "difference"] <= compared.loc[name, "high"]
 
 
 def test_a_run_resumes_only_from_the_same_inputs(tmp_path):

@@ -257,6 +257,9 @@ def main(argv=None) -> int:
         draws=args.draws, chunk=args.chunk, sets_per_pass=args.sets_per_pass, log=progress,
         title=f"{args.model}: {len(data['held_out'][0])} held-out texts, {args.draws} random draws"))
     print(summary.to_string(index=False))
+    again = mc.rescored(out / "scored.tsv", len(data["held_out"][0]))
+    if len(again):  # sets defined anew under their old names (gates trained again): the new against the old
+        again.to_csv(out / "rescored.tsv", sep="\t", index=False)
     if args.captions and objective is None:  # the same sets on captions: what the translation models read
         captions = tw.spread(tw.read_sentences(args.data / CAPTIONS), args.captions)
         (out / "captions").mkdir(exist_ok=True)

@@ -137,10 +137,11 @@ PUBLISHED = {
     "tables/smollm2_slow_gates_captions_head_counts.tsv": ("smollm2_slow_gates_counts",
                                                            "captions/head_counts_summary.tsv"),
     # gates at 0.1 a step whose last quarter of steps settles them on the count (--gate-settle 0.25, 400 steps),
-    # scored with the arms of the run whose scores were copied in (MiniLM: minilm_slow_gates; SmolLM2: smollm2_long)
+    # scored with the arms of the run whose scores were copied in (MiniLM: minilm_slow_gates; SmolLM2: smollm2_long),
+    # and against that run's L0 sets (its gates after 300 steps, mostly undecided) on the same texts
     **{f"tables/{model}_settled_{name}": (f"{model}_settled_counts", inside) for model in ("smollm2", "minilm")
        for name, inside in (("head_counts.md", "head_counts.md"), ("head_counts.tsv", "head_counts_summary.tsv"),
-                            ("targets.tsv", "targets.tsv"))},
+                            ("targets.tsv", "targets.tsv"), ("against_unsettled.tsv", "rescored.tsv"))},
     # the same arms (gates at 0.1) scored again on 40 whole windows of held-out text (--held-out-per-source 10);
     # its cost is in benchmarks/RESULTS.md (its cost.json holds only the last of its attempts)
     **{f"tables/smollm2_whole_windows_{name}": ("smollm2_long_counts", name) for name in (

@@ -212,6 +212,26 @@ def _read_store(store: Path, n_texts: int) -> dict[str, tuple[np.ndarray, np.nda
     return out
 
 
+def rescored(store: str | Path, n_texts: int) -> pd.DataFrame:
+    """Every set the store holds two scorings of (an arm defined anew under the same name, such as
+    gates trained again another way): its last scoring against the one before, on the same texts,
+    with the paired 95% interval over them (the store's baseline rows are the unpruned model's)."""
+    table = pd.read_csv(store, sep="\t")
+    rows = []
+    for name, group in table.groupby("set", sort=False):
+        if len(group) < 2 * n_texts or name == BASELINE:
+            continue
+        blocks = [group.iloc[i:i + n_texts].sort_values("text") for i in range(0, len(group) - n_texts + 1, n_texts)]
+        before, last = blocks[-2], blocks[-1]
+        measured = Measurement(["before", "last"], {"before": [], "last": []},
+                               np.stack([before["sum"].to_numpy(float), last["sum"].to_numpy(float)]),
+                               last["units"].to_numpy(float))
+        found = measured.compare("last", "before")
+        rows.append({"set": name, "before": measured.value("before"), "last": measured.value("last"),
+                     "difference": found["difference"], "low": found["low"], "high": found["high"]})
+    return pd.DataFrame(rows, columns=["set", "before", "last", "difference", "low", "high"])
+
+
 # --------------------------------------------------------------------------------------------
 # Verdicts
 
@@ -356,4 +376,4 @@ def plot(table: pd.DataFrame, total_heads: int, baseline: float, path: str | Pat
 
 
 __all__ = ["Arm", "counts_removed", "iterative_arm", "kv_bytes_per_token", "kv_groups", "measure_arms", "plot",
-           "over_seeds", "random_arms", "ranking_arm", "set_name", "summary", "unit_arm", "verdicts"]
+           "over_seeds", "random_arms", "ranking_arm", "rescored", "set_name", "summary", "unit_arm", "verdicts"]
