@@ -22,6 +22,17 @@ MiniLM's:
 
     .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm --train-per-source 25 \
         --held-out-per-source 50 --gates-per-source 50 --l0-steps 300 --gate-lr 1.0 --causal
+
+and the same with `--gate-lr 0.1 --out results/head_counts/minilm_slow_gates`. Gates settled on the
+count (`--gate-settle 0.25`, 400 steps), scored beside another run's arms: copy that run's
+arms.json, scored.tsv, scored.sets.json, scores_*.tsv (and arm_michel_iterative.json) and its
+model link into --out first (MiniLM: from minilm_slow_gates; SmolLM2: from smollm2_long), then
+
+    .venv/bin/python tools/head_counts.py minilm --out results/head_counts/minilm_settled --train-per-source 25 \
+        --held-out-per-source 50 --gates-per-source 50 --l0-steps 400 --gate-lr 0.1 --gate-settle 0.25
+    .venv/bin/python tools/head_counts.py smollm2 --out results/head_counts/smollm2_settled \
+        --held-out-per-source 10 --iterative-step 0 --l0-steps 400 --gate-window-tokens 256 \
+        --gates-per-source 16 --l0-max-tokens 300 --gate-lr 0.1 --gate-settle 0.25 --chunk 8 --sets-per-pass 1
 """
 
 from __future__ import annotations
