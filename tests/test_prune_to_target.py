@@ -54,16 +54,22 @@ def test_the_multipliers_ascend_along_the_constraint_violation():
     assert ascent_step(start, 0.0, 0.1).tolist() == pytest.approx([0.5, 0.2])
 
 
-def test_one_controller_step_penalises_with_the_old_multipliers_and_then_ascends():
-    """Two layers of 3 gates at known log alphas: the penalty is lambda_1 gap + lambda_2 gap^2 with
-    the multipliers before the step, its gradient in each log alpha (lambda_1 + 2 lambda_2 gap) P (1 - P),
-    and the multipliers after the step those of the ascent on that gap."""
+def _gated_model():
+    """A tiny Transformer with two layers of 3 encoder gates at known log alphas."""
     model = Transformer(tiny_config(d_model=12, n_heads=3, enc_layers=2, dec_layers=1))
     gates = attach_gates(model, ("enc_self",), init=0.0)
     log_alphas = [[1.0, -0.5, 2.0], [0.0, 3.0, -2.0]]
     with torch.no_grad():
         for g, values in zip(gates, log_alphas):
             g.log_alpha.copy_(torch.tensor(values))
+    return model, gates, log_alphas
+
+
+def test_one_controller_step_penalises_with_the_old_multipliers_and_then_ascends():
+    """Two layers of 3 gates at known log alphas: the penalty is lambda_1 gap + lambda_2 gap^2 with
+    the multipliers before the step, its gradient in each log alpha (lambda_1 + 2 lambda_2 gap) P (1 - P),
+    and the multipliers after the step those of the ascent on that gap."""
+    model, gates, log_alphas = _gated_model()
     controller = LagrangianController(gates, target=2, steps=10, lr=0.1, warmup=0.0)
     with torch.no_grad():
         controller.multipliers.copy_(torch.tensor([0.3, 0.05]))
@@ -134,12 +140,7 @@ def test_in_the_settling_steps_the_penalty_pulls_toward_the_counts_mask():
     """w sum |mask - P| beside the multipliers' terms, the mask opening the target's gates of highest
     log alpha: its gradient in a log alpha, -w P (1 - P) inside the mask and +w P (1 - P) outside,
     opens the first and closes the rest."""
-    model = Transformer(tiny_config(d_model=12, n_heads=3, enc_layers=2, dec_layers=1))
-    gates = attach_gates(model, ("enc_self",), init=0.0)
-    log_alphas = [[1.0, -0.5, 2.0], [0.0, 3.0, -2.0]]
-    with torch.no_grad():
-        for g, values in zip(gates, log_alphas):
-            g.log_alpha.copy_(torch.tensor(values))
+    model, gates, log_alphas = _gated_model()
     controller = LagrangianController(gates, target=2, steps=4, lr=0.1, warmup=0.0, settle=0.5)
     assert controller.settle_steps == 2
     for _ in range(3):  # steps 1-2: no pull; step 3: the first of 2 settling steps, w = SETTLE_WEIGHT / 2
