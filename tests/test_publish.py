@@ -298,6 +298,12 @@ def test_publishing_records_each_files_config_and_the_commits_its_run_recorded(t
     assert rows["tables/control_table1.md"][1:3] == ["config/config.yaml", "control"]
     assert rows["tables/control_table1.md"][3] == ""  # the control's jobs recorded no commit here
     assert "tables/toolkits_comparison.md" not in rows
+    # a job run with changes not yet committed: the run's row says so
+    modified = runs["main"] / "provenance" / "job_modified.json"
+    modified.write_text(json.dumps({"software": {"headcount_commit": commits[0], "headcount_modified": True}}))
+    assert publish_results.publish(main_run, docs, log=lambda _: None) == 0
+    rows = {line.split("\t")[0]: line.split("\t") for line in (docs / "tables/provenance.tsv").read_text().splitlines()}
+    assert rows["tables/table2.md"][3] == f"{first}..{last} (uncommitted changes)"
     assert publish_results.publish({"toolkits": runs["toolkits"]}, docs, log=lambda _: None) == 0
     again = (docs / "tables/provenance.tsv").read_text()
     assert "tables/table2.md\tconfig/config.yaml\tmulti30k_en_de" in again

@@ -325,8 +325,9 @@ PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
 
 def run_commits(folder: Path) -> str:
     """The commits a run's jobs recorded (every provenance/*.json under `folder`, key
-    headcount_commit), as 'first..last' in commit order, or the one commit; '' if none recorded."""
-    found = set()
+    headcount_commit), as 'first..last' in commit order, or the one commit; '' if none recorded.
+    A run some of whose jobs ran code with changes not yet committed (headcount_modified) says so."""
+    found, modified = set(), False
     for path in folder.rglob("provenance/*.json"):
         try:
             record = json.loads(path.read_text())
@@ -335,8 +336,10 @@ def run_commits(folder: Path) -> str:
         software = record.get("software", record) if isinstance(record, dict) else {}
         if software.get("headcount_commit"):
             found.add(software["headcount_commit"])
+            modified = modified or software.get("headcount_modified") is True
     if not found:
         return ""
+    note = " (uncommitted changes)" if modified else ""
 
     def when(commit: str) -> int:
         out = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%ct", commit],
@@ -344,7 +347,7 @@ def run_commits(folder: Path) -> str:
         return int(out.stdout.strip() or 0)
     ordered = sorted(found, key=when)
     short = [c[:7] for c in ordered]
-    return short[0] if len(short) == 1 else f"{short[0]}..{short[-1]}"
+    return (short[0] if len(short) == 1 else f"{short[0]}..{short[-1]}") + note
 
 
 def provenance_rows(runs: dict[str, Path], docs: Path) -> str:
