@@ -122,5 +122,5 @@ class LagrangianController(nn.Module):
         lambda_1, lambda_2 = (float(x) for x in self.multipliers)
         return {"target_heads": self.target, "gated_heads": self.total, "lr": self.lr,
                 "warmup_steps": self.warmup_steps, "settle_steps": self.settle_steps, "steps": int(self.step),
-                "lambda_1": lambda_1,
-                "lambda_2": lambda_2, "expected_open": round(float(self.expected_open().detach()), 4)}
+                "lambda_1": lambda_1, "lambda_2": lambda_2,
+                "expected_open": round(float(self.expected_open().detach()), 4)}
