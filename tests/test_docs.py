@@ -340,7 +340,8 @@ def provenance_rows() -> dict[str, dict]:
 
 
 def commit_ends(commits: str) -> list[str]:
-    return [c for c in commits.split("..") if c]
+    """'a..b' or 'a', less the note publish_results adds to a run with uncommitted changes."""
+    return [c for c in commits.split(" (")[0].split("..") if c]
 
 
 def config_at(commit: str | None, path: str) -> dict:

@@ -276,16 +276,16 @@ def test_the_controls_verdicts_are_printed_after_the_experiments(tmp_path, capsy
 
 def test_publishing_records_each_files_config_and_the_commits_its_run_recorded(tmp_path):
     """docs/tables/provenance.tsv: a row per published file, with the config and experiment of its
-    run and the first..last commits its jobs' provenance records name; rows of runs not published
-    this time are kept."""
+    run and the first..last commits its jobs' provenance records name (those a folder deeper
+    included); rows of runs not published this time are kept."""
     import json
     import subprocess
 
     runs = _fake_runs(tmp_path)
     commits = subprocess.run(["git", "-C", str(REPO), "log", "--format=%H", "-2", "fe7d90c"], capture_output=True,
                              text=True, check=True).stdout.split()  # fe7d90c and the commit before it
-    for n, commit in enumerate(reversed(commits)):
-        record = runs["main"] / "provenance" / f"job{n}.json"
+    for n, commit in enumerate(reversed(commits)):  # a rule with wildcards writes its record a folder deeper
+        record = runs["main"] / "provenance" / ("head_counts/all.json" if n else f"job{n}.json")
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({"rule": "x", "software": {"headcount_commit": commit}}))
     docs = tmp_path / "docs"
@@ -299,7 +299,7 @@ def test_publishing_records_each_files_config_and_the_commits_its_run_recorded(t
     assert rows["tables/control_table1.md"][3] == ""  # the control's jobs recorded no commit here
     assert "tables/toolkits_comparison.md" not in rows
     # a job run with changes not yet committed: the run's row says so
-    modified = runs["main"] / "provenance" / "job_modified.json"
+    modified = runs["main"] / "provenance" / "head_counts" / "enc.json"
     modified.write_text(json.dumps({"software": {"headcount_commit": commits[0], "headcount_modified": True}}))
     assert publish_results.publish(main_run, docs, log=lambda _: None) == 0
     rows = {line.split("\t")[0]: line.split("\t") for line in (docs / "tables/provenance.tsv").read_text().splitlines()}

@@ -324,11 +324,14 @@ PROVENANCE_COLUMNS = ("file", "config", "experiment", "commits")
 
 
 def run_commits(folder: Path) -> str:
-    """The commits a run's jobs recorded (every provenance/*.json under `folder`, key
-    headcount_commit), as 'first..last' in commit order, or the one commit; '' if none recorded.
-    A run some of whose jobs ran code with changes not yet committed (headcount_modified) says so."""
+    """The commits a run's jobs recorded (every .json under a provenance/ folder of `folder`, those
+    a folder deeper for rules with wildcards included; key headcount_commit), as 'first..last' in
+    commit order, or the one commit; '' if none recorded. A run some of whose jobs ran code with
+    changes not yet committed (headcount_modified) says so."""
     found, modified = set(), False
-    for path in folder.rglob("provenance/*.json"):
+    for path in sorted(folder.rglob("*.json")):
+        if "provenance" not in path.relative_to(folder).parts[:-1]:
+            continue
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

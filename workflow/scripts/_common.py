@@ -43,9 +43,13 @@ def job(snakemake):
     if "torch" in sys.modules:  # pragma: no cover - imported before the job: its pool is sized already
         sys.modules["torch"].set_num_threads(int(threads))
     log(f"rule {snakemake.rule}, wildcards {dict(snakemake.wildcards)}")
+    from headcount.provenance import provenance
+
+    # the code as the job imported it: an edit made while the job runs is not what ran
+    started = provenance()
     try:
         yield log
-        write_provenance(snakemake)
+        write_provenance(snakemake, started)
     except HeadcountError as error:
         log(f"ERROR: {error}{mirror_copy_note(snakemake, str(error))}")
         sys.exit(1)
@@ -84,12 +88,13 @@ def provenance_path(log_path) -> Path:
     return log_path.with_suffix(".provenance.json")
 
 
-def write_provenance(snakemake) -> None:
+def write_provenance(snakemake, software: dict) -> None:
     """Record what produced each output of the job: the settings it was given (its params, which
     hold every config value it depends on, seeds included), its inputs and outputs with their
-    checksums, and the software versions and headcount commit. One file per job, beside the logs."""
+    checksums, and `software` (headcount.provenance.provenance() as the job started: the versions,
+    the headcount commit and whether the code had uncommitted changes). One file per job, beside the
+    logs."""
     from headcount.io import sha256_file, write_json
-    from headcount.provenance import provenance
 
     def files(paths):
         out = {}
@@ -106,5 +111,5 @@ def write_provenance(snakemake) -> None:
     write_json(provenance_path(snakemake.log[0]), {
         "rule": snakemake.rule, "wildcards": dict(snakemake.wildcards), "params": params,
         "threads": snakemake.threads, "inputs": files(snakemake.input), "outputs": files(snakemake.output),
-        "software": provenance(),
+        "software": {**software, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")},
     })
