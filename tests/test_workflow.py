@@ -215,7 +215,10 @@ def test_smoke_run_end_to_end(smoke_run):
 def test_head_counts_at_matched_counts_on_the_smoke_run(smoke_run):
     """rule head_counts on the smoke run's baseline: every arm at the matched counts, the random
     draws, the L0 runs' errors; a set's loss equals the model's own forward with those heads'
-    0/1 mask set (not the per-head hook the arms are scored through)."""
+    0/1 mask set (not the per-head hook the arms are scored through). The L0 runs take the
+    controller's settings from prune.controller (here settling over the last half)."""
+    import copy
+
     import torch
     import torch.nn.functional as F
 
@@ -226,12 +229,17 @@ def test_head_counts_at_matched_counts_on_the_smoke_run(smoke_run):
     from headcount.pruning import matched_counts as mc
     from headcount.report import preregistered
 
-    workdir, config = smoke_run.workdir, smoke_run.config
+    workdir, config = smoke_run.workdir, copy.deepcopy(smoke_run.config)
+    config["defaults"]["prune"]["controller"] = {"settle": 0.5}
     outs = [f"results/toy/head_counts/{setting}/head_counts.tsv" for setting in ("enc", "all")]
-    run = snakemake(*outs, "--cores", CORES, "--configfile", write_config(workdir / "smoke.yaml", config),
+    run = snakemake(*outs, "--cores", CORES, "--configfile", write_config(workdir / "head_counts.yaml", config),
                     cwd=workdir, snakefile=workdir / "Snakefile")
     assert run.returncode == 0, run.stderr[-3000:]
     results = workdir / "results/toy/head_counts"
+    for setting in ("enc", "all"):
+        assert json.loads((results / setting / "fingerprint.json").read_text())["controller"] == {"settle": 0.5}
+        log = (workdir / f"results/toy/logs/head_counts/{setting}.log").read_text()
+        assert "a pull toward the count's mask over the last" in log
     for setting, total, types in (("enc", 8, {"enc_self"}), ("all", 24, {"enc_self", "dec_self", "dec_enc"})):
         table = pd.read_csv(results / setting / "head_counts.tsv", sep="\t")
         counts = mc.matched_counts(total, setting)

@@ -44,6 +44,8 @@ rule head_counts:
         l0_sentences=2000,
         # the baseline's: its seed, batch size, device and last learning rate (the gates' rate)
         training=lambda w: exp_config(w)["training"],
+        # the Lagrangian controller's settings (prune.controller), where set; empty: its defaults
+        controller=lambda w: exp_config(w)["prune"].get("controller") or {},
         device=lambda w: exp_config(w)["training"]["device"],
         work_dir=lambda w: f"results/{w.exp}/head_counts/{w.setting}",
     script:

@@ -20,7 +20,8 @@ with job(snakemake) as log:
                                setting=snakemake.wildcards.setting, steps=steps, gates_only=True,
                                dev_texts=rank_src[:2], dev_targets=rank_tgt[:2],
                                training={"max_tokens": params.training["max_tokens"], "seed": params.training["seed"]},
-                               recipe=gates_only_recipe(params.training, model.d_model, steps),
+                               recipe=gates_only_recipe(params.training, model.d_model, steps,
+                                                        controller=params.controller),
                                work_dir=work_dir, device=device, log=log).gates
 
     translation_head_counts(
@@ -40,6 +41,8 @@ with job(snakemake) as log:
         max_tokens=params.training["max_tokens"],
         device=device,
         # what the L0 runs depend on beyond the arms' own inputs
-        fingerprint={"l0_steps": steps, "l0_sentences": digest([l0_src, l0_tgt]), "training": params.training},
+        # (the controller only where set, so that runs under its defaults keep their fingerprint)
+        fingerprint={"l0_steps": steps, "l0_sentences": digest([l0_src, l0_tgt]), "training": params.training,
+                     **({"controller": dict(params.controller)} if params.controller else {})},
         log=log,
     )

@@ -163,14 +163,17 @@ def _cached_arm(path: Path, make: Callable[[], mc.Arm]) -> mc.Arm:
 GATES_ONLY_RATE = 0.1
 
 
-def gates_only_recipe(baseline_training: dict, d_model: int, steps: int, rate: float = GATES_ONLY_RATE) -> dict:
+def gates_only_recipe(baseline_training: dict, d_model: int, steps: int, rate: float = GATES_ONLY_RATE,
+                      controller: dict | None = None) -> dict:
     """api.prune's recipe for an L0 run on frozen weights: the gates move at `rate` a step (the
     constant schedule holds the baseline's last rate, so gate_lr_scale is rate over it), one
-    evaluation at the end, no warm-up."""
+    evaluation at the end, no warm-up; `controller` (prune.controller: lr, warmup, settle) where
+    set, else the controller's defaults."""
     from headcount.training.schedules import baseline_last_lr
 
     return {"gate_lr_scale": rate / baseline_last_lr(baseline_training, d_model),
-            "training": {"eval_interval": steps, "warmup_steps": 1}}
+            "training": {"eval_interval": steps, "warmup_steps": 1},
+            **({"controller": dict(controller)} if controller else {})}
 
 
 def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], total: int, out: Path,
