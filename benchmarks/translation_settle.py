@@ -3,10 +3,11 @@
     PYTHONPATH=src .venv/bin/python benchmarks/translation_settle.py results/multi30k_en_de_seed2 \
         --setting enc --kept 12 10 [--settle 0.25] [--out results/translation_settle]
 
-Reruns rule head_counts' L0 arm (gates alone on the frozen baseline, trained to each count by the
-Lagrangian controller) with `prune.controller.settle` set, from the settings that rule recorded in
-head_counts/{setting}/fingerprint.json (its training settings, steps and first 2,000 training
-pairs), and holds the result against that rule's own unsettled gates (gates_target_{kept}.tsv):
+Reruns rule head_counts' L0 arm (pipeline.head_counts.gates_to_count: gates alone on the frozen
+baseline, trained to each count by the Lagrangian controller) with `prune.controller.settle` set,
+from the settings that rule recorded in head_counts/{setting}/fingerprint.json (its training
+settings, steps and first 2,000 training pairs), and holds the result against that rule's own
+unsettled gates (gates_target_{kept}.tsv):
 the heads each run's own rule keeps, the undecided gates (P(open) strictly inside
 report.preregistered.GATE_UNDECIDED), and the references' loss on the evaluation pairs
 (test_2016_flickr) with the count's lowest log alphas removed, settled against unsettled with the
@@ -23,12 +24,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import headcount
 from headcount.analysis.head_access import HeadAccess
 from headcount.io import read_lines
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.seq2seq import kind_of
-from headcount.pipeline.head_counts import gates_only_recipe, target_arm
+from headcount.pipeline.head_counts import gates_to_count, target_arm
 from headcount.pruning import matched_counts as mc
 from headcount.pruning.methods import setting_types
 
@@ -56,18 +56,17 @@ def main() -> None:
     tgt_tok = open_tokenizer(exp / "subwords" / "tgt.model", "target")
     l0_src = read_lines(exp / "data" / "train.src.txt")[:2000]
     l0_tgt = read_lines(exp / "data" / "train.tgt.txt")[:2000]
+    # the rule's end-of-run evaluation pairs (the analysis set's first two); they do not steer the gates
+    dev_src, dev_tgt = read_lines(exp / "data" / "dev.src.txt")[:2], read_lines(exp / "data" / "dev.tgt.txt")[:2]
     access = HeadAccess(model, src_tok, tgt_tok, torch.device("cpu"), max_tokens=int(recorded["max_tokens"]))
     total = int(access.heads["type"].isin(setting_types(setting, kind_of(model).name)).sum())
-    recipe = gates_only_recipe(training, model.d_model, steps, controller={"settle": args.settle})
     cpu = {}
 
     def prune_run(kept: int) -> pd.DataFrame:
         start = time.process_time()
-        gates = headcount.prune(model, (src_tok, tgt_tok), l0_src, target=kept, train_targets=l0_tgt,
-                                setting=setting, steps=steps, gates_only=True, dev_texts=l0_src[:2],
-                                dev_targets=l0_tgt[:2],
-                                training={"max_tokens": training["max_tokens"], "seed": training["seed"]},
-                                recipe=recipe, work_dir=out / f"l0_{kept}", device="cpu").gates
+        gates = gates_to_count(model, (src_tok, tgt_tok), kept, l0_src, l0_tgt, setting=setting, steps=steps,
+                               baseline_training=training, work_dir=out / f"l0_{kept}",
+                               controller={"settle": args.settle}, dev=(dev_src, dev_tgt))
         cpu[kept] = time.process_time() - start
         return gates
 

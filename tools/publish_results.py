@@ -329,9 +329,7 @@ def run_commits(folder: Path) -> str:
     commit order, or the one commit; '' if none recorded. A run some of whose jobs ran code with
     changes not yet committed (headcount_modified) says so."""
     found, modified = set(), False
-    for path in sorted(folder.rglob("*.json")):
-        if "provenance" not in path.relative_to(folder).parts[:-1]:
-            continue
+    for path in sorted(folder.glob("**/provenance/**/*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -1,10 +1,9 @@
 import pandas as pd
 from _common import job
 
-import headcount
 from headcount.io import read_lines
 from headcount.models.device import pick_device
-from headcount.pipeline.head_counts import digest, gates_only_recipe, translation_head_counts
+from headcount.pipeline.head_counts import digest, gates_to_count, translation_head_counts
 
 with job(snakemake) as log:
     params = snakemake.params
@@ -16,13 +15,9 @@ with job(snakemake) as log:
 
     def prune_run(model, tokenizers, kept, work_dir):
         """Gates alone on the frozen baseline, trained to `kept` heads of the setting."""
-        return headcount.prune(model, tokenizers, l0_src, target=kept, train_targets=l0_tgt,
-                               setting=snakemake.wildcards.setting, steps=steps, gates_only=True,
-                               dev_texts=rank_src[:2], dev_targets=rank_tgt[:2],
-                               training={"max_tokens": params.training["max_tokens"], "seed": params.training["seed"]},
-                               recipe=gates_only_recipe(params.training, model.d_model, steps,
-                                                        controller=params.controller),
-                               work_dir=work_dir, device=device, log=log).gates
+        return gates_to_count(model, tokenizers, kept, l0_src, l0_tgt, setting=snakemake.wildcards.setting,
+                              steps=steps, baseline_training=params.training, work_dir=work_dir,
+                              controller=params.controller, dev=(rank_src[:2], rank_tgt[:2]), device=device, log=log)
 
     translation_head_counts(
         baseline=snakemake.input.baseline,
