@@ -3,7 +3,7 @@
     PYTHONPATH=src .venv/bin/python benchmarks/translation_settle.py results/multi30k_en_de_seed2 \
         --setting enc --kept 12 10 [--settle 0.25] [--out results/translation_settle]
 
-Reruns rule head_counts' L0 arm (pipeline.head_counts.gates_to_count: gates alone on the frozen
+Reruns rule head_counts' L0 arm (pipeline.head_counts.l0_arm_arguments: gates alone on the frozen
 baseline, trained to each count by the Lagrangian controller) with `prune.controller.settle` set,
 from the settings that rule recorded in head_counts/{setting}/fingerprint.json (its training
 settings, steps and first 2,000 training pairs), and holds the result against that rule's own
@@ -24,11 +24,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+import headcount
 from headcount.analysis.head_access import HeadAccess
 from headcount.io import read_lines
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.seq2seq import kind_of
-from headcount.pipeline.head_counts import gates_to_count, target_arm
+from headcount.pipeline.head_counts import l0_arm_arguments, target_arm
 from headcount.pruning import matched_counts as mc
 from headcount.pruning.methods import setting_types
 
@@ -64,9 +65,10 @@ def main() -> None:
 
     def prune_run(kept: int) -> pd.DataFrame:
         start = time.process_time()
-        gates = gates_to_count(model, (src_tok, tgt_tok), kept, l0_src, l0_tgt, setting=setting, steps=steps,
-                               baseline_training=training, work_dir=out / f"l0_{kept}",
-                               controller={"settle": args.settle}, dev=(dev_src, dev_tgt))
+        arguments = l0_arm_arguments(kept, l0_src, l0_tgt, setting=setting, steps=steps, baseline_training=training,
+                                     d_model=model.d_model, work_dir=out / f"l0_{kept}",
+                                     controller={"settle": args.settle}, dev=(dev_src, dev_tgt))
+        gates = headcount.prune(model, (src_tok, tgt_tok), **arguments, device="cpu").gates
         cpu[kept] = time.process_time() - start
         return gates
 

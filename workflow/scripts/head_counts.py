@@ -1,9 +1,10 @@
 import pandas as pd
 from _common import job
 
+import headcount
 from headcount.io import read_lines
 from headcount.models.device import pick_device
-from headcount.pipeline.head_counts import digest, gates_to_count, translation_head_counts
+from headcount.pipeline.head_counts import digest, l0_arm_arguments, translation_head_counts
 
 with job(snakemake) as log:
     params = snakemake.params
@@ -15,9 +16,10 @@ with job(snakemake) as log:
 
     def prune_run(model, tokenizers, kept, work_dir):
         """Gates alone on the frozen baseline, trained to `kept` heads of the setting."""
-        return gates_to_count(model, tokenizers, kept, l0_src, l0_tgt, setting=snakemake.wildcards.setting,
-                              steps=steps, baseline_training=params.training, work_dir=work_dir,
-                              controller=params.controller, dev=(rank_src[:2], rank_tgt[:2]), device=device, log=log)
+        arguments = l0_arm_arguments(kept, l0_src, l0_tgt, setting=snakemake.wildcards.setting, steps=steps,
+                                     baseline_training=params.training, d_model=model.d_model, work_dir=work_dir,
+                                     controller=params.controller, dev=(rank_src[:2], rank_tgt[:2]))
+        return headcount.prune(model, tokenizers, **arguments, device=device, log=log).gates
 
     translation_head_counts(
         baseline=snakemake.input.baseline,

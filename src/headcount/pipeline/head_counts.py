@@ -176,23 +176,19 @@ def gates_only_recipe(baseline_training: dict, d_model: int, steps: int, rate: f
             **({"controller": dict(controller)} if controller else {})}
 
 
-def gates_to_count(model, tokenizers, kept: int, texts: Sequence[str], targets: Sequence[str], *, setting: str,
-                   steps: int, baseline_training: dict, work_dir: str | Path, controller: dict | None = None,
-                   dev: tuple[Sequence[str], Sequence[str]] | None = None, device: str = "cpu",
-                   log: Callable[[str], None] = print) -> pd.DataFrame:
-    """The L0 arm's run on an encoder-decoder baseline: its gates alone trained on the frozen
-    weights to `kept` heads of `setting` (gates_only_recipe, with the baseline's seed and batch
-    size), on `texts` -> `targets`; `dev` (two pairs by default, the first of `texts`) is only
-    evaluated at the end. Returns api.Pruning.gates."""
-    import headcount
-
+def l0_arm_arguments(kept: int, texts: Sequence[str], targets: Sequence[str], *, setting: str, steps: int,
+                     baseline_training: dict, d_model: int, work_dir: str | Path, controller: dict | None = None,
+                     dev: tuple[Sequence[str], Sequence[str]] | None = None) -> dict:
+    """api.prune's keyword arguments for the L0 arm's run on an encoder-decoder baseline (this layer
+    does not call the API itself): its gates alone trained on the frozen weights to `kept` heads of
+    `setting` (gates_only_recipe, with the baseline's seed and batch size), on `texts` -> `targets`;
+    `dev` (by default the first two pairs of `texts`) is only evaluated at the end."""
     dev_src, dev_tgt = dev or (texts[:2], targets[:2])
-    return headcount.prune(model, tokenizers, list(texts), target=kept, train_targets=list(targets),
-                           setting=setting, steps=steps, gates_only=True, dev_texts=list(dev_src),
-                           dev_targets=list(dev_tgt),
-                           training={"max_tokens": baseline_training["max_tokens"], "seed": baseline_training["seed"]},
-                           recipe=gates_only_recipe(baseline_training, model.d_model, steps, controller=controller),
-                           work_dir=work_dir, device=device, log=log).gates
+    return {"train_texts": list(texts), "target": kept, "train_targets": list(targets), "setting": setting,
+            "steps": steps, "gates_only": True, "dev_texts": list(dev_src), "dev_targets": list(dev_tgt),
+            "training": {"max_tokens": baseline_training["max_tokens"], "seed": baseline_training["seed"]},
+            "recipe": gates_only_recipe(baseline_training, d_model, steps, controller=controller),
+            "work_dir": work_dir}
 
 
 def target_arm(prune_run: Callable[[int], pd.DataFrame], counts: Sequence[int], total: int, out: Path,
