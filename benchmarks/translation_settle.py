@@ -29,7 +29,7 @@ from headcount.analysis.head_access import HeadAccess
 from headcount.io import read_lines
 from headcount.models.loading import load_model, open_tokenizer
 from headcount.models.seq2seq import kind_of
-from headcount.pipeline.head_counts import l0_arm_arguments, target_arm
+from headcount.pipeline.head_counts import digest, l0_arm_arguments, target_arm
 from headcount.pruning import matched_counts as mc
 from headcount.pruning.methods import setting_types
 
@@ -49,14 +49,21 @@ def main() -> None:
     unsettled_dir = exp / "head_counts" / setting
     recorded = json.loads((unsettled_dir / "fingerprint.json").read_text(encoding="utf-8"))
     training, steps = recorded["training"], int(recorded["l0_steps"])
+    # checked before any gate trains: the unsettled runs to hold against, on the same pairs
+    missing = [kept for kept in args.kept if not (unsettled_dir / f"gates_target_{kept}.tsv").exists()]
+    if missing:
+        raise SystemExit(f"{unsettled_dir} has no unsettled gates for {missing} kept: run rule head_counts first")
+    l0_src = read_lines(exp / "data" / "train.src.txt")[:2000]
+    l0_tgt = read_lines(exp / "data" / "train.tgt.txt")[:2000]
+    if digest([l0_src, l0_tgt]) != recorded["l0_sentences"]:
+        raise SystemExit(f"{exp / 'data'}: the first 2,000 training pairs are not those rule head_counts "
+                         f"trained its gates on ({unsettled_dir / 'fingerprint.json'}, l0_sentences)")
     out = args.out / exp.name / setting
     out.mkdir(parents=True, exist_ok=True)
 
     model = load_model(exp / "baseline" / "model.pt").eval()
     src_tok = open_tokenizer(exp / "subwords" / "src.model", "source")
     tgt_tok = open_tokenizer(exp / "subwords" / "tgt.model", "target")
-    l0_src = read_lines(exp / "data" / "train.src.txt")[:2000]
-    l0_tgt = read_lines(exp / "data" / "train.tgt.txt")[:2000]
     # the rule's end-of-run evaluation pairs (the analysis set's first two); they do not steer the gates
     dev_src, dev_tgt = read_lines(exp / "data" / "dev.src.txt")[:2], read_lines(exp / "data" / "dev.tgt.txt")[:2]
     access = HeadAccess(model, src_tok, tgt_tok, torch.device("cpu"), max_tokens=int(recorded["max_tokens"]))
@@ -74,9 +81,6 @@ def main() -> None:
 
     counts = [total - kept for kept in args.kept]
     settled, settled_targets = target_arm(prune_run, counts, total, out)
-    missing = [kept for kept in args.kept if not (unsettled_dir / f"gates_target_{kept}.tsv").exists()]
-    if missing:
-        raise SystemExit(f"{unsettled_dir} has no unsettled gates for {missing} kept: run rule head_counts first")
     unsettled, unsettled_targets = target_arm(None, counts, total, unsettled_dir)  # read, never trained
     settled.name, unsettled.name = "settled", "unsettled"
     eval_src = read_lines(exp / "data" / f"{args.eval_split}.src.txt")
